@@ -1,0 +1,155 @@
+# PyGObject overrides for libcpmesh
+#
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""Pythonic helpers on top of the introspected Cp namespace.
+
+Tensors exchange memory with numpy without copying:
+
+* ``Cp.Tensor.from_numpy(array)`` wraps the array's buffer; the tensor keeps
+  the array alive, and writes through either side are seen by the other.
+* ``tensor.numpy()`` returns an ndarray over the tensor's current storage;
+  the array keeps that storage alive even if a context later swaps the
+  tensor's storage when it shards in place.
+
+bfloat16 has no numpy type: such tensors travel as ``uint16`` bit patterns
+(``from_numpy(bits, dtype=Cp.DType.BFLOAT16)``), and
+``float32_to_bfloat16`` / ``bfloat16_to_float32`` convert.
+"""
+
+import ctypes
+
+from ..module import get_introspection_module
+from ..overrides import override
+
+Cp = get_introspection_module('Cp')
+
+__all__ = []
+
+_NUMPY_NAMES = {
+    Cp.DType.BOOL: 'bool',
+    Cp.DType.UINT8: 'uint8',
+    Cp.DType.INT32: 'int32',
+    Cp.DType.INT64: 'int64',
+    Cp.DType.FLOAT16: 'float16',
+    Cp.DType.BFLOAT16: 'uint16',
+    Cp.DType.FLOAT32: 'float32',
+    Cp.DType.FLOAT64: 'float64',
+}
+
+
+def _dtype_for(np_dtype, requested):
+    import numpy as np
+
+    np_dtype = np.dtype(np_dtype)
+    if requested is not None:
+        if np.dtype(_NUMPY_NAMES[requested]) != np_dtype:
+            raise TypeError('a %s tensor needs a numpy %s array, not %s'
+                            % (Cp.dtype_get_name(requested), _NUMPY_NAMES[requested], np_dtype))
+        return requested
+    for dtype, name in _NUMPY_NAMES.items():
+        if dtype != Cp.DType.BFLOAT16 and np.dtype(name) == np_dtype:
+            return dtype
+    raise TypeError('numpy dtype %s has no Cp.DType (uint16 arrays need dtype=Cp.DType.BFLOAT16)'
+                    % np_dtype)
+
+
+def _release(_array):
+    # The closure holds the array; PyGObject drops it when the storage is
+    # freed, which is all the release there is to do.
+    pass
+
+
+class Tensor(Cp.Tensor):
+
+    @classmethod
+    def from_numpy(cls, array, dtype=None):
+        """Wraps a C-contiguous, writable numpy array without copying it."""
+        import numpy as np
+
+        if not isinstance(array, np.ndarray):
+            raise TypeError('from_numpy() needs a numpy.ndarray, not %s' % type(array).__name__)
+        if not array.flags.c_contiguous:
+            raise ValueError('from_numpy() needs a C-contiguous array; '
+                             'use numpy.ascontiguousarray() first')
+        if not array.flags.writeable:
+            raise ValueError('from_numpy() needs a writable array: tensors may be written in place')
+        cp_dtype = _dtype_for(array.dtype, dtype)
+        return Cp.Tensor.new_borrowed(cp_dtype, list(array.shape), array.ctypes.data,
+                                      array.nbytes, _release, array)
+
+    def numpy(self):
+        """Returns an ndarray over the tensor's bytes, without copying."""
+        import numpy as np
+
+        np_dtype = np.dtype(_NUMPY_NAMES[self.get_dtype()])
+        shape = tuple(self.get_shape())
+        nbytes = self.get_nbytes()
+        if nbytes == 0:
+            return np.zeros(shape, dtype=np_dtype)
+        storage = self.get_storage()
+        buffer = (ctypes.c_uint8 * nbytes).from_address(self.get_data_address())
+        buffer._cp_storage = storage  # keeps the bytes alive as long as the array
+        return np.frombuffer(buffer, dtype=np_dtype).reshape(shape)
+
+    def __array__(self, dtype=None):
+        array = self.numpy()
+        return array if dtype is None else array.astype(dtype)
+
+    @property
+    def shape(self):
+        return tuple(self.get_shape())
+
+    @property
+    def dtype(self):
+        return self.get_dtype()
+
+    def __len__(self):
+        return self.get_dim(0)
+
+    def __repr__(self):
+        return '<Cp.Tensor %s>' % self.describe()
+
+
+Tensor = override(Tensor)
+__all__.append('Tensor')
+
+
+class Mesh(Cp.Mesh):
+
+    @staticmethod
+    def new_local_group(dim_names, dim_sizes=None):
+        """One mesh per rank for ranks that are threads of this process.
+
+        Takes ``(["dp", "cp"], [2, 4])`` or a mapping ``{"dp": 2, "cp": 4}``
+        (ordered outermost first).
+        """
+        if dim_sizes is None:
+            dims = dict(dim_names)
+            dim_names, dim_sizes = list(dims.keys()), list(dims.values())
+        return Cp.Mesh.new_local_group(list(dim_names), list(dim_sizes))
+
+
+Mesh = override(Mesh)
+__all__.append('Mesh')
+
+
+def float32_to_bfloat16(array):
+    """bfloat16 bit patterns (uint16) of a float32 array, rounded to nearest even."""
+    import numpy as np
+
+    bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    nan = np.isnan(np.asarray(array, dtype=np.float32))
+    out = rounded.astype(np.uint16)
+    out[nan] = ((bits[nan] >> 16) | 0x40).astype(np.uint16)
+    return out
+
+
+def bfloat16_to_float32(bits):
+    """float32 values of bfloat16 bit patterns (a uint16 array)."""
+    import numpy as np
+
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+__all__ += ['float32_to_bfloat16', 'bfloat16_to_float32']

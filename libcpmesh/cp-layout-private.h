@@ -1,0 +1,45 @@
+/* cp-layout-private.h
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include "cp-layout.h"
+
+G_BEGIN_DECLS
+
+/* A run of consecutive global positions a rank holds. */
+typedef struct
+{
+  gint64 start;
+  gint64 length;
+} CpRun;
+
+/* The runs of @rank in local order: its local sequence is their
+ * concatenation. */
+const CpRun *_cp_layout_get_runs        (CpLayout      *self,
+                                         int            rank,
+                                         guint         *n_runs);
+
+/* Where rank @rank's piece starts in the rank-order concatenation of all
+ * pieces (what an all-gather produces). */
+gint64       _cp_layout_get_rank_offset (CpLayout      *self,
+                                         int            rank);
+
+/* Copies @rank's runs between a full buffer laid out [outer][seq_len][step]
+ * and a local one laid out [outer][local_row][step], whose piece starts at
+ * position @local_first of each row.  @to_local selects the direction:
+ * sharding (full to local) or restoring (local to full).  Every copy is a
+ * memcpy of a whole run. */
+void         _cp_layout_transfer_runs   (CpLayout      *self,
+                                         int            rank,
+                                         guint8        *full,
+                                         guint8        *local,
+                                         gsize          outer,
+                                         gsize          step,
+                                         gint64         local_row,
+                                         gint64         local_first,
+                                         gboolean       to_local);
+
+G_END_DECLS

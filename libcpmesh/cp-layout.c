@@ -1,0 +1,1145 @@
+/* cp-layout.c
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include <string.h>
+
+#include "cp-error.h"
+#include "cp-layout-private.h"
+#include "cp-tensor-private.h"
+
+/**
+ * CpLayout:
+ *
+ * Which global sequence positions each rank of a context-parallel group
+ * holds, as an immutable value.
+ *
+ * With %CP_LOAD_BALANCE_HEAD_TAIL the sequence of length S is cut into 2·C
+ * chunks of S/(2·C) positions and rank r holds chunk r followed by chunk
+ * 2·C−1−r, so under causal attention every rank does the same work. For
+ * C = 2 and S = 8, rank 0 holds positions `[0, 1, 6, 7]` and rank 1 holds
+ * `[2, 3, 4, 5]`. With %CP_LOAD_BALANCE_CONTIGUOUS rank r holds chunk r of C.
+ *
+ * A packed (THD) layout ([ctor@Cp.Layout.new_thd]) applies head-tail to
+ * every document separately, the partition Transformer Engine uses: for
+ * document i of padded length L_i, rank r takes L_i/(2·C) positions from its
+ * head and as many from its tail, documents in order.
+ *
+ * Lengths that do not divide are errors, never a silent fallback to
+ * another layout. Layouts are immutable and can be shared between threads.
+ *
+ * Since: 1.0
+ */
+struct _CpLayout
+{
+  gatomicrefcount ref_count;
+  CpLoadBalance balance;
+  int cp_size;
+  gint64 seq_len;
+  guint n_documents;
+  gint64 *bounds;        /* n_documents + 1 document boundaries */
+  CpRun *runs;           /* every rank's runs, rank after rank */
+  guint *first_run;      /* cp_size + 1 indices into runs */
+  gint64 *local_len;     /* per rank */
+  gint64 *rank_offset;   /* per rank: prefix sums of local_len */
+  double *cost;          /* per rank */
+  guint64 fingerprint;
+};
+
+G_DEFINE_BOXED_TYPE (CpLayout, cp_layout, cp_layout_ref, cp_layout_unref)
+
+/* Big enough for any real mesh, small enough that the per-rank tables of
+ * a hostile size cannot exhaust memory. */
+#define MAX_CP_SIZE 65536
+
+static gboolean
+check_cp_size (int      cp_size,
+               GError **error)
+{
+  if (cp_size < 1 || cp_size > MAX_CP_SIZE)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
+                   "cp_size %d is outside [1, %d]", cp_size, MAX_CP_SIZE);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+/* Causal attention work of positions [start, start + length) of a document
+ * starting at @doc_start: position p attends to p − doc_start + 1 keys. */
+static double
+causal_cost (gint64 doc_start,
+             gint64 start,
+             gint64 length)
+{
+  double first = (double) (start - doc_start + 1);
+
+  return (double) length * first + (double) length * (double) (length - 1) / 2.0;
+}
+
+/* Appends a run to the rank whose runs start at index @first, merging it
+ * with that rank's previous run when they touch. */
+static void
+append_run (GArray *runs,
+            guint   first,
+            gint64  start,
+            gint64  length)
+{
+  CpRun *last = runs->len > first ? &g_array_index (runs, CpRun, runs->len - 1) : NULL;
+  CpRun run = { start, length };
+
+  if (length == 0)
+    return;
+  if (last != NULL && last->start + last->length == start)
+    last->length += length; /* C = 1: head and tail chunks are adjacent */
+  else
+    g_array_append_val (runs, run);
+}
+
+/* The runs rank @rank takes from document [@lo, @hi). */
+static void
+append_document_runs (CpLayout *self,
+                      int       rank,
+                      gint64    lo,
+                      gint64    hi,
+                      GArray   *runs)
+{
+  gint64 length = hi - lo;
+  gint64 chunk;
+
+  if (self->balance == CP_LOAD_BALANCE_CONTIGUOUS)
+    {
+      chunk = length / self->cp_size;
+      append_run (runs, self->first_run[rank], lo + rank * chunk, chunk);
+      return;
+    }
+  chunk = length / (2 * self->cp_size);
+  append_run (runs, self->first_run[rank], lo + rank * chunk, chunk);
+  append_run (runs, self->first_run[rank], lo + (2 * (gint64) self->cp_size - 1 - rank) * chunk, chunk);
+}
+
+static guint64
+fnv1a (guint64  hash,
+       gint64   value)
+{
+  guint64 bits = (guint64) value;
+
+  /* Explicit little-endian bytes: the same layout hashes the same on every
+   * host, which is what ranks compare. */
+  for (int i = 0; i < 8; i++)
+    {
+      hash ^= (bits >> (8 * i)) & 0xff;
+      hash *= G_GUINT64_CONSTANT (0x100000001b3);
+    }
+  return hash;
+}
+
+static guint64
+compute_fingerprint (CpLayout *self)
+{
+  guint64 hash = G_GUINT64_CONSTANT (0xcbf29ce484222325);
+
+  hash = fnv1a (hash, 0x31544c5059414c43); /* "CPLAYLT1" */
+  hash = fnv1a (hash, self->balance);
+  hash = fnv1a (hash, self->cp_size);
+  hash = fnv1a (hash, self->n_documents);
+  for (guint i = 0; i <= self->n_documents; i++)
+    hash = fnv1a (hash, self->bounds[i]);
+  return hash;
+}
+
+/* Builds every table from balance, cp_size and the document bounds. */
+static CpLayout *
+layout_build (CpLoadBalance  balance,
+              int            cp_size,
+              const gint64  *bounds,
+              guint          n_documents)
+{
+  CpLayout *self = g_new0 (CpLayout, 1);
+  g_autoptr(GArray) runs = g_array_new (FALSE, FALSE, sizeof (CpRun));
+
+  g_atomic_ref_count_init (&self->ref_count);
+  self->balance = balance;
+  self->cp_size = cp_size;
+  self->n_documents = n_documents;
+  self->bounds = g_memdup2 (bounds, (n_documents + 1) * sizeof (gint64));
+  self->seq_len = bounds[n_documents] - bounds[0];
+  self->first_run = g_new (guint, cp_size + 1);
+  self->local_len = g_new0 (gint64, cp_size);
+  self->rank_offset = g_new0 (gint64, cp_size);
+  self->cost = g_new0 (double, cp_size);
+
+  for (int r = 0; r < cp_size; r++)
+    {
+      self->first_run[r] = runs->len;
+      for (guint d = 0; d < n_documents; d++)
+        append_document_runs (self, r, bounds[d], bounds[d + 1], runs);
+      for (guint i = self->first_run[r]; i < runs->len; i++)
+        self->local_len[r] += g_array_index (runs, CpRun, i).length;
+      if (r > 0)
+        self->rank_offset[r] = self->rank_offset[r - 1] + self->local_len[r - 1];
+    }
+  self->first_run[cp_size] = runs->len;
+  self->runs = (CpRun *) g_array_steal (runs, NULL);
+  self->fingerprint = compute_fingerprint (self);
+  return self;
+}
+
+/* A run can be merged across a document boundary (C = 1, consecutive
+ * documents), so the cost walks the documents a run overlaps. */
+static double
+run_cost (CpLayout    *self,
+          const CpRun *run)
+{
+  double total = 0.0;
+  gint64 end = run->start + run->length;
+
+  for (guint d = 0; d < self->n_documents; d++)
+    {
+      gint64 lo = MAX (run->start, self->bounds[d]);
+      gint64 hi = MIN (end, self->bounds[d + 1]);
+
+      if (hi > lo)
+        total += causal_cost (self->bounds[d], lo, hi - lo);
+    }
+  return total;
+}
+
+static CpLayout *
+layout_finish (CpLayout *self)
+{
+  for (int r = 0; r < self->cp_size; r++)
+    for (guint i = self->first_run[r]; i < self->first_run[r + 1]; i++)
+      self->cost[r] += run_cost (self, &self->runs[i]);
+  return self;
+}
+
+/**
+ * cp_layout_new:
+ * @balance: how to split the sequence
+ * @seq_len: the global sequence length, a multiple of 2·@cp_size for
+ *   %CP_LOAD_BALANCE_HEAD_TAIL or of @cp_size for
+ *   %CP_LOAD_BALANCE_CONTIGUOUS
+ * @cp_size: the number of ranks in the context-parallel group
+ * @error: return location for a #GError
+ *
+ * Creates the layout of one sequence over @cp_size ranks.
+ *
+ * Returns: (transfer full): a new layout, or %NULL with
+ *   %CP_TENSOR_ERROR_SHAPE naming the length and the divisor when
+ *   @seq_len does not divide, or %CP_TENSOR_ERROR_OUT_OF_RANGE for a bad
+ *   @cp_size
+ *
+ * Since: 1.0
+ */
+CpLayout *
+cp_layout_new (CpLoadBalance   balance,
+               gint64          seq_len,
+               int             cp_size,
+               GError        **error)
+{
+  gint64 bounds[2] = { 0, seq_len };
+  gint64 divisor;
+
+  g_return_val_if_fail (balance == CP_LOAD_BALANCE_HEAD_TAIL ||
+                        balance == CP_LOAD_BALANCE_CONTIGUOUS, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!check_cp_size (cp_size, error))
+    return NULL;
+  divisor = balance == CP_LOAD_BALANCE_HEAD_TAIL ? 2 * (gint64) cp_size : cp_size;
+  if (seq_len < 0 || seq_len % divisor != 0)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                   "sequence length %" G_GINT64_FORMAT " is not a non-negative multiple of %"
+                   G_GINT64_FORMAT " (%s over cp_size %d); pad it first",
+                   seq_len, divisor,
+                   balance == CP_LOAD_BALANCE_HEAD_TAIL ? "2·C head-tail chunks" : "C chunks",
+                   cp_size);
+      return NULL;
+    }
+  return layout_finish (layout_build (balance, cp_size, bounds, 1));
+}
+
+static gboolean
+check_thd_bounds (const gint64  *bounds,
+                  gsize          n_bounds,
+                  int            cp_size,
+                  GError       **error)
+{
+  gint64 divisor = 2 * (gint64) cp_size;
+
+  if (n_bounds < 2 || n_bounds > G_MAXUINT)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                   "cu_seqlens_padded needs at least 2 entries, %" G_GSIZE_FORMAT " were given",
+                   n_bounds);
+      return FALSE;
+    }
+  if (bounds[0] != 0)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                   "cu_seqlens_padded must start at 0, not %" G_GINT64_FORMAT, bounds[0]);
+      return FALSE;
+    }
+  for (gsize i = 1; i < n_bounds; i++)
+    {
+      gint64 length = bounds[i] - bounds[i - 1];
+
+      if (bounds[i] < bounds[i - 1])
+        {
+          g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                       "cu_seqlens_padded decreases at entry %" G_GSIZE_FORMAT ": %"
+                       G_GINT64_FORMAT " after %" G_GINT64_FORMAT,
+                       i, bounds[i], bounds[i - 1]);
+          return FALSE;
+        }
+      if (length % divisor != 0)
+        {
+          g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                       "document %" G_GSIZE_FORMAT " has padded length %" G_GINT64_FORMAT
+                       ", not a multiple of %" G_GINT64_FORMAT " (2·C for cp_size %d)",
+                       i - 1, length, divisor, cp_size);
+          return FALSE;
+        }
+    }
+  return TRUE;
+}
+
+/**
+ * cp_layout_new_thd:
+ * @cu_seqlens_padded: (array length=n_bounds): the cumulative padded
+ *   document lengths: 0, then the end of each document
+ * @n_bounds: the number of entries, one more than the number of documents
+ * @cp_size: the number of ranks in the context-parallel group
+ * @error: return location for a #GError
+ *
+ * Creates the per-document head-tail layout of packed documents: each
+ * document is split into 2·@cp_size chunks and rank r holds its chunks r
+ * and 2·C−1−r, documents in order — the partition of Transformer Engine's
+ * `thd_get_partitioned_indices`.
+ *
+ * Returns: (transfer full): a new layout, or %NULL with
+ *   %CP_TENSOR_ERROR_SHAPE when the bounds do not start at 0, decrease, or
+ *   a document length is not a multiple of 2·@cp_size
+ *
+ * Since: 1.0
+ */
+CpLayout *
+cp_layout_new_thd (const gint64  *cu_seqlens_padded,
+                   gsize          n_bounds,
+                   int            cp_size,
+                   GError       **error)
+{
+  g_return_val_if_fail (cu_seqlens_padded != NULL || n_bounds == 0, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!check_cp_size (cp_size, error) ||
+      !check_thd_bounds (cu_seqlens_padded, n_bounds, cp_size, error))
+    return NULL;
+  return layout_finish (layout_build (CP_LOAD_BALANCE_HEAD_TAIL, cp_size,
+                                      cu_seqlens_padded, (guint) n_bounds - 1));
+}
+
+/**
+ * cp_layout_new_thd_from_tensor:
+ * @cu_seqlens_padded: a 1-D int32 or int64 tensor of cumulative padded
+ *   document lengths
+ * @cp_size: the number of ranks in the context-parallel group
+ * @error: return location for a #GError
+ *
+ * Like [ctor@Cp.Layout.new_thd], with the bounds in a tensor.
+ *
+ * Returns: (transfer full): a new layout, or %NULL with an error;
+ *   %CP_TENSOR_ERROR_DTYPE when the tensor is not int32 or int64
+ *
+ * Since: 1.0
+ */
+CpLayout *
+cp_layout_new_thd_from_tensor (CpTensor  *cu_seqlens_padded,
+                               int        cp_size,
+                               GError   **error)
+{
+  CpDType dtype;
+  gint64 n;
+  g_autofree gint64 *bounds = NULL;
+
+  g_return_val_if_fail (CP_IS_TENSOR (cu_seqlens_padded), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  dtype = cp_tensor_get_dtype (cu_seqlens_padded);
+  if ((dtype != CP_DTYPE_INT32 && dtype != CP_DTYPE_INT64) ||
+      cp_tensor_get_n_dims (cu_seqlens_padded) != 1)
+    {
+      g_autofree char *description = cp_tensor_describe (cu_seqlens_padded);
+
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DTYPE,
+                   "cu_seqlens_padded must be a 1-D int32 or int64 tensor, not %s", description);
+      return NULL;
+    }
+  n = cp_tensor_get_numel (cu_seqlens_padded);
+  bounds = g_new (gint64, MAX (n, 1));
+  for (gint64 i = 0; i < n; i++)
+    bounds[i] = dtype == CP_DTYPE_INT32
+      ? ((const gint32 *) cp_tensor_get_data (cu_seqlens_padded))[i]
+      : ((const gint64 *) cp_tensor_get_data (cu_seqlens_padded))[i];
+  return cp_layout_new_thd (bounds, (gsize) n, cp_size, error);
+}
+
+/**
+ * cp_layout_ref:
+ * @self: a layout
+ *
+ * Takes a reference on @self.
+ *
+ * Returns: (transfer full): @self
+ *
+ * Since: 1.0
+ */
+CpLayout *
+cp_layout_ref (CpLayout *self)
+{
+  g_return_val_if_fail (self != NULL, NULL);
+
+  g_atomic_ref_count_inc (&self->ref_count);
+  return self;
+}
+
+/**
+ * cp_layout_unref:
+ * @self: (transfer full): a layout
+ *
+ * Drops a reference on @self.
+ *
+ * Since: 1.0
+ */
+void
+cp_layout_unref (CpLayout *self)
+{
+  g_return_if_fail (self != NULL);
+
+  if (!g_atomic_ref_count_dec (&self->ref_count))
+    return;
+  g_free (self->bounds);
+  g_free (self->runs);
+  g_free (self->first_run);
+  g_free (self->local_len);
+  g_free (self->rank_offset);
+  g_free (self->cost);
+  g_free (self);
+}
+
+/**
+ * cp_layout_get_balance:
+ * @self: a layout
+ *
+ * Gets how @self splits sequences.
+ *
+ * Returns: the load-balancing scheme
+ *
+ * Since: 1.0
+ */
+CpLoadBalance
+cp_layout_get_balance (CpLayout *self)
+{
+  g_return_val_if_fail (self != NULL, CP_LOAD_BALANCE_HEAD_TAIL);
+
+  return self->balance;
+}
+
+/**
+ * cp_layout_get_seq_len:
+ * @self: a layout
+ *
+ * Gets the global (padded) sequence length, all documents together.
+ *
+ * Returns: the number of positions
+ *
+ * Since: 1.0
+ */
+gint64
+cp_layout_get_seq_len (CpLayout *self)
+{
+  g_return_val_if_fail (self != NULL, 0);
+
+  return self->seq_len;
+}
+
+/**
+ * cp_layout_get_cp_size:
+ * @self: a layout
+ *
+ * Gets the number of ranks the layout splits over.
+ *
+ * Returns: the context-parallel size
+ *
+ * Since: 1.0
+ */
+int
+cp_layout_get_cp_size (CpLayout *self)
+{
+  g_return_val_if_fail (self != NULL, 0);
+
+  return self->cp_size;
+}
+
+/**
+ * cp_layout_get_n_documents:
+ * @self: a layout
+ *
+ * Gets the number of documents: 1 for [ctor@Cp.Layout.new].
+ *
+ * Returns: the number of documents
+ *
+ * Since: 1.0
+ */
+guint
+cp_layout_get_n_documents (CpLayout *self)
+{
+  g_return_val_if_fail (self != NULL, 0);
+
+  return self->n_documents;
+}
+
+#define RETURN_IF_BAD_RANK(self, rank, val) \
+  g_return_val_if_fail ((rank) >= 0 && (rank) < (self)->cp_size, val)
+
+/**
+ * cp_layout_get_local_len:
+ * @self: a layout
+ * @rank: a rank in `[0, cp_size)`
+ *
+ * Gets how many positions @rank holds.
+ *
+ * Returns: the local sequence length
+ *
+ * Since: 1.0
+ */
+gint64
+cp_layout_get_local_len (CpLayout *self,
+                         int       rank)
+{
+  g_return_val_if_fail (self != NULL, 0);
+  RETURN_IF_BAD_RANK (self, rank, 0);
+
+  return self->local_len[rank];
+}
+
+const CpRun *
+_cp_layout_get_runs (CpLayout *self,
+                     int       rank,
+                     guint    *n_runs)
+{
+  *n_runs = self->first_run[rank + 1] - self->first_run[rank];
+  return self->runs + self->first_run[rank];
+}
+
+gint64
+_cp_layout_get_rank_offset (CpLayout *self,
+                            int       rank)
+{
+  return self->rank_offset[rank];
+}
+
+static void
+write_local_indices (CpLayout *self,
+                     int       rank,
+                     gint64   *out)
+{
+  guint n_runs;
+  const CpRun *runs = _cp_layout_get_runs (self, rank, &n_runs);
+
+  for (guint i = 0; i < n_runs; i++)
+    for (gint64 p = 0; p < runs[i].length; p++)
+      *out++ = runs[i].start + p;
+}
+
+/**
+ * cp_layout_get_local_indices:
+ * @self: a layout
+ * @rank: a rank in `[0, cp_size)`
+ *
+ * Gets the global positions @rank holds, in local order.
+ *
+ * Returns: (transfer full): a 1-D int64 tensor of length
+ *   [method@Cp.Layout.get_local_len]
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_layout_get_local_indices (CpLayout *self,
+                             int       rank)
+{
+  CpTensor *indices;
+
+  g_return_val_if_fail (self != NULL, NULL);
+  RETURN_IF_BAD_RANK (self, rank, NULL);
+
+  indices = _cp_tensor_new_uninit (CP_DTYPE_INT64, &self->local_len[rank], 1, NULL);
+  g_return_val_if_fail (indices != NULL, NULL);
+  write_local_indices (self, rank, cp_tensor_get_data (indices));
+  return indices;
+}
+
+/**
+ * cp_layout_get_restore_indices:
+ * @self: a layout
+ *
+ * Gets the permutation that restores global order from the rank-order
+ * concatenation of every rank's piece (what an all-gather produces):
+ * element i is where global position i sits in that concatenation, so
+ * `gathered[restore]` is the sequence in order. For C = 2, S = 8 the
+ * concatenation holds positions `[0, 1, 6, 7, 2, 3, 4, 5]` and the
+ * restore indices are `[0, 1, 4, 5, 6, 7, 2, 3]`.
+ *
+ * Returns: (transfer full): a 1-D int64 tensor of length
+ *   [method@Cp.Layout.get_seq_len]
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_layout_get_restore_indices (CpLayout *self)
+{
+  CpTensor *restore;
+  gint64 *out;
+  gint64 gathered = 0;
+
+  g_return_val_if_fail (self != NULL, NULL);
+
+  restore = _cp_tensor_new_uninit (CP_DTYPE_INT64, &self->seq_len, 1, NULL);
+  g_return_val_if_fail (restore != NULL, NULL);
+  out = cp_tensor_get_data (restore);
+  for (guint i = 0; i < self->first_run[self->cp_size]; i++)
+    for (gint64 p = 0; p < self->runs[i].length; p++)
+      out[self->runs[i].start - self->bounds[0] + p] = gathered++;
+  return restore;
+}
+
+/**
+ * cp_layout_get_cost:
+ * @self: a layout
+ * @rank: a rank in `[0, cp_size)`
+ *
+ * Gets the causal-attention work of @rank: the number of (query, key)
+ * pairs its positions attend to, each position p of a document starting at
+ * s attending to p − s + 1 keys.
+ *
+ * Returns: the work, in query-key pairs
+ *
+ * Since: 1.0
+ */
+double
+cp_layout_get_cost (CpLayout *self,
+                    int       rank)
+{
+  g_return_val_if_fail (self != NULL, 0.0);
+  RETURN_IF_BAD_RANK (self, rank, 0.0);
+
+  return self->cost[rank];
+}
+
+/**
+ * cp_layout_get_imbalance:
+ * @self: a layout
+ *
+ * Gets the maximum per-rank causal cost divided by the mean: exactly 1 for
+ * head-tail, (2·C−1)/C for contiguous chunks.
+ *
+ * Returns: the imbalance, at least 1
+ *
+ * Since: 1.0
+ */
+double
+cp_layout_get_imbalance (CpLayout *self)
+{
+  double max = 0.0;
+  double sum = 0.0;
+
+  g_return_val_if_fail (self != NULL, 1.0);
+
+  for (int r = 0; r < self->cp_size; r++)
+    {
+      max = MAX (max, self->cost[r]);
+      sum += self->cost[r];
+    }
+  return sum > 0.0 ? max / (sum / self->cp_size) : 1.0;
+}
+
+/**
+ * cp_layout_fingerprint:
+ * @self: a layout
+ *
+ * Gets a hash of everything that defines the layout (scheme, cp size,
+ * document bounds), the same on every host and every run. Ranks compare
+ * fingerprints before they shard so that they never run with different
+ * layouts.
+ *
+ * Returns: the fingerprint
+ *
+ * Since: 1.0
+ */
+guint64
+cp_layout_fingerprint (CpLayout *self)
+{
+  g_return_val_if_fail (self != NULL, 0);
+
+  return self->fingerprint;
+}
+
+/**
+ * cp_layout_equal:
+ * @self: a layout
+ * @other: another layout
+ *
+ * Compares two layouts.
+ *
+ * Returns: %TRUE when both assign the same positions to the same ranks
+ *   under the same scheme
+ *
+ * Since: 1.0
+ */
+gboolean
+cp_layout_equal (CpLayout *self,
+                 CpLayout *other)
+{
+  g_return_val_if_fail (self != NULL, FALSE);
+  g_return_val_if_fail (other != NULL, FALSE);
+
+  return self->balance == other->balance &&
+         self->cp_size == other->cp_size &&
+         self->n_documents == other->n_documents &&
+         memcmp (self->bounds, other->bounds, (self->n_documents + 1) * sizeof (gint64)) == 0;
+}
+
+void
+_cp_layout_transfer_runs (CpLayout *self,
+                          int       rank,
+                          guint8   *full,
+                          guint8   *local,
+                          gsize     outer,
+                          gsize     step,
+                          gint64    local_row,
+                          gint64    local_first,
+                          gboolean  to_local)
+{
+  guint n_runs;
+  const CpRun *runs = _cp_layout_get_runs (self, rank, &n_runs);
+  gsize full_row = (gsize) self->seq_len * step;
+  gsize local_stride = (gsize) local_row * step;
+
+  for (gsize o = 0; o < outer; o++)
+    {
+      guint8 *full_base = full + o * full_row - (gsize) self->bounds[0] * step;
+      guint8 *local_cursor = local + o * local_stride + (gsize) local_first * step;
+
+      for (guint i = 0; i < n_runs; i++)
+        {
+          guint8 *global = full_base + (gsize) runs[i].start * step;
+          gsize bytes = (gsize) runs[i].length * step;
+
+          if (to_local)
+            memcpy (local_cursor, global, bytes);
+          else
+            memcpy (global, local_cursor, bytes);
+          local_cursor += bytes;
+        }
+    }
+}
+
+static gboolean
+check_rank (CpLayout  *self,
+            int        rank,
+            GError   **error)
+{
+  if (rank < 0 || rank >= self->cp_size)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
+                   "rank %d is outside [0, %d)", rank, self->cp_size);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+static gboolean
+check_host (CpTensor    *tensor,
+            const char  *what,
+            GError     **error)
+{
+  if (cp_tensor_get_device (tensor) != CP_DEVICE_KIND_HOST)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
+                   "%s: the tensor is not in host memory", what);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+/* Checks that dimension @dim of @tensor has length @expected. */
+static gboolean
+check_seq_len (CpTensor    *tensor,
+               const char  *what,
+               guint        dim,
+               gint64       expected,
+               GError     **error)
+{
+  gint64 actual = cp_tensor_get_dim (tensor, (int) dim);
+
+  if (actual != expected)
+    {
+      g_autofree char *description = cp_tensor_describe (tensor);
+
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                   "%s: dimension %u of %s has length %" G_GINT64_FORMAT
+                   ", the layout needs %" G_GINT64_FORMAT,
+                   what, dim, description, actual, expected);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+/* Checks that @out has @template's dtype and shape, except @length along
+ * @dim. */
+static gboolean
+check_output (CpTensor    *out,
+              CpTensor    *template,
+              const char  *what,
+              guint        dim,
+              gint64       length,
+              GError     **error)
+{
+  gint64 shape[CP_TENSOR_MAX_DIMS];
+  guint n_dims;
+  const gint64 *source_shape = cp_tensor_get_shape (template, &n_dims);
+
+  memcpy (shape, source_shape, n_dims * sizeof (gint64));
+  shape[dim] = length;
+  if (cp_tensor_get_dtype (out) != cp_tensor_get_dtype (template) ||
+      cp_tensor_get_n_dims (out) != n_dims ||
+      memcmp (cp_tensor_get_shape (out, NULL), shape, n_dims * sizeof (gint64)) != 0)
+    {
+      g_autofree char *have = cp_tensor_describe (out);
+      g_autofree char *want = _cp_shape_to_string (shape, n_dims);
+
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                   "%s: the output is %s, it must be %s%s",
+                   what, have, cp_dtype_get_name (cp_tensor_get_dtype (template)), want);
+      return FALSE;
+    }
+  return check_host (out, what, error);
+}
+
+static gboolean
+shard_validate (CpLayout  *self,
+                CpTensor  *tensor,
+                int        seq_dim,
+                int        rank,
+                guint     *dim,
+                GError   **error)
+{
+  return check_rank (self, rank, error) &&
+         check_host (tensor, "shard", error) &&
+         _cp_tensor_normalize_dim (tensor, "shard", seq_dim, dim, error) &&
+         check_seq_len (tensor, "shard", *dim, self->seq_len, error);
+}
+
+static void
+shard_copy (CpLayout *self,
+            CpTensor *tensor,
+            guint     dim,
+            int       rank,
+            CpTensor *out)
+{
+  gsize outer;
+  gint64 length;
+  gsize step;
+
+  _cp_tensor_split_at (tensor, dim, &outer, &length, &step);
+  _cp_layout_transfer_runs (self, rank, cp_tensor_get_data (tensor), cp_tensor_get_data (out),
+                            outer, step, self->local_len[rank], 0, TRUE);
+}
+
+/* The shape of @tensor with @length along @dim. */
+static void
+shape_with (CpTensor *tensor,
+            guint     dim,
+            gint64    length,
+            gint64   *shape)
+{
+  guint n_dims;
+  const gint64 *source_shape = cp_tensor_get_shape (tensor, &n_dims);
+
+  memcpy (shape, source_shape, n_dims * sizeof (gint64));
+  shape[dim] = length;
+}
+
+/**
+ * cp_layout_shard:
+ * @self: a layout
+ * @tensor: a host tensor whose dimension @seq_dim has the layout's length
+ * @seq_dim: the sequence dimension; negative values count from the last
+ * @rank: the rank whose piece is wanted
+ * @error: return location for a #GError
+ *
+ * Copies @rank's positions of @tensor, in local order, into a new tensor:
+ * the out-of-place shard used for gradient-bearing buffers, which leaves
+ * @tensor intact. Works along any dimension; every copy moves whole
+ * contiguous runs.
+ *
+ * Returns: (transfer full): the local piece, or %NULL with
+ *   %CP_TENSOR_ERROR_SHAPE naming the dimension and lengths
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_layout_shard (CpLayout  *self,
+                 CpTensor  *tensor,
+                 int        seq_dim,
+                 int        rank,
+                 GError   **error)
+{
+  gint64 shape[CP_TENSOR_MAX_DIMS];
+  guint dim;
+  CpTensor *out;
+
+  g_return_val_if_fail (self != NULL, NULL);
+  g_return_val_if_fail (CP_IS_TENSOR (tensor), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!shard_validate (self, tensor, seq_dim, rank, &dim, error))
+    return NULL;
+  shape_with (tensor, dim, self->local_len[rank], shape);
+  out = _cp_tensor_new_uninit (cp_tensor_get_dtype (tensor), shape,
+                               cp_tensor_get_n_dims (tensor), error);
+  if (out != NULL)
+    shard_copy (self, tensor, dim, rank, out);
+  return out;
+}
+
+/**
+ * cp_layout_shard_into:
+ * @self: a layout
+ * @tensor: a host tensor whose dimension @seq_dim has the layout's length
+ * @seq_dim: the sequence dimension; negative values count from the last
+ * @rank: the rank whose piece is wanted
+ * @out: where to write the piece: same dtype and shape as @tensor but the
+ *   local length along @seq_dim
+ * @error: return location for a #GError
+ *
+ * Like [method@Cp.Layout.shard], writing into a tensor the caller reuses,
+ * which avoids faulting in fresh pages on every call.
+ *
+ * Returns: %TRUE on success
+ *
+ * Since: 1.0
+ */
+gboolean
+cp_layout_shard_into (CpLayout  *self,
+                      CpTensor  *tensor,
+                      int        seq_dim,
+                      int        rank,
+                      CpTensor  *out,
+                      GError   **error)
+{
+  guint dim;
+
+  g_return_val_if_fail (self != NULL, FALSE);
+  g_return_val_if_fail (CP_IS_TENSOR (tensor), FALSE);
+  g_return_val_if_fail (CP_IS_TENSOR (out), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!shard_validate (self, tensor, seq_dim, rank, &dim, error) ||
+      !check_output (out, tensor, "shard", dim, self->local_len[rank], error))
+    return FALSE;
+  shard_copy (self, tensor, dim, rank, out);
+  return TRUE;
+}
+
+/**
+ * cp_layout_shard_backward:
+ * @self: a layout
+ * @grad_local: the gradient of @rank's local piece
+ * @seq_dim: the sequence dimension; negative values count from the last
+ * @rank: the rank the piece belongs to
+ * @error: return location for a #GError
+ *
+ * The adjoint of [method@Cp.Layout.shard]: scatters @grad_local into a
+ * zero tensor of the full length, so positions @rank does not hold get a
+ * zero gradient. For C = 2, S = 8 and rank 1, a gradient of ones gives
+ * `[0, 0, 1, 1, 1, 1, 0, 0]`.
+ *
+ * Returns: (transfer full): the full-length gradient, or %NULL with
+ *   %CP_TENSOR_ERROR_SHAPE
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_layout_shard_backward (CpLayout  *self,
+                          CpTensor  *grad_local,
+                          int        seq_dim,
+                          int        rank,
+                          GError   **error)
+{
+  gint64 shape[CP_TENSOR_MAX_DIMS];
+  gsize outer;
+  gint64 length;
+  gsize step;
+  guint dim;
+  CpTensor *out;
+
+  g_return_val_if_fail (self != NULL, NULL);
+  g_return_val_if_fail (CP_IS_TENSOR (grad_local), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!check_rank (self, rank, error) ||
+      !check_host (grad_local, "shard_backward", error) ||
+      !_cp_tensor_normalize_dim (grad_local, "shard_backward", seq_dim, &dim, error) ||
+      !check_seq_len (grad_local, "shard_backward", dim, self->local_len[rank], error))
+    return NULL;
+  shape_with (grad_local, dim, self->seq_len, shape);
+  out = cp_tensor_new (cp_tensor_get_dtype (grad_local), shape,
+                       cp_tensor_get_n_dims (grad_local), error);
+  if (out == NULL)
+    return NULL;
+  _cp_tensor_split_at (grad_local, dim, &outer, &length, &step);
+  _cp_layout_transfer_runs (self, rank, cp_tensor_get_data (out), cp_tensor_get_data (grad_local),
+                            outer, step, length, 0, FALSE);
+  return out;
+}
+
+/* Every piece must be a host tensor like pieces[0], with rank r's local
+ * length along @dim. */
+static gboolean
+check_pieces (CpLayout   *self,
+              CpTensor  **pieces,
+              guint       n_pieces,
+              int         seq_dim,
+              guint      *dim,
+              GError    **error)
+{
+  if (n_pieces != (guint) self->cp_size)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                   "unshard_pieces: %u pieces were given for cp_size %d",
+                   n_pieces, self->cp_size);
+      return FALSE;
+    }
+  if (!_cp_tensor_normalize_dim (pieces[0], "unshard_pieces", seq_dim, dim, error))
+    return FALSE;
+  for (guint r = 0; r < n_pieces; r++)
+    {
+      g_autofree char *what = g_strdup_printf ("unshard_pieces: piece %u", r);
+
+      gboolean ok = r == 0
+        ? check_host (pieces[0], what, error) &&
+          check_seq_len (pieces[0], what, *dim, self->local_len[0], error)
+        : check_output (pieces[r], pieces[0], what, *dim, self->local_len[r], error);
+
+      if (!ok)
+        return FALSE;
+    }
+  return TRUE;
+}
+
+static void
+unshard_copy (CpLayout  *self,
+              CpTensor **pieces,
+              guint      dim,
+              CpTensor  *out)
+{
+  for (int r = 0; r < self->cp_size; r++)
+    {
+      gsize outer;
+      gint64 length;
+      gsize step;
+
+      _cp_tensor_split_at (pieces[r], dim, &outer, &length, &step);
+      _cp_layout_transfer_runs (self, r, cp_tensor_get_data (out), cp_tensor_get_data (pieces[r]),
+                                outer, step, length, 0, FALSE);
+    }
+}
+
+/**
+ * cp_layout_unshard_pieces:
+ * @self: a layout
+ * @pieces: (array length=n_pieces): every rank's local piece, in rank order
+ * @n_pieces: the number of pieces, the layout's cp size
+ * @seq_dim: the sequence dimension; negative values count from the last
+ * @error: return location for a #GError
+ *
+ * Rebuilds the full tensor from every rank's piece, without a mesh: the
+ * inverse of sharding for every rank.
+ *
+ * Returns: (transfer full): the full tensor, or %NULL with
+ *   %CP_TENSOR_ERROR_SHAPE naming the piece, dimension and lengths
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_layout_unshard_pieces (CpLayout   *self,
+                          CpTensor  **pieces,
+                          guint       n_pieces,
+                          int         seq_dim,
+                          GError    **error)
+{
+  gint64 shape[CP_TENSOR_MAX_DIMS];
+  guint dim;
+  CpTensor *out;
+
+  g_return_val_if_fail (self != NULL, NULL);
+  g_return_val_if_fail (pieces != NULL || n_pieces == 0, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+  for (guint r = 0; r < n_pieces; r++)
+    g_return_val_if_fail (CP_IS_TENSOR (pieces[r]), NULL);
+
+  if (!check_pieces (self, pieces, n_pieces, seq_dim, &dim, error))
+    return NULL;
+  shape_with (pieces[0], dim, self->seq_len, shape);
+  out = _cp_tensor_new_uninit (cp_tensor_get_dtype (pieces[0]), shape,
+                               cp_tensor_get_n_dims (pieces[0]), error);
+  if (out != NULL)
+    unshard_copy (self, pieces, dim, out);
+  return out;
+}
+
+/**
+ * cp_layout_unshard_pieces_into:
+ * @self: a layout
+ * @pieces: (array length=n_pieces): every rank's local piece, in rank order
+ * @n_pieces: the number of pieces, the layout's cp size
+ * @seq_dim: the sequence dimension; negative values count from the last
+ * @out: the full tensor to write
+ * @error: return location for a #GError
+ *
+ * Like [method@Cp.Layout.unshard_pieces], writing into a tensor the caller
+ * reuses.
+ *
+ * Returns: %TRUE on success
+ *
+ * Since: 1.0
+ */
+gboolean
+cp_layout_unshard_pieces_into (CpLayout   *self,
+                               CpTensor  **pieces,
+                               guint       n_pieces,
+                               int         seq_dim,
+                               CpTensor   *out,
+                               GError    **error)
+{
+  guint dim;
+
+  g_return_val_if_fail (self != NULL, FALSE);
+  g_return_val_if_fail (pieces != NULL || n_pieces == 0, FALSE);
+  g_return_val_if_fail (CP_IS_TENSOR (out), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+  for (guint r = 0; r < n_pieces; r++)
+    g_return_val_if_fail (CP_IS_TENSOR (pieces[r]), FALSE);
+
+  if (!check_pieces (self, pieces, n_pieces, seq_dim, &dim, error) ||
+      !check_output (out, pieces[0], "unshard_pieces", dim, self->seq_len, error))
+    return FALSE;
+  unshard_copy (self, pieces, dim, out);
+  return TRUE;
+}

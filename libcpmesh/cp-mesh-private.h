@@ -1,0 +1,49 @@
+/* cp-mesh-private.h
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include "cp-mesh.h"
+#include "transports/cp-transport-private.h"
+
+G_BEGIN_DECLS
+
+/* The default for CpMesh:timeout-ms: long enough for the slowest rank of
+ * a real step to catch up, short enough that a lost peer is noticed. */
+#define CP_MESH_DEFAULT_TIMEOUT_MS 120000
+
+/* A mesh over @transport: this rank is @my_index of the transport ranks
+ * @members, arranged row-major over the named dimensions.  Backends call
+ * this once they are connected. */
+CpMesh   *_cp_mesh_new              (CpTransport         *transport,
+                                     const char          *label,
+                                     const int           *members,
+                                     int                  n_members,
+                                     int                  my_index,
+                                     const char * const  *dim_names,
+                                     const int           *dim_sizes,
+                                     gsize                n_dims,
+                                     GError             **error);
+
+/* Checks dimension names and sizes and returns their product. */
+gboolean  _cp_mesh_check_dims       (const char * const  *dim_names,
+                                     const int           *dim_sizes,
+                                     gsize                n_dims,
+                                     int                 *world_size,
+                                     GError             **error);
+
+CpComm   *_cp_mesh_get_comm         (CpMesh              *self);
+
+/* The absolute deadline of an operation that starts now. */
+gint64    _cp_mesh_deadline         (CpMesh              *self);
+
+/* Tags of internal point-to-point traffic (attention rings) live above the
+ * 32-bit range public send/recv use. */
+#define CP_MESH_INTERNAL_TAG(n) ((G_GUINT64_CONSTANT (1) << 32) | (guint64) (n))
+
+void      _cp_message_from_tensor   (CpMessage           *message,
+                                     CpTensor            *tensor);
+
+G_END_DECLS

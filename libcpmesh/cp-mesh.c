@@ -1,0 +1,1403 @@
+/* cp-mesh.c
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include <string.h>
+
+#include "cp-error.h"
+#include "cp-layout-private.h"
+#include "cp-mesh-private.h"
+#include "cp-tensor-private.h"
+
+/**
+ * CpMesh:
+ *
+ * A group of ranks arranged over named dimensions — for example
+ * `dp × cp × tp` — and the transport that moves tensors between them.
+ *
+ * Each rank holds its own `CpMesh`. [func@Cp.Mesh.new_local_group] makes one
+ * mesh per rank for ranks that are threads of one process; later backends
+ * connect processes and hosts. Ranks are numbered row-major over the
+ * dimensions, the last dimension varying fastest, and
+ * [method@Cp.Mesh.get_submesh] gives the 1-D mesh of the ranks that differ
+ * only along one dimension, such as the context-parallel group.
+ *
+ * Collectives block until every rank of the mesh has called them, and at
+ * most [property@Cp.Mesh:timeout-ms]: a rank that never arrives makes the
+ * others fail with %CP_MESH_ERROR_TIMED_OUT, never hang. Ranks compare what
+ * they were asked to do before any byte moves, so shapes, dtypes or
+ * operations that disagree are an error on every rank rather than
+ * corrupted memory. After a timeout the mesh (or submesh) stays failed:
+ * create a new one.
+ *
+ * A mesh is used by one thread at a time — normally the thread of its
+ * rank. Its properties never change apart from the timeout.
+ *
+ * Since: 1.0
+ */
+struct _CpMesh
+{
+  GObject parent_instance;
+
+  CpComm *comm;
+  char *label;
+  char **dim_names;
+  int *dim_sizes;
+  gsize n_dims;
+  int *coordinates;
+  guint timeout_ms;
+  GHashTable *submeshes; /* dim name → CpMesh */
+};
+
+G_DEFINE_FINAL_TYPE (CpMesh, cp_mesh, G_TYPE_OBJECT)
+
+enum {
+  PROP_0,
+  PROP_RANK,
+  PROP_WORLD_SIZE,
+  PROP_BACKEND,
+  PROP_DIM_NAMES,
+  PROP_DIM_SIZES,
+  PROP_TIMEOUT_MS,
+  N_PROPS
+};
+
+static GParamSpec *properties[N_PROPS];
+
+static void
+cp_mesh_finalize (GObject *object)
+{
+  CpMesh *self = (CpMesh *) object;
+
+  g_clear_pointer (&self->submeshes, g_hash_table_unref);
+  g_clear_pointer (&self->comm, _cp_comm_free);
+  g_clear_pointer (&self->label, g_free);
+  g_clear_pointer (&self->dim_names, g_strfreev);
+  g_clear_pointer (&self->dim_sizes, g_free);
+  g_clear_pointer (&self->coordinates, g_free);
+
+  G_OBJECT_CLASS (cp_mesh_parent_class)->finalize (object);
+}
+
+static GVariant *
+dim_sizes_variant (CpMesh *self)
+{
+  g_autofree gint32 *sizes = g_new (gint32, MAX (self->n_dims, 1));
+
+  for (gsize i = 0; i < self->n_dims; i++)
+    sizes[i] = self->dim_sizes[i];
+  return g_variant_new_fixed_array (G_VARIANT_TYPE_INT32, sizes, self->n_dims, sizeof (gint32));
+}
+
+static void
+cp_mesh_get_property (GObject    *object,
+                      guint       prop_id,
+                      GValue     *value,
+                      GParamSpec *pspec)
+{
+  CpMesh *self = CP_MESH (object);
+
+  switch (prop_id)
+    {
+    case PROP_RANK:
+      g_value_set_int (value, cp_mesh_get_rank (self));
+      break;
+    case PROP_WORLD_SIZE:
+      g_value_set_int (value, cp_mesh_get_world_size (self));
+      break;
+    case PROP_BACKEND:
+      g_value_set_string (value, cp_mesh_get_backend (self));
+      break;
+    case PROP_DIM_NAMES:
+      g_value_set_boxed (value, self->dim_names);
+      break;
+    case PROP_DIM_SIZES:
+      g_value_set_variant (value, dim_sizes_variant (self));
+      break;
+    case PROP_TIMEOUT_MS:
+      g_value_set_uint (value, self->timeout_ms);
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
+    }
+}
+
+static void
+cp_mesh_set_property (GObject      *object,
+                      guint         prop_id,
+                      const GValue *value,
+                      GParamSpec   *pspec)
+{
+  CpMesh *self = CP_MESH (object);
+
+  switch (prop_id)
+    {
+    case PROP_TIMEOUT_MS:
+      cp_mesh_set_timeout_ms (self, g_value_get_uint (value));
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
+    }
+}
+
+static void
+cp_mesh_class_init (CpMeshClass *klass)
+{
+  GObjectClass *object_class = G_OBJECT_CLASS (klass);
+
+  object_class->finalize = cp_mesh_finalize;
+  object_class->get_property = cp_mesh_get_property;
+  object_class->set_property = cp_mesh_set_property;
+
+  /**
+   * CpMesh:rank:
+   *
+   * The rank of this member, in `[0, world-size)`.
+   *
+   * Since: 1.0
+   */
+  properties[PROP_RANK] =
+    g_param_spec_int ("rank", NULL, NULL, 0, G_MAXINT, 0,
+                      G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+
+  /**
+   * CpMesh:world-size:
+   *
+   * The number of ranks: the product of the dimension sizes.
+   *
+   * Since: 1.0
+   */
+  properties[PROP_WORLD_SIZE] =
+    g_param_spec_int ("world-size", NULL, NULL, 1, G_MAXINT, 1,
+                      G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+
+  /**
+   * CpMesh:backend:
+   *
+   * The transport: `"local"` for ranks that are threads of one process.
+   *
+   * Since: 1.0
+   */
+  properties[PROP_BACKEND] =
+    g_param_spec_string ("backend", NULL, NULL, NULL,
+                         G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+
+  /**
+   * CpMesh:dim-names:
+   *
+   * The names of the dimensions, outermost first.
+   *
+   * Since: 1.0
+   */
+  properties[PROP_DIM_NAMES] =
+    g_param_spec_boxed ("dim-names", NULL, NULL, G_TYPE_STRV,
+                        G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+
+  /**
+   * CpMesh:dim-sizes:
+   *
+   * The sizes of the dimensions, as a variant of type `ai`.
+   *
+   * Since: 1.0
+   */
+  properties[PROP_DIM_SIZES] =
+    g_param_spec_variant ("dim-sizes", NULL, NULL, G_VARIANT_TYPE ("ai"), NULL,
+                          G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+
+  /**
+   * CpMesh:timeout-ms:
+   *
+   * How long any blocking call waits for the other ranks, in milliseconds.
+   *
+   * Since: 1.0
+   */
+  properties[PROP_TIMEOUT_MS] =
+    g_param_spec_uint ("timeout-ms", NULL, NULL, 1, G_MAXINT, CP_MESH_DEFAULT_TIMEOUT_MS,
+                       G_PARAM_READWRITE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
+
+  g_object_class_install_properties (object_class, N_PROPS, properties);
+}
+
+static void
+cp_mesh_init (CpMesh *self)
+{
+  self->timeout_ms = CP_MESH_DEFAULT_TIMEOUT_MS;
+  self->submeshes = g_hash_table_new_full (g_str_hash, g_str_equal, g_free, g_object_unref);
+}
+
+/* Keeps meshes of absurd sizes from allocating per-rank tables. */
+#define MAX_WORLD_SIZE 65536
+
+gboolean
+_cp_mesh_check_dims (const char * const  *dim_names,
+                     const int           *dim_sizes,
+                     gsize                n_dims,
+                     int                 *world_size,
+                     GError             **error)
+{
+  gint64 world = 1;
+
+  if (n_dims == 0 || dim_names == NULL || g_strv_length ((char **) dim_names) != n_dims)
+    {
+      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
+                   "a mesh needs one name per dimension: %u names for %" G_GSIZE_FORMAT
+                   " sizes", dim_names ? g_strv_length ((char **) dim_names) : 0, n_dims);
+      return FALSE;
+    }
+  for (gsize i = 0; i < n_dims; i++)
+    {
+      if (dim_names[i][0] == '\0' || g_strv_contains (dim_names + i + 1, dim_names[i]))
+        {
+          g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
+                       "dimension name \"%s\" is empty or used twice", dim_names[i]);
+          return FALSE;
+        }
+      if (dim_sizes[i] < 1 || (world *= dim_sizes[i]) > MAX_WORLD_SIZE)
+        {
+          g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
+                       "dimension \"%s\" has size %d; sizes must be at least 1 and multiply "
+                       "to at most %d ranks", dim_names[i], dim_sizes[i], MAX_WORLD_SIZE);
+          return FALSE;
+        }
+    }
+  *world_size = (int) world;
+  return TRUE;
+}
+
+static void
+compute_coordinates (CpMesh *self)
+{
+  int rest = self->comm->index;
+
+  self->coordinates = g_new (int, self->n_dims);
+  for (gsize i = self->n_dims; i-- > 0;)
+    {
+      self->coordinates[i] = rest % self->dim_sizes[i];
+      rest /= self->dim_sizes[i];
+    }
+}
+
+CpMesh *
+_cp_mesh_new (CpTransport         *transport,
+              const char          *label,
+              const int           *members,
+              int                  n_members,
+              int                  my_index,
+              const char * const  *dim_names,
+              const int           *dim_sizes,
+              gsize                n_dims,
+              GError             **error)
+{
+  g_autoptr(CpMesh) self = NULL;
+  int world_size;
+
+  if (!_cp_mesh_check_dims (dim_names, dim_sizes, n_dims, &world_size, error))
+    return NULL;
+  g_assert (world_size == n_members);
+
+  self = g_object_new (CP_TYPE_MESH, NULL);
+  self->comm = transport->ops->comm_new (transport, label, members, n_members, my_index, error);
+  if (self->comm == NULL)
+    return NULL;
+  self->label = g_strdup (label);
+  self->dim_names = g_strdupv ((char **) dim_names);
+  self->dim_sizes = g_memdup2 (dim_sizes, n_dims * sizeof (int));
+  self->n_dims = n_dims;
+  compute_coordinates (self);
+  return g_steal_pointer (&self);
+}
+
+/**
+ * cp_mesh_new_local_group:
+ * @dim_names: (array zero-terminated=1): the dimension names, outermost
+ *   first, for example `{"dp", "cp", NULL}`
+ * @dim_sizes: (array length=n_dims): the size of each dimension
+ * @n_dims: the number of dimensions
+ * @error: return location for a #GError
+ *
+ * Creates a mesh whose ranks are threads of this process: one `CpMesh` per
+ * rank, in rank order. Hand each to its own thread; collectives copy
+ * straight between the ranks' buffers.
+ *
+ * Returns: (transfer full) (element-type CpMesh): the meshes, one per rank
+ *   in rank order (free with `g_list_free_full (list, g_object_unref)`),
+ *   or %NULL with %CP_MESH_ERROR_INVALID_TOPOLOGY
+ *
+ * Since: 1.0
+ */
+GList *
+cp_mesh_new_local_group (const char * const  *dim_names,
+                         const int           *dim_sizes,
+                         gsize                n_dims,
+                         GError             **error)
+{
+  GList *meshes = NULL;
+  g_autofree int *members = NULL;
+  CpTransport **transports;
+  int world_size;
+
+  g_return_val_if_fail (dim_sizes != NULL || n_dims == 0, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!_cp_mesh_check_dims (dim_names, dim_sizes, n_dims, &world_size, error))
+    return NULL;
+
+  members = g_new (int, world_size);
+  for (int r = 0; r < world_size; r++)
+    members[r] = r;
+  transports = _cp_transport_local_new_group (world_size);
+  for (int r = world_size - 1; r >= 0; r--)
+    {
+      meshes = g_list_prepend (meshes, _cp_mesh_new (transports[r], "world", members, world_size,
+                                                     r, dim_names, dim_sizes, n_dims, NULL));
+      _cp_transport_unref (transports[r]);
+    }
+  g_free (transports);
+  return meshes;
+}
+
+/**
+ * cp_mesh_get_rank:
+ * @self: a mesh
+ *
+ * Gets the rank of this member of the mesh.
+ *
+ * Returns: the rank, in `[0, world-size)`
+ *
+ * Since: 1.0
+ */
+int
+cp_mesh_get_rank (CpMesh *self)
+{
+  g_return_val_if_fail (CP_IS_MESH (self), 0);
+
+  return self->comm->index;
+}
+
+/**
+ * cp_mesh_get_world_size:
+ * @self: a mesh
+ *
+ * Gets the number of ranks of the mesh.
+ *
+ * Returns: the number of ranks
+ *
+ * Since: 1.0
+ */
+int
+cp_mesh_get_world_size (CpMesh *self)
+{
+  g_return_val_if_fail (CP_IS_MESH (self), 1);
+
+  return self->comm->size;
+}
+
+/**
+ * cp_mesh_get_backend:
+ * @self: a mesh
+ *
+ * Gets the name of the transport the mesh runs on.
+ *
+ * Returns: (transfer none): the backend name, such as `"local"`
+ *
+ * Since: 1.0
+ */
+const char *
+cp_mesh_get_backend (CpMesh *self)
+{
+  g_return_val_if_fail (CP_IS_MESH (self), NULL);
+
+  return self->comm->transport->ops->name;
+}
+
+/**
+ * cp_mesh_get_dim_names:
+ * @self: a mesh
+ *
+ * Gets the names of the dimensions.
+ *
+ * Returns: (transfer none) (array zero-terminated=1): the names
+ *
+ * Since: 1.0
+ */
+const char * const *
+cp_mesh_get_dim_names (CpMesh *self)
+{
+  g_return_val_if_fail (CP_IS_MESH (self), NULL);
+
+  return (const char * const *) self->dim_names;
+}
+
+/**
+ * cp_mesh_get_dim_sizes:
+ * @self: a mesh
+ * @n_dims: (out) (optional): the number of dimensions
+ *
+ * Gets the sizes of the dimensions.
+ *
+ * Returns: (transfer none) (array length=n_dims): the sizes
+ *
+ * Since: 1.0
+ */
+const int *
+cp_mesh_get_dim_sizes (CpMesh *self,
+                       gsize  *n_dims)
+{
+  g_return_val_if_fail (CP_IS_MESH (self), NULL);
+
+  if (n_dims != NULL)
+    *n_dims = self->n_dims;
+  return self->dim_sizes;
+}
+
+static int
+find_dim (CpMesh     *self,
+          const char *dim_name)
+{
+  for (gsize i = 0; i < self->n_dims; i++)
+    if (g_str_equal (self->dim_names[i], dim_name))
+      return (int) i;
+  return -1;
+}
+
+/**
+ * cp_mesh_get_dim_size:
+ * @self: a mesh
+ * @dim_name: a dimension name
+ *
+ * Gets the size of one dimension.
+ *
+ * Returns: the size, or -1 when the mesh has no such dimension
+ *
+ * Since: 1.0
+ */
+int
+cp_mesh_get_dim_size (CpMesh     *self,
+                      const char *dim_name)
+{
+  int d;
+
+  g_return_val_if_fail (CP_IS_MESH (self), -1);
+  g_return_val_if_fail (dim_name != NULL, -1);
+
+  d = find_dim (self, dim_name);
+  return d < 0 ? -1 : self->dim_sizes[d];
+}
+
+/**
+ * cp_mesh_get_coordinate:
+ * @self: a mesh
+ * @dim_name: a dimension name
+ *
+ * Gets this rank's index along one dimension: its rank in the submesh of
+ * that dimension.
+ *
+ * Returns: the coordinate, or -1 when the mesh has no such dimension
+ *
+ * Since: 1.0
+ */
+int
+cp_mesh_get_coordinate (CpMesh     *self,
+                        const char *dim_name)
+{
+  int d;
+
+  g_return_val_if_fail (CP_IS_MESH (self), -1);
+  g_return_val_if_fail (dim_name != NULL, -1);
+
+  d = find_dim (self, dim_name);
+  return d < 0 ? -1 : self->coordinates[d];
+}
+
+/**
+ * cp_mesh_get_timeout_ms:
+ * @self: a mesh
+ *
+ * Gets [property@Cp.Mesh:timeout-ms].
+ *
+ * Returns: the timeout in milliseconds
+ *
+ * Since: 1.0
+ */
+guint
+cp_mesh_get_timeout_ms (CpMesh *self)
+{
+  g_return_val_if_fail (CP_IS_MESH (self), 0);
+
+  return self->timeout_ms;
+}
+
+/**
+ * cp_mesh_set_timeout_ms:
+ * @self: a mesh
+ * @timeout_ms: the timeout in milliseconds, at least 1
+ *
+ * Sets how long blocking calls wait for the other ranks. Submeshes made
+ * afterwards inherit it.
+ *
+ * Since: 1.0
+ */
+void
+cp_mesh_set_timeout_ms (CpMesh *self,
+                        guint   timeout_ms)
+{
+  g_return_if_fail (CP_IS_MESH (self));
+  g_return_if_fail (timeout_ms >= 1 && timeout_ms <= G_MAXINT);
+
+  if (self->timeout_ms == timeout_ms)
+    return;
+  self->timeout_ms = timeout_ms;
+  g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_TIMEOUT_MS]);
+}
+
+/* The transport ranks of the members that share every coordinate with
+ * this rank except along dimension @d, in order along @d. */
+static int *
+submesh_members (CpMesh *self,
+                 int     d)
+{
+  int *members = g_new (int, self->dim_sizes[d]);
+  int stride = 1;
+  int base;
+
+  for (gsize i = (gsize) d + 1; i < self->n_dims; i++)
+    stride *= self->dim_sizes[i];
+  base = self->comm->index - self->coordinates[d] * stride;
+  for (int k = 0; k < self->dim_sizes[d]; k++)
+    members[k] = self->comm->members[base + k * stride];
+  return members;
+}
+
+static CpMesh *
+create_submesh (CpMesh      *self,
+                int          d,
+                GError     **error)
+{
+  g_autofree int *members = submesh_members (self, d);
+  g_autofree char *label = g_strdup_printf ("%s/%s", self->label, self->dim_names[d]);
+  const char *names[] = { self->dim_names[d], NULL };
+  CpMesh *submesh;
+
+  submesh = _cp_mesh_new (self->comm->transport, label, members, self->dim_sizes[d],
+                          self->coordinates[d], names, &self->dim_sizes[d], 1, error);
+  if (submesh != NULL)
+    submesh->timeout_ms = self->timeout_ms;
+  return submesh;
+}
+
+/**
+ * cp_mesh_get_submesh:
+ * @self: a mesh
+ * @dim_name: the dimension to keep, for example `"cp"`
+ * @error: return location for a #GError
+ *
+ * Gets the 1-D mesh of the ranks that share this rank's coordinates in
+ * every other dimension: for a `dp × cp` mesh, the context-parallel group
+ * this rank belongs to. Its rank is this rank's coordinate along
+ * @dim_name. A 1-D mesh asked for its own dimension returns itself.
+ *
+ * Returns: (transfer none): the submesh, owned by @self, or %NULL with
+ *   %CP_MESH_ERROR_INVALID_TOPOLOGY when there is no such dimension
+ *
+ * Since: 1.0
+ */
+CpMesh *
+cp_mesh_get_submesh (CpMesh      *self,
+                     const char  *dim_name,
+                     GError     **error)
+{
+  CpMesh *submesh;
+  int d;
+
+  g_return_val_if_fail (CP_IS_MESH (self), NULL);
+  g_return_val_if_fail (dim_name != NULL, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  d = find_dim (self, dim_name);
+  if (d < 0)
+    {
+      g_autofree char *names = g_strjoinv (", ", self->dim_names);
+
+      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
+                   "the mesh has no dimension \"%s\"; it has %s", dim_name, names);
+      return NULL;
+    }
+  if (self->n_dims == 1)
+    return self;
+  submesh = g_hash_table_lookup (self->submeshes, dim_name);
+  if (submesh == NULL)
+    {
+      submesh = create_submesh (self, d, error);
+      if (submesh == NULL)
+        return NULL;
+      g_hash_table_insert (self->submeshes, g_strdup (dim_name), submesh);
+    }
+  return submesh;
+}
+
+CpComm *
+_cp_mesh_get_comm (CpMesh *self)
+{
+  return self->comm;
+}
+
+gint64
+_cp_mesh_deadline (CpMesh *self)
+{
+  return g_get_monotonic_time () + (gint64) self->timeout_ms * G_TIME_SPAN_MILLISECOND;
+}
+
+static void
+describe_operand (CpCollective *coll,
+                  CpCollKind    kind,
+                  CpTensor     *tensor)
+{
+  const gint64 *shape = tensor ? cp_tensor_get_shape (tensor, &coll->n_dims) : NULL;
+
+  memset (coll, 0, sizeof *coll);
+  coll->kind = kind;
+  if (tensor == NULL)
+    return;
+  coll->dtype = cp_tensor_get_dtype (tensor);
+  coll->n_dims = cp_tensor_get_n_dims (tensor);
+  memcpy (coll->shape, shape, coll->n_dims * sizeof (gint64));
+}
+
+/* Runs the rendezvous even when this rank's own arguments are bad
+ * (@invalid, taken), so that every rank fails with the same error instead
+ * of timing out waiting for this one. */
+static gboolean
+run_collective (CpMesh        *self,
+                CpCollective  *coll,
+                GError        *invalid,
+                GError       **error)
+{
+  CpTransport *transport = self->comm->transport;
+  gboolean ok;
+
+  coll->invalid = invalid;
+  ok = transport->ops->collective (self->comm, coll, _cp_mesh_deadline (self), error);
+  g_clear_error (&coll->invalid);
+  return ok;
+}
+
+static gboolean
+check_host (CpMesh      *self,
+            CpTensor    *tensor,
+            const char  *what,
+            GError     **error)
+{
+  if (cp_tensor_get_device (tensor) != CP_DEVICE_KIND_HOST)
+    {
+      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED,
+                   "%s: the %s backend moves host memory only", what, cp_mesh_get_backend (self));
+      return FALSE;
+    }
+  return TRUE;
+}
+
+/* Fills the byte geometry of an all-gather along @dim. */
+static void
+plan_gather (CpCollective *coll,
+             CpTensor     *tensor,
+             guint         dim)
+{
+  gint64 length;
+  gsize step;
+
+  _cp_tensor_split_at (tensor, dim, &coll->outer, &length, &step);
+  coll->dim = (int) dim;
+  coll->block = (gsize) length * step;
+}
+
+static gboolean
+check_gather_output (CpMesh     *self,
+                     CpTensor   *tensor,
+                     guint       dim,
+                     CpTensor   *out,
+                     GError    **error)
+{
+  gint64 shape[CP_TENSOR_MAX_DIMS];
+  guint n_dims;
+  const gint64 *source_shape = cp_tensor_get_shape (tensor, &n_dims);
+
+  memcpy (shape, source_shape, n_dims * sizeof (gint64));
+  shape[dim] *= self->comm->size;
+  if (cp_tensor_get_dtype (out) != cp_tensor_get_dtype (tensor) ||
+      cp_tensor_get_n_dims (out) != n_dims ||
+      memcmp (cp_tensor_get_shape (out, NULL), shape, n_dims * sizeof (gint64)) != 0)
+    {
+      g_autofree char *have = cp_tensor_describe (out);
+      g_autofree char *want = _cp_shape_to_string (shape, n_dims);
+
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                   "all_gather: the output is %s, it must be %s%s",
+                   have, cp_dtype_get_name (cp_tensor_get_dtype (tensor)), want);
+      return FALSE;
+    }
+  return check_host (self, out, "all_gather", error);
+}
+
+static gboolean
+gather_into (CpMesh    *self,
+             CpTensor  *tensor,
+             int        dim,
+             CpTensor  *out,
+             GError   **error)
+{
+  CpCollective coll;
+  GError *invalid = NULL;
+  guint d = 0;
+
+  describe_operand (&coll, CP_COLL_ALL_GATHER, tensor);
+  if (check_host (self, tensor, "all_gather", &invalid) &&
+      _cp_tensor_normalize_dim (tensor, "all_gather", dim, &d, &invalid) &&
+      (out == NULL || check_gather_output (self, tensor, d, out, &invalid)))
+    {
+      plan_gather (&coll, tensor, d);
+      coll.send = cp_tensor_get_data (tensor);
+      coll.recv = out ? cp_tensor_get_data (out) : NULL;
+    }
+  return run_collective (self, &coll, invalid, error);
+}
+
+/**
+ * cp_mesh_all_gather:
+ * @self: a mesh
+ * @tensor: this rank's piece; every rank passes the same dtype and shape
+ * @dim: the dimension to concatenate along; negative values count from
+ *   the last
+ * @error: return location for a #GError
+ *
+ * Concatenates every rank's @tensor along @dim, in rank order.
+ *
+ * Returns: (transfer full): the concatenation, or %NULL with an error on
+ *   every rank: %CP_TENSOR_ERROR_SHAPE or %CP_TENSOR_ERROR_DTYPE when
+ *   ranks disagree, %CP_MESH_ERROR_TIMED_OUT when one never arrives
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_mesh_all_gather (CpMesh    *self,
+                    CpTensor  *tensor,
+                    int        dim,
+                    GError   **error)
+{
+  gint64 shape[CP_TENSOR_MAX_DIMS];
+  g_autoptr(CpTensor) out = NULL;
+  GError *invalid = NULL;
+  guint d = 0;
+
+  g_return_val_if_fail (CP_IS_MESH (self), NULL);
+  g_return_val_if_fail (CP_IS_TENSOR (tensor), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (_cp_tensor_normalize_dim (tensor, "all_gather", dim, &d, &invalid))
+    {
+      guint n_dims;
+      const gint64 *source_shape = cp_tensor_get_shape (tensor, &n_dims);
+
+      memcpy (shape, source_shape, n_dims * sizeof (gint64));
+      shape[d] *= self->comm->size;
+      out = _cp_tensor_new_uninit (cp_tensor_get_dtype (tensor), shape, n_dims, &invalid);
+    }
+  if (invalid != NULL)
+    {
+      CpCollective coll;
+
+      describe_operand (&coll, CP_COLL_ALL_GATHER, tensor);
+      run_collective (self, &coll, invalid, error);
+      return NULL;
+    }
+  if (!gather_into (self, tensor, dim, out, error))
+    return NULL;
+  return g_steal_pointer (&out);
+}
+
+/**
+ * cp_mesh_all_gather_into:
+ * @self: a mesh
+ * @tensor: this rank's piece; every rank passes the same dtype and shape
+ * @dim: the dimension to concatenate along
+ * @out: the result: @tensor's shape with @dim multiplied by the world size
+ * @error: return location for a #GError
+ *
+ * Like [method@Cp.Mesh.all_gather], writing into a tensor the caller
+ * reuses.
+ *
+ * Returns: %TRUE on success
+ *
+ * Since: 1.0
+ */
+gboolean
+cp_mesh_all_gather_into (CpMesh    *self,
+                         CpTensor  *tensor,
+                         int        dim,
+                         CpTensor  *out,
+                         GError   **error)
+{
+  g_return_val_if_fail (CP_IS_MESH (self), FALSE);
+  g_return_val_if_fail (CP_IS_TENSOR (tensor), FALSE);
+  g_return_val_if_fail (CP_IS_TENSOR (out), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  return gather_into (self, tensor, dim, out, error);
+}
+
+static gboolean
+plan_all_to_all (CpMesh        *self,
+                 CpCollective  *coll,
+                 CpTensor      *tensor,
+                 int            dim,
+                 GError       **error)
+{
+  gint64 length;
+  gsize step;
+  guint d;
+
+  if (!check_host (self, tensor, "all_to_all", error) ||
+      !_cp_tensor_normalize_dim (tensor, "all_to_all", dim, &d, error))
+    return FALSE;
+  _cp_tensor_split_at (tensor, d, &coll->outer, &length, &step);
+  if (length % self->comm->size != 0)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                   "all_to_all: dimension %u has length %" G_GINT64_FORMAT
+                   ", not a multiple of the world size %d", d, length, self->comm->size);
+      return FALSE;
+    }
+  coll->dim = (int) d;
+  coll->block = (gsize) (length / self->comm->size) * step;
+  return TRUE;
+}
+
+/**
+ * cp_mesh_all_to_all:
+ * @self: a mesh
+ * @tensor: this rank's tensor; every rank passes the same dtype and shape
+ * @dim: the dimension to split and concatenate along; its length must be
+ *   a multiple of the world size
+ * @error: return location for a #GError
+ *
+ * Splits @tensor along @dim into world-size equal pieces, sends piece j to
+ * rank j, and concatenates the pieces received, in rank order, along @dim.
+ * The result has the shape of @tensor.
+ *
+ * Returns: (transfer full): the exchanged tensor, or %NULL with an error
+ *   on every rank
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_mesh_all_to_all (CpMesh    *self,
+                    CpTensor  *tensor,
+                    int        dim,
+                    GError   **error)
+{
+  g_autoptr(CpTensor) out = NULL;
+  CpCollective coll;
+  GError *invalid = NULL;
+
+  g_return_val_if_fail (CP_IS_MESH (self), NULL);
+  g_return_val_if_fail (CP_IS_TENSOR (tensor), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  describe_operand (&coll, CP_COLL_ALL_TO_ALL, tensor);
+  if (plan_all_to_all (self, &coll, tensor, dim, &invalid))
+    out = _cp_tensor_new_uninit (cp_tensor_get_dtype (tensor), cp_tensor_get_shape (tensor, NULL),
+                                 cp_tensor_get_n_dims (tensor), &invalid);
+  if (out != NULL)
+    {
+      coll.send = cp_tensor_get_data (tensor);
+      coll.recv = cp_tensor_get_data (out);
+    }
+  if (!run_collective (self, &coll, invalid, error))
+    return NULL;
+  return g_steal_pointer (&out);
+}
+
+/**
+ * cp_mesh_all_reduce:
+ * @self: a mesh
+ * @tensor: this rank's tensor, replaced in place by the result; every rank
+ *   passes the same dtype and shape
+ * @op: the reduction
+ * @error: return location for a #GError
+ *
+ * Reduces @tensor element-wise over every rank and leaves the result in
+ * every rank's @tensor. The reduction runs in rank order, so every rank
+ * gets identical bits, run after run; integers wrap, booleans combine with
+ * or (sum, max) and and (min), 16-bit floats accumulate in float32.
+ *
+ * Returns: %TRUE on success, or %FALSE with an error on every rank
+ *
+ * Since: 1.0
+ */
+gboolean
+cp_mesh_all_reduce (CpMesh      *self,
+                    CpTensor    *tensor,
+                    CpReduceOp   op,
+                    GError     **error)
+{
+  CpCollective coll;
+  GError *invalid = NULL;
+
+  g_return_val_if_fail (CP_IS_MESH (self), FALSE);
+  g_return_val_if_fail (CP_IS_TENSOR (tensor), FALSE);
+  g_return_val_if_fail (op <= CP_REDUCE_OP_MIN, FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  describe_operand (&coll, CP_COLL_ALL_REDUCE, tensor);
+  coll.op = op;
+  if (check_host (self, tensor, "all_reduce", &invalid))
+    {
+      coll.count = (gsize) cp_tensor_get_numel (tensor);
+      coll.recv = cp_tensor_get_data (tensor);
+    }
+  return run_collective (self, &coll, invalid, error);
+}
+
+/**
+ * cp_mesh_broadcast:
+ * @self: a mesh
+ * @tensor: the root's data; on every other rank, replaced in place by it
+ * @root: the rank whose tensor is sent
+ * @error: return location for a #GError
+ *
+ * Copies @root's @tensor into every rank's @tensor.
+ *
+ * Returns: %TRUE on success, or %FALSE with an error on every rank
+ *
+ * Since: 1.0
+ */
+gboolean
+cp_mesh_broadcast (CpMesh    *self,
+                   CpTensor  *tensor,
+                   int        root,
+                   GError   **error)
+{
+  CpCollective coll;
+  GError *invalid = NULL;
+
+  g_return_val_if_fail (CP_IS_MESH (self), FALSE);
+  g_return_val_if_fail (CP_IS_TENSOR (tensor), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  describe_operand (&coll, CP_COLL_BROADCAST, tensor);
+  coll.root = root;
+  if (root < 0 || root >= self->comm->size)
+    g_set_error (&invalid, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
+                 "broadcast: root %d is outside [0, %d)", root, self->comm->size);
+  else if (check_host (self, tensor, "broadcast", &invalid))
+    {
+      coll.count = (gsize) cp_tensor_get_numel (tensor);
+      coll.recv = cp_tensor_get_data (tensor);
+    }
+  return run_collective (self, &coll, invalid, error);
+}
+
+/**
+ * cp_mesh_barrier:
+ * @self: a mesh
+ * @error: return location for a #GError
+ *
+ * Waits until every rank has called it.
+ *
+ * Returns: %TRUE on success, or %FALSE with %CP_MESH_ERROR_TIMED_OUT
+ *
+ * Since: 1.0
+ */
+gboolean
+cp_mesh_barrier (CpMesh  *self,
+                 GError **error)
+{
+  CpCollective coll;
+
+  g_return_val_if_fail (CP_IS_MESH (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  describe_operand (&coll, CP_COLL_BARRIER, NULL);
+  return run_collective (self, &coll, NULL, error);
+}
+
+static void
+barrier_thread (GTask        *task,
+                gpointer      source_object,
+                gpointer      task_data,
+                GCancellable *cancellable)
+{
+  GError *error = NULL;
+
+  if (cp_mesh_barrier (source_object, &error))
+    g_task_return_boolean (task, TRUE);
+  else
+    g_task_return_error (task, error);
+}
+
+/**
+ * cp_mesh_barrier_async:
+ * @self: a mesh
+ * @cancellable: (nullable): a #GCancellable; cancelling stops waiting for
+ *   the result, not the barrier
+ * @callback: called in the thread-default main context when done
+ * @user_data: data for @callback
+ *
+ * Runs [method@Cp.Mesh.barrier] in a worker thread, so that main-loop
+ * programs (gjs, GTK) do not block. Do not use the mesh from another
+ * thread until @callback ran.
+ *
+ * Since: 1.0
+ */
+void
+cp_mesh_barrier_async (CpMesh              *self,
+                       GCancellable        *cancellable,
+                       GAsyncReadyCallback  callback,
+                       gpointer             user_data)
+{
+  g_autoptr(GTask) task = NULL;
+
+  g_return_if_fail (CP_IS_MESH (self));
+  g_return_if_fail (cancellable == NULL || G_IS_CANCELLABLE (cancellable));
+
+  task = g_task_new (self, cancellable, callback, user_data);
+  g_task_set_source_tag (task, cp_mesh_barrier_async);
+  g_task_set_name (task, "[libcpmesh] barrier");
+  g_task_run_in_thread (task, barrier_thread);
+}
+
+/**
+ * cp_mesh_barrier_finish:
+ * @self: a mesh
+ * @result: the result given to the callback
+ * @error: return location for a #GError
+ *
+ * Completes [method@Cp.Mesh.barrier_async].
+ *
+ * Returns: %TRUE when every rank reached the barrier
+ *
+ * Since: 1.0
+ */
+gboolean
+cp_mesh_barrier_finish (CpMesh        *self,
+                        GAsyncResult  *result,
+                        GError       **error)
+{
+  g_return_val_if_fail (CP_IS_MESH (self), FALSE);
+  g_return_val_if_fail (g_task_is_valid (result, self), FALSE);
+  g_return_val_if_fail (g_task_get_source_tag (G_TASK (result)) == cp_mesh_barrier_async, FALSE);
+
+  return g_task_propagate_boolean (G_TASK (result), error);
+}
+
+void
+_cp_message_from_tensor (CpMessage *message,
+                         CpTensor  *tensor)
+{
+  const gint64 *shape = cp_tensor_get_shape (tensor, &message->n_dims);
+
+  message->dtype = cp_tensor_get_dtype (tensor);
+  memcpy (message->shape, shape, message->n_dims * sizeof (gint64));
+  message->data = cp_tensor_get_data (tensor);
+  message->nbytes = cp_tensor_get_nbytes (tensor);
+}
+
+static gboolean
+check_peer (CpMesh      *self,
+            const char  *what,
+            int          peer,
+            CpTensor    *tensor,
+            GError     **error)
+{
+  if (peer < 0 || peer >= self->comm->size)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
+                   "%s: rank %d is outside [0, %d)", what, peer, self->comm->size);
+      return FALSE;
+    }
+  return check_host (self, tensor, what, error);
+}
+
+/* Posts every operation before waiting for any, so that exchanges in a
+ * ring cannot deadlock. */
+static gboolean
+exchange (CpMesh    *self,
+          CpTensor  *send_tensor,
+          int        dst,
+          CpTensor  *recv_tensor,
+          int        src,
+          guint64    tag,
+          GError   **error)
+{
+  const CpTransportOps *ops = self->comm->transport->ops;
+  gint64 deadline = _cp_mesh_deadline (self);
+  CpMessage sent, received;
+  CpRequest *send_request = NULL;
+  CpRequest *recv_request = NULL;
+  GError *recv_error = NULL;
+  gboolean ok = TRUE;
+
+  if (send_tensor != NULL)
+    {
+      _cp_message_from_tensor (&sent, send_tensor);
+      send_request = ops->isend (self->comm, dst, tag, &sent);
+    }
+  if (recv_tensor != NULL)
+    {
+      _cp_message_from_tensor (&received, recv_tensor);
+      recv_request = ops->irecv (self->comm, src, tag, &received);
+      ok = ops->wait (self->comm, recv_request, deadline, &recv_error);
+    }
+  if (send_request != NULL)
+    ok = ops->wait (self->comm, send_request, deadline, recv_error ? NULL : error) && ok;
+  if (recv_error != NULL)
+    g_propagate_error (error, recv_error);
+  return ok;
+}
+
+/**
+ * cp_mesh_send:
+ * @self: a mesh
+ * @tensor: the data to send
+ * @dst: the receiving rank, not this one
+ * @tag: matches the send with the receive of the same tag
+ * @error: return location for a #GError
+ *
+ * Sends @tensor to rank @dst and returns once @dst has received it with
+ * [method@Cp.Mesh.recv]. Sends and receives between the same pair of ranks
+ * with the same tag match in order. For exchanges in which every rank
+ * both sends and receives, use [method@Cp.Mesh.send_recv].
+ *
+ * Returns: %TRUE on success; %FALSE with %CP_TENSOR_ERROR_SHAPE when the
+ *   receiver expected another dtype or shape, or %CP_MESH_ERROR_TIMED_OUT
+ *
+ * Since: 1.0
+ */
+gboolean
+cp_mesh_send (CpMesh    *self,
+              CpTensor  *tensor,
+              int        dst,
+              guint      tag,
+              GError   **error)
+{
+  g_return_val_if_fail (CP_IS_MESH (self), FALSE);
+  g_return_val_if_fail (CP_IS_TENSOR (tensor), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!check_peer (self, "send", dst, tensor, error))
+    return FALSE;
+  if (dst == self->comm->index)
+    {
+      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
+                   "send: rank %d cannot wait for itself to receive; use send_recv", dst);
+      return FALSE;
+    }
+  return exchange (self, tensor, dst, NULL, 0, tag, error);
+}
+
+/**
+ * cp_mesh_recv:
+ * @self: a mesh
+ * @tensor: where to receive; its dtype and shape must match what is sent
+ * @src: the sending rank, not this one
+ * @tag: the tag the sender used
+ * @error: return location for a #GError
+ *
+ * Receives into @tensor what rank @src sends with [method@Cp.Mesh.send].
+ *
+ * Returns: %TRUE on success; %FALSE with %CP_TENSOR_ERROR_SHAPE on a
+ *   dtype or shape mismatch (@tensor is then untouched), or
+ *   %CP_MESH_ERROR_TIMED_OUT
+ *
+ * Since: 1.0
+ */
+gboolean
+cp_mesh_recv (CpMesh    *self,
+              CpTensor  *tensor,
+              int        src,
+              guint      tag,
+              GError   **error)
+{
+  g_return_val_if_fail (CP_IS_MESH (self), FALSE);
+  g_return_val_if_fail (CP_IS_TENSOR (tensor), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!check_peer (self, "recv", src, tensor, error))
+    return FALSE;
+  if (src == self->comm->index)
+    {
+      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
+                   "recv: rank %d cannot wait for a send from itself; use send_recv", src);
+      return FALSE;
+    }
+  return exchange (self, NULL, 0, tensor, src, tag, error);
+}
+
+/**
+ * cp_mesh_send_recv:
+ * @self: a mesh
+ * @send_tensor: the data to send to @dst
+ * @dst: the rank to send to
+ * @recv_tensor: where to receive from @src; not @send_tensor
+ * @src: the rank to receive from
+ * @tag: the tag of both messages
+ * @error: return location for a #GError
+ *
+ * Sends and receives at once, the step of a ring: every rank can call it
+ * with its neighbours without deadlocking.
+ *
+ * Returns: %TRUE on success, or %FALSE with an error
+ *
+ * Since: 1.0
+ */
+gboolean
+cp_mesh_send_recv (CpMesh    *self,
+                   CpTensor  *send_tensor,
+                   int        dst,
+                   CpTensor  *recv_tensor,
+                   int        src,
+                   guint      tag,
+                   GError   **error)
+{
+  g_return_val_if_fail (CP_IS_MESH (self), FALSE);
+  g_return_val_if_fail (CP_IS_TENSOR (send_tensor), FALSE);
+  g_return_val_if_fail (CP_IS_TENSOR (recv_tensor), FALSE);
+  g_return_val_if_fail (send_tensor != recv_tensor, FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!check_peer (self, "send_recv", dst, send_tensor, error) ||
+      !check_peer (self, "send_recv", src, recv_tensor, error))
+    return FALSE;
+  return exchange (self, send_tensor, dst, recv_tensor, src, tag, error);
+}
+
+/**
+ * cp_mesh_unshard:
+ * @self: the context-parallel mesh (1-D, or any mesh whose ranks all hold
+ *   pieces)
+ * @tensor: this rank's head-tail piece
+ * @seq_dim: its sequence dimension; negative values count from the last
+ * @error: return location for a #GError
+ *
+ * Rebuilds the full sequence from every rank's head-tail piece: an
+ * all-gather in rank order, then the restore permutation — the native
+ * `unshard_context_parallel_tensor`. The result keeps the padded length;
+ * narrow it to drop the padding. With one rank, returns @tensor itself.
+ *
+ * Returns: (transfer full): the full tensor, or %NULL with an error on
+ *   every rank; %CP_TENSOR_ERROR_SHAPE when the local length is odd
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_mesh_unshard (CpMesh    *self,
+                 CpTensor  *tensor,
+                 int        seq_dim,
+                 GError   **error)
+{
+  g_autoptr(CpLayout) layout = NULL;
+  GError *invalid = NULL;
+  guint d = 0;
+
+  g_return_val_if_fail (CP_IS_MESH (self), NULL);
+  g_return_val_if_fail (CP_IS_TENSOR (tensor), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (self->comm->size == 1)
+    return g_object_ref (tensor);
+  if (_cp_tensor_normalize_dim (tensor, "unshard", seq_dim, &d, &invalid))
+    layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL,
+                            cp_tensor_get_dim (tensor, (int) d) * self->comm->size,
+                            self->comm->size, &invalid);
+  if (invalid != NULL)
+    {
+      CpCollective coll;
+
+      describe_operand (&coll, CP_COLL_ALL_GATHER, tensor);
+      run_collective (self, &coll, invalid, error);
+      return NULL;
+    }
+  return cp_mesh_unshard_layout (self, tensor, seq_dim, layout, error);
+}
+
+static CpTensor *
+restore_gathered (CpLayout *layout,
+                  CpTensor *gathered,
+                  guint     dim,
+                  GError  **error)
+{
+  CpTensor *out;
+  gsize outer;
+  gint64 length;
+  gsize step;
+
+  out = _cp_tensor_new_uninit (cp_tensor_get_dtype (gathered), cp_tensor_get_shape (gathered, NULL),
+                               cp_tensor_get_n_dims (gathered), error);
+  if (out == NULL)
+    return NULL;
+  _cp_tensor_split_at (gathered, dim, &outer, &length, &step);
+  for (int r = 0; r < cp_layout_get_cp_size (layout); r++)
+    _cp_layout_transfer_runs (layout, r, cp_tensor_get_data (out), cp_tensor_get_data (gathered),
+                              outer, step, length, _cp_layout_get_rank_offset (layout, r), FALSE);
+  return out;
+}
+
+/**
+ * cp_mesh_unshard_layout:
+ * @self: the context-parallel mesh
+ * @tensor: this rank's piece of @layout
+ * @seq_dim: its sequence dimension; negative values count from the last
+ * @layout: the layout the pieces follow, over the mesh's world size (for
+ *   example a per-document THD layout)
+ * @error: return location for a #GError
+ *
+ * Like [method@Cp.Mesh.unshard] for any layout.
+ *
+ * Returns: (transfer full): the full tensor, or %NULL with an error on
+ *   every rank
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_mesh_unshard_layout (CpMesh    *self,
+                        CpTensor  *tensor,
+                        int        seq_dim,
+                        CpLayout  *layout,
+                        GError   **error)
+{
+  g_autoptr(CpTensor) gathered = NULL;
+  GError *invalid = NULL;
+  int rank;
+  guint d = 0;
+
+  g_return_val_if_fail (CP_IS_MESH (self), NULL);
+  g_return_val_if_fail (CP_IS_TENSOR (tensor), NULL);
+  g_return_val_if_fail (layout != NULL, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  rank = self->comm->index;
+  if (cp_layout_get_cp_size (layout) != self->comm->size)
+    g_set_error (&invalid, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
+                 "unshard: the layout is over %d ranks, the mesh has %d",
+                 cp_layout_get_cp_size (layout), self->comm->size);
+  else if (_cp_tensor_normalize_dim (tensor, "unshard", seq_dim, &d, &invalid) &&
+           cp_tensor_get_dim (tensor, (int) d) != cp_layout_get_local_len (layout, rank))
+    g_set_error (&invalid, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                 "unshard: dimension %u of rank %d's piece has length %" G_GINT64_FORMAT
+                 ", the layout gives it %" G_GINT64_FORMAT, d, rank,
+                 cp_tensor_get_dim (tensor, (int) d), cp_layout_get_local_len (layout, rank));
+  if (invalid != NULL)
+    {
+      CpCollective coll;
+
+      describe_operand (&coll, CP_COLL_ALL_GATHER, tensor);
+      run_collective (self, &coll, invalid, error);
+      return NULL;
+    }
+  gathered = cp_mesh_all_gather (self, tensor, (int) d, error);
+  if (gathered == NULL)
+    return NULL;
+  return restore_gathered (layout, gathered, d, error);
+}

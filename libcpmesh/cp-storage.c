@@ -1,0 +1,517 @@
+/* cp-storage.c
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <glib/gstdio.h>
+
+#include "cp-error.h"
+#include "cp-host-memory-private.h"
+#include "cp-storage-private.h"
+
+/**
+ * CpStorage:
+ *
+ * A reference-counted, fixed-size range of bytes that tensors view.
+ *
+ * Several [class@Cp.Tensor]s can share one storage, and a storage can hold
+ * memory the library allocated, the contents of a #GBytes, foreign memory
+ * released through a callback, or a file-descriptor mapping that another
+ * process can map too ([ctor@Cp.Storage.new_shared]). Which one is a
+ * [enum@Cp.StorageKind]; they all behave the same once made.
+ *
+ * The size and address of a storage never change, so it can be shared
+ * between threads; writing the bytes from several threads at once is the
+ * caller's business.
+ *
+ * Since: 1.0
+ */
+
+/* What differs between the kinds is only how the bytes are given back. */
+typedef struct
+{
+  void (*release) (CpStorage *self);
+} StorageOps;
+
+struct _CpStorage
+{
+  gatomicrefcount ref_count;
+  const StorageOps *ops;
+  CpStorageKind kind;
+  CpDeviceKind device;
+  guint8 *data;
+  gsize size;
+
+  GBytes *bytes;
+
+  CpReleaseFunc release;
+  gpointer user_data;
+  GDestroyNotify destroy;
+
+  int fd;
+  gpointer map_base;
+  gsize map_length;
+};
+
+G_DEFINE_BOXED_TYPE (CpStorage, cp_storage, cp_storage_ref, cp_storage_unref)
+
+static void
+release_owned (CpStorage *self)
+{
+  _cp_host_free (self->data, self->size);
+}
+
+static void
+release_bytes (CpStorage *self)
+{
+  g_bytes_unref (self->bytes);
+}
+
+static void
+release_borrowed (CpStorage *self)
+{
+  if (self->release != NULL)
+    self->release (self->user_data);
+  if (self->destroy != NULL)
+    self->destroy (self->user_data);
+}
+
+static void
+release_fd (CpStorage *self)
+{
+  munmap (self->map_base, self->map_length);
+  g_close (self->fd, NULL);
+}
+
+static const StorageOps owned_ops = { release_owned };
+static const StorageOps bytes_ops = { release_bytes };
+static const StorageOps borrowed_ops = { release_borrowed };
+static const StorageOps fd_ops = { release_fd };
+
+static CpStorage *
+storage_alloc (CpStorageKind     kind,
+               const StorageOps *ops,
+               gpointer          data,
+               gsize             size)
+{
+  CpStorage *self = g_new0 (CpStorage, 1);
+
+  g_atomic_ref_count_init (&self->ref_count);
+  self->kind = kind;
+  self->ops = ops;
+  self->device = CP_DEVICE_KIND_HOST;
+  self->data = data;
+  self->size = size;
+  self->fd = -1;
+  return self;
+}
+
+CpStorage *
+_cp_storage_new_host (gsize      size,
+                      gboolean   zeroed,
+                      GError   **error)
+{
+  gpointer data = _cp_host_alloc (size, zeroed, error);
+
+  if (data == NULL)
+    return NULL;
+  return storage_alloc (CP_STORAGE_KIND_OWNED, &owned_ops, data, size);
+}
+
+/**
+ * cp_storage_new:
+ * @size: the number of bytes
+ * @error: return location for a #GError
+ *
+ * Allocates @size zero-filled bytes of host memory, aligned to 64 bytes.
+ *
+ * Returns: (transfer full): a new storage, or %NULL with
+ *   %CP_TENSOR_ERROR_OUT_OF_MEMORY
+ *
+ * Since: 1.0
+ */
+CpStorage *
+cp_storage_new (gsize    size,
+                GError **error)
+{
+  return _cp_storage_new_host (size, TRUE, error);
+}
+
+static int
+create_memfd (gsize    size,
+              GError **error)
+{
+  int fd;
+
+#ifdef HAVE_MEMFD_CREATE
+  fd = memfd_create ("cpmesh-tensor", MFD_CLOEXEC);
+#else
+  fd = -1;
+  errno = ENOSYS;
+#endif
+  if (fd < 0)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_FAILED,
+                   "memfd_create failed: %s", g_strerror (errno));
+      return -1;
+    }
+  if (ftruncate (fd, (off_t) size) != 0)
+    {
+      int saved_errno = errno;
+
+      g_close (fd, NULL);
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_MEMORY,
+                   "cannot size a shared memory file to %" G_GSIZE_FORMAT " bytes: %s",
+                   size, g_strerror (saved_errno));
+      return -1;
+    }
+  return fd;
+}
+
+/* Maps @size bytes at @offset of @fd, taking ownership of @fd.  mmap wants
+ * a page-aligned offset, so the mapping starts at the page below @offset. */
+static CpStorage *
+map_fd (int      fd,
+        goffset  offset,
+        gsize    size,
+        GError **error)
+{
+  gsize page = (gsize) sysconf (_SC_PAGESIZE);
+  gsize slack = (gsize) offset % page;
+  gsize length = MAX (size + slack, 1);
+  gpointer base;
+  CpStorage *self;
+
+  base = mmap (NULL, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, offset - (goffset) slack);
+  if (base == MAP_FAILED)
+    {
+      int saved_errno = errno;
+
+      g_close (fd, NULL);
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_FAILED,
+                   "cannot map %" G_GSIZE_FORMAT " bytes at offset %" G_GOFFSET_FORMAT
+                   " of fd: %s", size, offset, g_strerror (saved_errno));
+      return NULL;
+    }
+  self = storage_alloc (CP_STORAGE_KIND_FD, &fd_ops, (guint8 *) base + slack, size);
+  self->fd = fd;
+  self->map_base = base;
+  self->map_length = length;
+  return self;
+}
+
+/**
+ * cp_storage_new_shared:
+ * @size: the number of bytes
+ * @error: return location for a #GError
+ *
+ * Allocates @size zero-filled bytes in an anonymous memory file (a memfd),
+ * so that another process given [method@Cp.Storage.get_fd] can map the same
+ * bytes with [ctor@Cp.Storage.new_from_fd] and see every write without a
+ * copy.
+ *
+ * Returns: (transfer full): a new storage, or %NULL with an error
+ *
+ * Since: 1.0
+ */
+CpStorage *
+cp_storage_new_shared (gsize    size,
+                       GError **error)
+{
+  int fd = create_memfd (size, error);
+
+  if (fd < 0)
+    return NULL;
+  return map_fd (fd, 0, size, error);
+}
+
+/**
+ * cp_storage_new_from_bytes:
+ * @bytes: the bytes to wrap
+ *
+ * Wraps the contents of @bytes without copying them. The storage keeps a
+ * reference on @bytes until it is freed.
+ *
+ * #GBytes are immutable by contract: only use tensors on such a storage
+ * for reading, or hand in bytes nothing else reads.
+ *
+ * Returns: (transfer full): a new storage
+ *
+ * Since: 1.0
+ */
+CpStorage *
+cp_storage_new_from_bytes (GBytes *bytes)
+{
+  CpStorage *self;
+  gsize size;
+  gconstpointer data;
+
+  g_return_val_if_fail (bytes != NULL, NULL);
+
+  data = g_bytes_get_data (bytes, &size);
+  self = storage_alloc (CP_STORAGE_KIND_BYTES, &bytes_ops, (gpointer) data, size);
+  self->bytes = g_bytes_ref (bytes);
+  return self;
+}
+
+/**
+ * cp_storage_new_borrowed:
+ * @address: the address of the first byte
+ * @size: the number of bytes
+ * @release: (scope notified) (closure user_data) (destroy destroy) (nullable):
+ *   called once when no tensor uses the memory any more
+ * @user_data: data for @release
+ * @destroy: (nullable): frees @user_data after @release ran
+ *
+ * Wraps memory that belongs to someone else — a numpy array, a buffer of
+ * another library — without copying it. The memory must stay valid until
+ * @release is called.
+ *
+ * Returns: (transfer full): a new storage
+ *
+ * Since: 1.0
+ */
+CpStorage *
+cp_storage_new_borrowed (guintptr       address,
+                         gsize          size,
+                         CpReleaseFunc  release,
+                         gpointer       user_data,
+                         GDestroyNotify destroy)
+{
+  CpStorage *self;
+
+  g_return_val_if_fail (address != 0 || size == 0, NULL);
+
+  self = storage_alloc (CP_STORAGE_KIND_BORROWED, &borrowed_ops,
+                        GSIZE_TO_POINTER (address), size);
+  self->release = release;
+  self->user_data = user_data;
+  self->destroy = destroy;
+  return self;
+}
+
+static gboolean
+check_fd_range (int      fd,
+                goffset  offset,
+                gsize    size,
+                GError **error)
+{
+  struct stat st;
+
+  if (fstat (fd, &st) != 0)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_FAILED,
+                   "cannot stat fd %d: %s", fd, g_strerror (errno));
+      return FALSE;
+    }
+  /* dma-bufs report no size through fstat; their mmap checks the range. */
+  if (S_ISREG (st.st_mode) &&
+      (offset < 0 || (guint64) offset + size > (guint64) st.st_size))
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
+                   "fd %d holds %" G_GINT64_FORMAT " bytes, but %" G_GSIZE_FORMAT
+                   " bytes at offset %" G_GOFFSET_FORMAT " were asked for",
+                   fd, (gint64) st.st_size, size, offset);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+/**
+ * cp_storage_new_from_fd:
+ * @fd: a memfd, dma-buf or other mappable file descriptor
+ * @offset: where the bytes start in the file
+ * @size: the number of bytes
+ * @error: return location for a #GError
+ *
+ * Maps @size bytes at @offset of @fd, shared with every other mapping of
+ * the same file: what another process writes there is visible here without
+ * a copy. The storage duplicates @fd; the caller keeps its own.
+ *
+ * For a dma-buf, bracketing CPU access with `DMA_BUF_IOCTL_SYNC` is the
+ * exporter's contract and the caller's job.
+ *
+ * Returns: (transfer full): a new storage, or %NULL with
+ *   %CP_TENSOR_ERROR_OUT_OF_RANGE when the file is too short
+ *
+ * Since: 1.0
+ */
+CpStorage *
+cp_storage_new_from_fd (int      fd,
+                        goffset  offset,
+                        gsize    size,
+                        GError **error)
+{
+  int own_fd;
+
+  g_return_val_if_fail (fd >= 0, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!check_fd_range (fd, offset, size, error))
+    return NULL;
+  own_fd = fcntl (fd, F_DUPFD_CLOEXEC, 3);
+  if (own_fd < 0)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_FAILED,
+                   "cannot duplicate fd %d: %s", fd, g_strerror (errno));
+      return NULL;
+    }
+  return map_fd (own_fd, offset, size, error);
+}
+
+/**
+ * cp_storage_ref:
+ * @self: a storage
+ *
+ * Takes a reference on @self.
+ *
+ * Returns: (transfer full): @self
+ *
+ * Since: 1.0
+ */
+CpStorage *
+cp_storage_ref (CpStorage *self)
+{
+  g_return_val_if_fail (self != NULL, NULL);
+
+  g_atomic_ref_count_inc (&self->ref_count);
+  return self;
+}
+
+/**
+ * cp_storage_unref:
+ * @self: (transfer full): a storage
+ *
+ * Drops a reference on @self, giving the bytes back when it was the last.
+ *
+ * Since: 1.0
+ */
+void
+cp_storage_unref (CpStorage *self)
+{
+  g_return_if_fail (self != NULL);
+
+  if (!g_atomic_ref_count_dec (&self->ref_count))
+    return;
+  self->ops->release (self);
+  g_free (self);
+}
+
+/**
+ * cp_storage_get_size:
+ * @self: a storage
+ *
+ * Gets the number of bytes of @self.
+ *
+ * Returns: the size in bytes
+ *
+ * Since: 1.0
+ */
+gsize
+cp_storage_get_size (CpStorage *self)
+{
+  g_return_val_if_fail (self != NULL, 0);
+
+  return self->size;
+}
+
+/**
+ * cp_storage_get_kind:
+ * @self: a storage
+ *
+ * Tells where the bytes of @self come from.
+ *
+ * Returns: the kind of storage
+ *
+ * Since: 1.0
+ */
+CpStorageKind
+cp_storage_get_kind (CpStorage *self)
+{
+  g_return_val_if_fail (self != NULL, CP_STORAGE_KIND_OWNED);
+
+  return self->kind;
+}
+
+/**
+ * cp_storage_get_device:
+ * @self: a storage
+ *
+ * Tells which kind of memory holds the bytes of @self.
+ *
+ * Returns: the device kind
+ *
+ * Since: 1.0
+ */
+CpDeviceKind
+cp_storage_get_device (CpStorage *self)
+{
+  g_return_val_if_fail (self != NULL, CP_DEVICE_KIND_HOST);
+
+  return self->device;
+}
+
+/**
+ * cp_storage_get_data_address:
+ * @self: a storage
+ *
+ * Gets the address of the first byte, as an integer that bindings can pass
+ * to numpy, ctypes or a device API. The address is valid while @self is.
+ *
+ * Returns: the address
+ *
+ * Since: 1.0
+ */
+guintptr
+cp_storage_get_data_address (CpStorage *self)
+{
+  g_return_val_if_fail (self != NULL, 0);
+
+  return GPOINTER_TO_SIZE (self->data);
+}
+
+/**
+ * cp_storage_get_data: (skip)
+ * @self: a storage
+ *
+ * Gets a pointer to the first byte, for C callers.
+ *
+ * Returns: (transfer none): the bytes
+ *
+ * Since: 1.0
+ */
+gpointer
+cp_storage_get_data (CpStorage *self)
+{
+  g_return_val_if_fail (self != NULL, NULL);
+
+  return self->data;
+}
+
+/**
+ * cp_storage_get_fd:
+ * @self: a storage
+ *
+ * Gets the file descriptor behind a %CP_STORAGE_KIND_FD storage. It stays
+ * owned by @self: duplicate it to keep it, or pass it to a child process
+ * (for example with g_subprocess_launcher_take_fd() after dup()).
+ *
+ * Returns: the file descriptor, or -1 when the storage has none
+ *
+ * Since: 1.0
+ */
+int
+cp_storage_get_fd (CpStorage *self)
+{
+  g_return_val_if_fail (self != NULL, -1);
+
+  return self->fd;
+}

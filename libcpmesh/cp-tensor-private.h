@@ -1,0 +1,67 @@
+/* cp-tensor-private.h
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include "cp-tensor.h"
+
+G_BEGIN_DECLS
+
+/* Validates a shape (at most CP_TENSOR_MAX_DIMS dimensions, none negative,
+ * element count and byte size without overflow) and returns its element
+ * count in @numel. */
+gboolean  _cp_shape_check            (CpDType        dtype,
+                                      const gint64  *shape,
+                                      guint          n_dims,
+                                      gint64        *numel,
+                                      GError       **error);
+
+/* "[2, 8, 64]" */
+char     *_cp_shape_to_string        (const gint64  *shape,
+                                      guint          n_dims);
+
+/* A host tensor whose bytes are about to be overwritten, so they are not
+ * zero-filled. */
+CpTensor *_cp_tensor_new_uninit      (CpDType        dtype,
+                                      const gint64  *shape,
+                                      guint          n_dims,
+                                      GError       **error);
+
+/* Makes @self view @storage at @offset with a new shape, in place: the
+ * same object now holds other bytes, as PyTorch's resize_() + copy_() do
+ * when a context shards a registered buffer. */
+void      _cp_tensor_replace         (CpTensor      *self,
+                                      CpStorage     *storage,
+                                      gsize          offset,
+                                      const gint64  *shape,
+                                      guint          n_dims);
+
+/* Moves the bytes and shape of @source into @self and leaves @source
+ * untouched; equivalent to replace() with @source's storage. */
+void      _cp_tensor_assign          (CpTensor      *self,
+                                      CpTensor      *source);
+
+/* The sizes around @dim: @outer elements before it, its own length, and
+ * the bytes of one step along it (the product of the later dimensions
+ * times the element size). */
+void      _cp_tensor_split_at        (CpTensor      *self,
+                                      guint          dim,
+                                      gsize         *outer,
+                                      gint64        *length,
+                                      gsize         *step_bytes);
+
+/* Checks that @dim is a dimension of @self (negative counts from the end)
+ * and returns it normalised, setting CP_TENSOR_ERROR_SHAPE otherwise.
+ * @what names the tensor in the message. */
+gboolean  _cp_tensor_normalize_dim   (CpTensor      *self,
+                                      const char    *what,
+                                      int            dim,
+                                      guint         *normalized,
+                                      GError       **error);
+
+gboolean  _cp_tensor_same_shape      (CpTensor      *a,
+                                      CpTensor      *b);
+
+G_END_DECLS

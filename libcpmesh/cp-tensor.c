@@ -1,0 +1,1293 @@
+/* cp-tensor.c
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include <string.h>
+
+#include "cp-dtype-private.h"
+#include "cp-enum-types.h"
+#include "cp-error.h"
+#include "cp-storage-private.h"
+#include "cp-tensor-private.h"
+
+/**
+ * CpTensor:
+ *
+ * An n-dimensional, contiguous, row-major typed buffer.
+ *
+ * A tensor is a view — element type, shape and a byte offset — over a
+ * reference-counted [struct@Cp.Storage], so several tensors can share one
+ * allocation and a tensor can wrap memory it does not own (a #GBytes, a
+ * numpy array, a memory file another process maps) without copying.
+ *
+ * Tensors have at most [const@Cp.TENSOR_MAX_DIMS] dimensions and are
+ * always contiguous. When a context shards a registered buffer in place,
+ * the same tensor object is made to view the smaller local layout, like
+ * PyTorch's `resize_()`; code holding the object sees the new shape.
+ *
+ * A tensor is not locked: use one from one thread at a time, or only read
+ * it from several.
+ *
+ * Since: 1.0
+ */
+struct _CpTensor
+{
+  GObject parent_instance;
+
+  CpDType dtype;
+  guint n_dims;
+  gint64 shape[CP_TENSOR_MAX_DIMS];
+  gint64 numel;
+  CpStorage *storage;
+  gsize offset;
+  gboolean requires_grad;
+};
+
+G_DEFINE_FINAL_TYPE (CpTensor, cp_tensor, G_TYPE_OBJECT)
+
+enum {
+  PROP_0,
+  PROP_DTYPE,
+  PROP_DEVICE,
+  PROP_N_DIMS,
+  PROP_NUMEL,
+  PROP_REQUIRES_GRAD,
+  N_PROPS
+};
+
+static GParamSpec *properties[N_PROPS];
+
+static void
+cp_tensor_finalize (GObject *object)
+{
+  CpTensor *self = (CpTensor *) object;
+
+  g_clear_pointer (&self->storage, cp_storage_unref);
+
+  G_OBJECT_CLASS (cp_tensor_parent_class)->finalize (object);
+}
+
+static void
+cp_tensor_get_property (GObject    *object,
+                        guint       prop_id,
+                        GValue     *value,
+                        GParamSpec *pspec)
+{
+  CpTensor *self = CP_TENSOR (object);
+
+  switch (prop_id)
+    {
+    case PROP_DTYPE:
+      g_value_set_enum (value, self->dtype);
+      break;
+    case PROP_DEVICE:
+      g_value_set_enum (value, cp_tensor_get_device (self));
+      break;
+    case PROP_N_DIMS:
+      g_value_set_uint (value, self->n_dims);
+      break;
+    case PROP_NUMEL:
+      g_value_set_int64 (value, self->numel);
+      break;
+    case PROP_REQUIRES_GRAD:
+      g_value_set_boolean (value, self->requires_grad);
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
+    }
+}
+
+static void
+cp_tensor_set_property (GObject      *object,
+                        guint         prop_id,
+                        const GValue *value,
+                        GParamSpec   *pspec)
+{
+  CpTensor *self = CP_TENSOR (object);
+
+  switch (prop_id)
+    {
+    case PROP_REQUIRES_GRAD:
+      cp_tensor_set_requires_grad (self, g_value_get_boolean (value));
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
+    }
+}
+
+static void
+cp_tensor_class_init (CpTensorClass *klass)
+{
+  GObjectClass *object_class = G_OBJECT_CLASS (klass);
+
+  object_class->finalize = cp_tensor_finalize;
+  object_class->get_property = cp_tensor_get_property;
+  object_class->set_property = cp_tensor_set_property;
+
+  /**
+   * CpTensor:dtype:
+   *
+   * The element type.
+   *
+   * Since: 1.0
+   */
+  properties[PROP_DTYPE] =
+    g_param_spec_enum ("dtype", NULL, NULL,
+                       CP_TYPE_DTYPE, CP_DTYPE_FLOAT32,
+                       G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+
+  /**
+   * CpTensor:device:
+   *
+   * The kind of memory that holds the elements.
+   *
+   * Since: 1.0
+   */
+  properties[PROP_DEVICE] =
+    g_param_spec_enum ("device", NULL, NULL,
+                       CP_TYPE_DEVICE_KIND, CP_DEVICE_KIND_HOST,
+                       G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+
+  /**
+   * CpTensor:n-dims:
+   *
+   * The number of dimensions.
+   *
+   * Since: 1.0
+   */
+  properties[PROP_N_DIMS] =
+    g_param_spec_uint ("n-dims", NULL, NULL,
+                       0, CP_TENSOR_MAX_DIMS, 0,
+                       G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+
+  /**
+   * CpTensor:numel:
+   *
+   * The number of elements; notified when a context shards or restores
+   * the tensor in place.
+   *
+   * Since: 1.0
+   */
+  properties[PROP_NUMEL] =
+    g_param_spec_int64 ("numel", NULL, NULL,
+                        0, G_MAXINT64, 0,
+                        G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+
+  /**
+   * CpTensor:requires-grad:
+   *
+   * Whether the tensor carries gradients. A context shards such a primary
+   * buffer out of place, leaving the caller's tensor intact, because the
+   * autograd graph of the caller refers to it (see
+   * [method@Cp.Layout.shard]).
+   *
+   * Since: 1.0
+   */
+  properties[PROP_REQUIRES_GRAD] =
+    g_param_spec_boolean ("requires-grad", NULL, NULL,
+                          FALSE,
+                          G_PARAM_READWRITE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
+
+  g_object_class_install_properties (object_class, N_PROPS, properties);
+}
+
+static void
+cp_tensor_init (CpTensor *self)
+{
+}
+
+gboolean
+_cp_shape_check (CpDType        dtype,
+                 const gint64  *shape,
+                 guint          n_dims,
+                 gint64        *numel,
+                 GError       **error)
+{
+  gint64 count = 1;
+  gint64 limit = G_MAXINT64 / (gint64) cp_dtype_get_size (dtype);
+
+  if (n_dims > CP_TENSOR_MAX_DIMS)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                   "a tensor has at most %d dimensions, %u were given",
+                   CP_TENSOR_MAX_DIMS, n_dims);
+      return FALSE;
+    }
+  for (guint i = 0; i < n_dims; i++)
+    {
+      if (shape[i] < 0)
+        {
+          g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                       "dimension %u has negative size %" G_GINT64_FORMAT, i, shape[i]);
+          return FALSE;
+        }
+      if (shape[i] != 0 && count > limit / shape[i])
+        {
+          g_autofree char *text = _cp_shape_to_string (shape, n_dims);
+
+          g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                       "shape %s of %s overflows the addressable size", text,
+                       cp_dtype_get_name (dtype));
+          return FALSE;
+        }
+      count *= shape[i];
+    }
+  if (numel != NULL)
+    *numel = count;
+  return TRUE;
+}
+
+char *
+_cp_shape_to_string (const gint64 *shape,
+                     guint         n_dims)
+{
+  GString *text = g_string_new ("[");
+
+  for (guint i = 0; i < n_dims; i++)
+    g_string_append_printf (text, "%s%" G_GINT64_FORMAT, i ? ", " : "", shape[i]);
+  g_string_append_c (text, ']');
+  return g_string_free (text, FALSE);
+}
+
+/* The one place a tensor object is created: a shape already checked and a
+ * storage large enough for it. Takes ownership of @storage. */
+static CpTensor *
+tensor_wrap (CpDType       dtype,
+             const gint64 *shape,
+             guint         n_dims,
+             gint64        numel,
+             CpStorage    *storage,
+             gsize         offset)
+{
+  CpTensor *self = g_object_new (CP_TYPE_TENSOR, NULL);
+
+  self->dtype = dtype;
+  self->n_dims = n_dims;
+  if (n_dims > 0)
+    memcpy (self->shape, shape, n_dims * sizeof (gint64));
+  self->numel = numel;
+  self->storage = storage;
+  self->offset = offset;
+  return self;
+}
+
+static CpTensor *
+tensor_new_host (CpDType        dtype,
+                 const gint64  *shape,
+                 guint          n_dims,
+                 gboolean       zeroed,
+                 GError       **error)
+{
+  gint64 numel;
+  CpStorage *storage;
+
+  if (!_cp_shape_check (dtype, shape, n_dims, &numel, error))
+    return NULL;
+  storage = _cp_storage_new_host ((gsize) numel * cp_dtype_get_size (dtype), zeroed, error);
+  if (storage == NULL)
+    return NULL;
+  return tensor_wrap (dtype, shape, n_dims, numel, storage, 0);
+}
+
+CpTensor *
+_cp_tensor_new_uninit (CpDType        dtype,
+                       const gint64  *shape,
+                       guint          n_dims,
+                       GError       **error)
+{
+  return tensor_new_host (dtype, shape, n_dims, FALSE, error);
+}
+
+#define RETURN_IF_BAD_DTYPE(dtype, val) \
+  g_return_val_if_fail ((guint) (dtype) <= CP_DTYPE_FLOAT64, val)
+
+/**
+ * cp_tensor_new:
+ * @dtype: the element type
+ * @shape: (array length=n_dims): the size of each dimension
+ * @n_dims: the number of dimensions, at most [const@Cp.TENSOR_MAX_DIMS]
+ * @error: return location for a #GError
+ *
+ * Creates a zero-filled tensor in host memory.
+ *
+ * Returns: (transfer full): a new tensor, or %NULL with
+ *   %CP_TENSOR_ERROR_SHAPE for a bad shape or
+ *   %CP_TENSOR_ERROR_OUT_OF_MEMORY
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_tensor_new (CpDType        dtype,
+               const gint64  *shape,
+               guint          n_dims,
+               GError       **error)
+{
+  RETURN_IF_BAD_DTYPE (dtype, NULL);
+  g_return_val_if_fail (shape != NULL || n_dims == 0, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  return tensor_new_host (dtype, shape, n_dims, TRUE, error);
+}
+
+/**
+ * cp_tensor_new_from_storage:
+ * @dtype: the element type
+ * @shape: (array length=n_dims): the size of each dimension
+ * @n_dims: the number of dimensions
+ * @storage: the storage to view
+ * @offset: where the first element starts in @storage, in bytes
+ * @error: return location for a #GError
+ *
+ * Creates a tensor that views part of @storage, sharing it with every
+ * other tensor on it.
+ *
+ * Returns: (transfer full): a new tensor, or %NULL with
+ *   %CP_TENSOR_ERROR_OUT_OF_RANGE when the view does not fit in @storage
+ *   or %CP_TENSOR_ERROR_MISALIGNED when @offset is not a multiple of the
+ *   element size
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_tensor_new_from_storage (CpDType        dtype,
+                            const gint64  *shape,
+                            guint          n_dims,
+                            CpStorage     *storage,
+                            gsize          offset,
+                            GError       **error)
+{
+  gint64 numel;
+  gsize nbytes;
+  gsize elsize;
+
+  RETURN_IF_BAD_DTYPE (dtype, NULL);
+  g_return_val_if_fail (shape != NULL || n_dims == 0, NULL);
+  g_return_val_if_fail (storage != NULL, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!_cp_shape_check (dtype, shape, n_dims, &numel, error))
+    return NULL;
+  elsize = cp_dtype_get_size (dtype);
+  nbytes = (gsize) numel * elsize;
+  if (offset > cp_storage_get_size (storage) || nbytes > cp_storage_get_size (storage) - offset)
+    {
+      g_autofree char *text = _cp_shape_to_string (shape, n_dims);
+
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
+                   "a %s tensor of shape %s needs %" G_GSIZE_FORMAT " bytes at offset %"
+                   G_GSIZE_FORMAT ", but the storage holds %" G_GSIZE_FORMAT,
+                   cp_dtype_get_name (dtype), text, nbytes, offset,
+                   cp_storage_get_size (storage));
+      return NULL;
+    }
+  if ((cp_storage_get_data_address (storage) + offset) % elsize != 0)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_MISALIGNED,
+                   "%s elements need %" G_GSIZE_FORMAT "-byte alignment, but the data starts at "
+                   "address %#" G_GINTPTR_MODIFIER "x",
+                   cp_dtype_get_name (dtype), elsize,
+                   cp_storage_get_data_address (storage) + offset);
+      return NULL;
+    }
+  return tensor_wrap (dtype, shape, n_dims, numel, cp_storage_ref (storage), offset);
+}
+
+/* Wraps all of @storage, which must be exactly the tensor's size. Takes
+ * ownership of @storage in every case. */
+static CpTensor *
+tensor_new_on_whole (CpDType        dtype,
+                     const gint64  *shape,
+                     guint          n_dims,
+                     CpStorage     *storage,
+                     GError       **error)
+{
+  g_autoptr(CpStorage) owned = storage;
+  gint64 numel;
+
+  if (!_cp_shape_check (dtype, shape, n_dims, &numel, error))
+    return NULL;
+  if ((gsize) numel * cp_dtype_get_size (dtype) != cp_storage_get_size (storage))
+    {
+      g_autofree char *text = _cp_shape_to_string (shape, n_dims);
+
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                   "a %s tensor of shape %s needs %" G_GSIZE_FORMAT " bytes, but %"
+                   G_GSIZE_FORMAT " were given",
+                   cp_dtype_get_name (dtype), text,
+                   (gsize) numel * cp_dtype_get_size (dtype), cp_storage_get_size (storage));
+      return NULL;
+    }
+  return cp_tensor_new_from_storage (dtype, shape, n_dims, storage, 0, error);
+}
+
+/**
+ * cp_tensor_new_from_bytes:
+ * @dtype: the element type
+ * @shape: (array length=n_dims): the size of each dimension
+ * @n_dims: the number of dimensions
+ * @bytes: exactly the bytes of the tensor, row-major
+ * @error: return location for a #GError
+ *
+ * Creates a tensor over the contents of @bytes without copying them.
+ *
+ * Returns: (transfer full): a new tensor, or %NULL with
+ *   %CP_TENSOR_ERROR_SHAPE when the size of @bytes does not match the shape
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_tensor_new_from_bytes (CpDType        dtype,
+                          const gint64  *shape,
+                          guint          n_dims,
+                          GBytes        *bytes,
+                          GError       **error)
+{
+  RETURN_IF_BAD_DTYPE (dtype, NULL);
+  g_return_val_if_fail (shape != NULL || n_dims == 0, NULL);
+  g_return_val_if_fail (bytes != NULL, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  return tensor_new_on_whole (dtype, shape, n_dims, cp_storage_new_from_bytes (bytes), error);
+}
+
+/**
+ * cp_tensor_new_borrowed:
+ * @dtype: the element type
+ * @shape: (array length=n_dims): the size of each dimension
+ * @n_dims: the number of dimensions
+ * @address: the address of the first element
+ * @size: the number of bytes at @address, exactly the tensor's size
+ * @release: (scope notified) (closure user_data) (destroy destroy) (nullable):
+ *   called once when no tensor uses the memory any more
+ * @user_data: data for @release
+ * @destroy: (nullable): frees @user_data after @release ran
+ * @error: return location for a #GError
+ *
+ * Creates a tensor over foreign memory without copying it; the Python
+ * override `Cp.Tensor.from_numpy()` is built on this. Reads and writes
+ * through the tensor go straight to that memory. On error, @release has
+ * already been called.
+ *
+ * Returns: (transfer full): a new tensor, or %NULL with
+ *   %CP_TENSOR_ERROR_SHAPE when @size does not match the shape or
+ *   %CP_TENSOR_ERROR_MISALIGNED when @address is not aligned to the
+ *   element size
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_tensor_new_borrowed (CpDType         dtype,
+                        const gint64   *shape,
+                        guint           n_dims,
+                        guintptr        address,
+                        gsize           size,
+                        CpReleaseFunc   release,
+                        gpointer        user_data,
+                        GDestroyNotify  destroy,
+                        GError        **error)
+{
+  CpStorage *storage;
+
+  RETURN_IF_BAD_DTYPE (dtype, NULL);
+  g_return_val_if_fail (shape != NULL || n_dims == 0, NULL);
+  g_return_val_if_fail (address != 0 || size == 0, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  storage = cp_storage_new_borrowed (address, size, release, user_data, destroy);
+  return tensor_new_on_whole (dtype, shape, n_dims, storage, error);
+}
+
+/**
+ * cp_tensor_new_shared:
+ * @dtype: the element type
+ * @shape: (array length=n_dims): the size of each dimension
+ * @n_dims: the number of dimensions
+ * @error: return location for a #GError
+ *
+ * Creates a zero-filled tensor in a memory file another process can map:
+ * pass [method@Cp.Tensor.get_fd] to it and have it call
+ * [ctor@Cp.Tensor.new_from_fd]; both then see the same bytes.
+ *
+ * Returns: (transfer full): a new tensor, or %NULL with an error
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_tensor_new_shared (CpDType        dtype,
+                      const gint64  *shape,
+                      guint          n_dims,
+                      GError       **error)
+{
+  gint64 numel;
+  CpStorage *storage;
+
+  RETURN_IF_BAD_DTYPE (dtype, NULL);
+  g_return_val_if_fail (shape != NULL || n_dims == 0, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!_cp_shape_check (dtype, shape, n_dims, &numel, error))
+    return NULL;
+  storage = cp_storage_new_shared ((gsize) numel * cp_dtype_get_size (dtype), error);
+  if (storage == NULL)
+    return NULL;
+  return tensor_wrap (dtype, shape, n_dims, numel, storage, 0);
+}
+
+/**
+ * cp_tensor_new_from_fd:
+ * @dtype: the element type
+ * @shape: (array length=n_dims): the size of each dimension
+ * @n_dims: the number of dimensions
+ * @fd: a memfd or dma-buf file descriptor; it is duplicated, not taken
+ * @offset: where the tensor starts in the file, in bytes
+ * @error: return location for a #GError
+ *
+ * Creates a tensor over a mapping of @fd, sharing its bytes with every
+ * other process that maps the same file.
+ *
+ * Returns: (transfer full): a new tensor, or %NULL with
+ *   %CP_TENSOR_ERROR_OUT_OF_RANGE when the file is too short
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_tensor_new_from_fd (CpDType        dtype,
+                       const gint64  *shape,
+                       guint          n_dims,
+                       int            fd,
+                       goffset        offset,
+                       GError       **error)
+{
+  gint64 numel;
+  CpStorage *storage;
+
+  RETURN_IF_BAD_DTYPE (dtype, NULL);
+  g_return_val_if_fail (shape != NULL || n_dims == 0, NULL);
+  g_return_val_if_fail (fd >= 0, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!_cp_shape_check (dtype, shape, n_dims, &numel, error))
+    return NULL;
+  if (offset < 0 || offset % (goffset) cp_dtype_get_size (dtype) != 0)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_MISALIGNED,
+                   "offset %" G_GOFFSET_FORMAT " is not a non-negative multiple of the %s "
+                   "element size %" G_GSIZE_FORMAT, offset, cp_dtype_get_name (dtype),
+                   cp_dtype_get_size (dtype));
+      return NULL;
+    }
+  storage = cp_storage_new_from_fd (fd, offset, (gsize) numel * cp_dtype_get_size (dtype), error);
+  if (storage == NULL)
+    return NULL;
+  return tensor_wrap (dtype, shape, n_dims, numel, storage, 0);
+}
+
+/**
+ * cp_tensor_new_arange:
+ * @dtype: the element type
+ * @start: the first value
+ * @end: the bound, not included
+ * @step: the difference between neighbours, not zero
+ * @error: return location for a #GError
+ *
+ * Creates the 1-D tensor `[start, start + step, …]` up to, not including,
+ * @end, like `torch.arange`.
+ *
+ * Returns: (transfer full): a new tensor, or %NULL with
+ *   %CP_TENSOR_ERROR_OUT_OF_RANGE when @step is zero
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_tensor_new_arange (CpDType   dtype,
+                      gint64    start,
+                      gint64    end,
+                      gint64    step,
+                      GError  **error)
+{
+  gint64 count = 0;
+  CpTensor *self;
+
+  RETURN_IF_BAD_DTYPE (dtype, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (step == 0)
+    {
+      g_set_error_literal (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
+                           "arange step must not be zero");
+      return NULL;
+    }
+  if ((step > 0 && end > start) || (step < 0 && end < start))
+    count = ((end - start) + step + (step > 0 ? -1 : 1)) / step;
+  self = _cp_tensor_new_uninit (dtype, &count, 1, error);
+  if (self == NULL)
+    return NULL;
+  for (gint64 i = 0; i < count; i++)
+    _cp_dtype_write (dtype, cp_tensor_get_data (self), (gsize) i, (double) (start + i * step));
+  return self;
+}
+
+/**
+ * cp_tensor_new_full:
+ * @dtype: the element type
+ * @shape: (array length=n_dims): the size of each dimension
+ * @n_dims: the number of dimensions
+ * @value: the value of every element, converted to @dtype (saturating for
+ *   integers, rounding to nearest even for 16-bit floats)
+ * @error: return location for a #GError
+ *
+ * Creates a host tensor with every element set to @value.
+ *
+ * Returns: (transfer full): a new tensor, or %NULL with an error
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_tensor_new_full (CpDType        dtype,
+                    const gint64  *shape,
+                    guint          n_dims,
+                    double         value,
+                    GError       **error)
+{
+  CpTensor *self;
+
+  RETURN_IF_BAD_DTYPE (dtype, NULL);
+  g_return_val_if_fail (shape != NULL || n_dims == 0, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  self = _cp_tensor_new_uninit (dtype, shape, n_dims, error);
+  if (self != NULL)
+    _cp_dtype_fill (dtype, cp_tensor_get_data (self), (gsize) self->numel, value);
+  return self;
+}
+
+/**
+ * cp_tensor_get_dtype:
+ * @self: a tensor
+ *
+ * Gets the element type of @self.
+ *
+ * Returns: the element type
+ *
+ * Since: 1.0
+ */
+CpDType
+cp_tensor_get_dtype (CpTensor *self)
+{
+  g_return_val_if_fail (CP_IS_TENSOR (self), CP_DTYPE_FLOAT32);
+
+  return self->dtype;
+}
+
+/**
+ * cp_tensor_get_shape:
+ * @self: a tensor
+ * @n_dims: (out) (optional): the number of dimensions
+ *
+ * Gets the size of each dimension.
+ *
+ * Returns: (array length=n_dims) (transfer none): the shape, valid until
+ *   the tensor is changed in place or freed
+ *
+ * Since: 1.0
+ */
+const gint64 *
+cp_tensor_get_shape (CpTensor *self,
+                     guint    *n_dims)
+{
+  g_return_val_if_fail (CP_IS_TENSOR (self), NULL);
+
+  if (n_dims != NULL)
+    *n_dims = self->n_dims;
+  return self->shape;
+}
+
+/**
+ * cp_tensor_get_n_dims:
+ * @self: a tensor
+ *
+ * Gets the number of dimensions of @self.
+ *
+ * Returns: the number of dimensions
+ *
+ * Since: 1.0
+ */
+guint
+cp_tensor_get_n_dims (CpTensor *self)
+{
+  g_return_val_if_fail (CP_IS_TENSOR (self), 0);
+
+  return self->n_dims;
+}
+
+/**
+ * cp_tensor_get_dim:
+ * @self: a tensor
+ * @dim: a dimension; negative values count from the last
+ *
+ * Gets the size of one dimension.
+ *
+ * Returns: the size of dimension @dim
+ *
+ * Since: 1.0
+ */
+gint64
+cp_tensor_get_dim (CpTensor *self,
+                   int       dim)
+{
+  g_return_val_if_fail (CP_IS_TENSOR (self), 0);
+  g_return_val_if_fail (dim < (int) self->n_dims && dim >= -(int) self->n_dims, 0);
+
+  return self->shape[dim < 0 ? dim + (int) self->n_dims : dim];
+}
+
+/**
+ * cp_tensor_get_numel:
+ * @self: a tensor
+ *
+ * Gets the number of elements of @self.
+ *
+ * Returns: the product of the shape
+ *
+ * Since: 1.0
+ */
+gint64
+cp_tensor_get_numel (CpTensor *self)
+{
+  g_return_val_if_fail (CP_IS_TENSOR (self), 0);
+
+  return self->numel;
+}
+
+/**
+ * cp_tensor_get_nbytes:
+ * @self: a tensor
+ *
+ * Gets the number of bytes the elements of @self take.
+ *
+ * Returns: the size in bytes
+ *
+ * Since: 1.0
+ */
+gsize
+cp_tensor_get_nbytes (CpTensor *self)
+{
+  g_return_val_if_fail (CP_IS_TENSOR (self), 0);
+
+  return (gsize) self->numel * cp_dtype_get_size (self->dtype);
+}
+
+/**
+ * cp_tensor_get_device:
+ * @self: a tensor
+ *
+ * Gets the kind of memory that holds the elements.
+ *
+ * Returns: the device kind
+ *
+ * Since: 1.0
+ */
+CpDeviceKind
+cp_tensor_get_device (CpTensor *self)
+{
+  g_return_val_if_fail (CP_IS_TENSOR (self), CP_DEVICE_KIND_HOST);
+
+  return cp_storage_get_device (self->storage);
+}
+
+/**
+ * cp_tensor_get_storage:
+ * @self: a tensor
+ *
+ * Gets the storage @self views. Two tensors share memory exactly when
+ * they view the same storage at overlapping offsets.
+ *
+ * Returns: (transfer none): the storage
+ *
+ * Since: 1.0
+ */
+CpStorage *
+cp_tensor_get_storage (CpTensor *self)
+{
+  g_return_val_if_fail (CP_IS_TENSOR (self), NULL);
+
+  return self->storage;
+}
+
+/**
+ * cp_tensor_get_storage_offset:
+ * @self: a tensor
+ *
+ * Gets where the first element of @self starts in its storage.
+ *
+ * Returns: the offset in bytes
+ *
+ * Since: 1.0
+ */
+gsize
+cp_tensor_get_storage_offset (CpTensor *self)
+{
+  g_return_val_if_fail (CP_IS_TENSOR (self), 0);
+
+  return self->offset;
+}
+
+/**
+ * cp_tensor_get_data_address:
+ * @self: a tensor
+ *
+ * Gets the address of the first element as an integer, for bindings that
+ * hand it to numpy, ctypes or a device API. It stays valid while the
+ * storage does; keep a reference on [method@Cp.Tensor.get_storage] rather
+ * than on the tensor, whose storage a context may swap.
+ *
+ * Returns: the address
+ *
+ * Since: 1.0
+ */
+guintptr
+cp_tensor_get_data_address (CpTensor *self)
+{
+  g_return_val_if_fail (CP_IS_TENSOR (self), 0);
+
+  return cp_storage_get_data_address (self->storage) + self->offset;
+}
+
+/**
+ * cp_tensor_get_data: (skip)
+ * @self: a tensor
+ *
+ * Gets a pointer to the first element, for C callers.
+ *
+ * Returns: (transfer none): the elements
+ *
+ * Since: 1.0
+ */
+gpointer
+cp_tensor_get_data (CpTensor *self)
+{
+  g_return_val_if_fail (CP_IS_TENSOR (self), NULL);
+
+  return (guint8 *) cp_storage_get_data (self->storage) + self->offset;
+}
+
+/**
+ * cp_tensor_get_fd:
+ * @self: a tensor
+ *
+ * Gets the file descriptor of a tensor made by [ctor@Cp.Tensor.new_shared]
+ * or [ctor@Cp.Tensor.new_from_fd], for another process to map. The
+ * tensor's bytes start at [method@Cp.Tensor.get_storage_offset] plus the
+ * offset the storage was mapped at.
+ *
+ * Returns: the file descriptor, owned by the tensor, or -1 when its
+ *   memory has none
+ *
+ * Since: 1.0
+ */
+int
+cp_tensor_get_fd (CpTensor *self)
+{
+  g_return_val_if_fail (CP_IS_TENSOR (self), -1);
+
+  return cp_storage_get_fd (self->storage);
+}
+
+/**
+ * cp_tensor_dup_bytes:
+ * @self: a host tensor
+ *
+ * Gets the elements of @self as a #GBytes. For host memory this is a view
+ * that keeps the storage alive, not a copy; gjs turns it into a typed
+ * array without copying either.
+ *
+ * Returns: (transfer full): the bytes
+ *
+ * Since: 1.0
+ */
+GBytes *
+cp_tensor_dup_bytes (CpTensor *self)
+{
+  g_return_val_if_fail (CP_IS_TENSOR (self), NULL);
+  g_return_val_if_fail (cp_tensor_get_device (self) == CP_DEVICE_KIND_HOST, NULL);
+
+  return g_bytes_new_with_free_func (cp_tensor_get_data (self), cp_tensor_get_nbytes (self),
+                                     (GDestroyNotify) cp_storage_unref,
+                                     cp_storage_ref (self->storage));
+}
+
+/**
+ * cp_tensor_get_requires_grad:
+ * @self: a tensor
+ *
+ * Gets the [property@Cp.Tensor:requires-grad] flag.
+ *
+ * Returns: whether @self carries gradients
+ *
+ * Since: 1.0
+ */
+gboolean
+cp_tensor_get_requires_grad (CpTensor *self)
+{
+  g_return_val_if_fail (CP_IS_TENSOR (self), FALSE);
+
+  return self->requires_grad;
+}
+
+/**
+ * cp_tensor_set_requires_grad:
+ * @self: a tensor
+ * @requires_grad: whether @self carries gradients
+ *
+ * Sets the [property@Cp.Tensor:requires-grad] flag.
+ *
+ * Since: 1.0
+ */
+void
+cp_tensor_set_requires_grad (CpTensor *self,
+                             gboolean  requires_grad)
+{
+  g_return_if_fail (CP_IS_TENSOR (self));
+
+  requires_grad = !!requires_grad;
+  if (self->requires_grad == requires_grad)
+    return;
+  self->requires_grad = requires_grad;
+  g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_REQUIRES_GRAD]);
+}
+
+/**
+ * cp_tensor_describe:
+ * @self: a tensor
+ *
+ * Describes @self for messages, for example `int64[2, 8] on host`.
+ *
+ * Returns: (transfer full): the description
+ *
+ * Since: 1.0
+ */
+char *
+cp_tensor_describe (CpTensor *self)
+{
+  g_autofree char *shape = NULL;
+
+  g_return_val_if_fail (CP_IS_TENSOR (self), NULL);
+
+  shape = _cp_shape_to_string (self->shape, self->n_dims);
+  return g_strdup_printf ("%s%s on %s", cp_dtype_get_name (self->dtype), shape,
+                          cp_tensor_get_device (self) == CP_DEVICE_KIND_HOST ? "host" : "cuda");
+}
+
+/**
+ * cp_tensor_get_value:
+ * @self: a host tensor
+ * @index: a flat, row-major element index
+ *
+ * Reads one element as a double, for tests and small scripts (integers
+ * above 2^53 lose precision). Use numpy or the data address for bulk
+ * access.
+ *
+ * Returns: the element
+ *
+ * Since: 1.0
+ */
+double
+cp_tensor_get_value (CpTensor *self,
+                     gint64    index)
+{
+  g_return_val_if_fail (CP_IS_TENSOR (self), 0.0);
+  g_return_val_if_fail (index >= 0 && index < self->numel, 0.0);
+  g_return_val_if_fail (cp_tensor_get_device (self) == CP_DEVICE_KIND_HOST, 0.0);
+
+  return _cp_dtype_read (self->dtype, cp_tensor_get_data (self), (gsize) index);
+}
+
+/**
+ * cp_tensor_set_value:
+ * @self: a host tensor
+ * @index: a flat, row-major element index
+ * @value: the new value, converted as by [ctor@Cp.Tensor.new_full]
+ *
+ * Writes one element, for tests and small scripts.
+ *
+ * Since: 1.0
+ */
+void
+cp_tensor_set_value (CpTensor *self,
+                     gint64    index,
+                     double    value)
+{
+  g_return_if_fail (CP_IS_TENSOR (self));
+  g_return_if_fail (index >= 0 && index < self->numel);
+  g_return_if_fail (cp_tensor_get_device (self) == CP_DEVICE_KIND_HOST);
+
+  _cp_dtype_write (self->dtype, cp_tensor_get_data (self), (gsize) index, value);
+}
+
+/**
+ * cp_tensor_copy:
+ * @self: a tensor
+ * @error: return location for a #GError
+ *
+ * Copies @self into new memory of the same kind.
+ *
+ * Returns: (transfer full): the copy, or %NULL with
+ *   %CP_TENSOR_ERROR_OUT_OF_MEMORY
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_tensor_copy (CpTensor  *self,
+                GError   **error)
+{
+  CpTensor *copy;
+
+  g_return_val_if_fail (CP_IS_TENSOR (self), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  copy = _cp_tensor_new_uninit (self->dtype, self->shape, self->n_dims, error);
+  if (copy == NULL)
+    return NULL;
+  memcpy (cp_tensor_get_data (copy), cp_tensor_get_data (self), cp_tensor_get_nbytes (self));
+  copy->requires_grad = self->requires_grad;
+  return copy;
+}
+
+gboolean
+_cp_tensor_same_shape (CpTensor *a,
+                       CpTensor *b)
+{
+  return a->n_dims == b->n_dims &&
+         memcmp (a->shape, b->shape, a->n_dims * sizeof (gint64)) == 0;
+}
+
+/**
+ * cp_tensor_equal:
+ * @self: a tensor
+ * @other: another tensor
+ *
+ * Compares two tensors bit for bit: same element type, same shape, same
+ * bytes. Floating-point values compare by representation, so a NaN equals
+ * the same NaN and 0.0 differs from -0.0.
+ *
+ * Returns: %TRUE when the tensors are identical
+ *
+ * Since: 1.0
+ */
+gboolean
+cp_tensor_equal (CpTensor *self,
+                 CpTensor *other)
+{
+  g_return_val_if_fail (CP_IS_TENSOR (self), FALSE);
+  g_return_val_if_fail (CP_IS_TENSOR (other), FALSE);
+
+  return self->dtype == other->dtype &&
+         _cp_tensor_same_shape (self, other) &&
+         cp_tensor_get_device (self) == cp_tensor_get_device (other) &&
+         memcmp (cp_tensor_get_data (self), cp_tensor_get_data (other),
+                 cp_tensor_get_nbytes (self)) == 0;
+}
+
+gboolean
+_cp_tensor_normalize_dim (CpTensor    *self,
+                          const char  *what,
+                          int          dim,
+                          guint       *normalized,
+                          GError     **error)
+{
+  int n = (int) self->n_dims;
+
+  if (dim >= n || dim < -n)
+    {
+      g_autofree char *description = cp_tensor_describe (self);
+
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                   "%s: dimension %d does not exist in %s", what, dim, description);
+      return FALSE;
+    }
+  *normalized = (guint) (dim < 0 ? dim + n : dim);
+  return TRUE;
+}
+
+void
+_cp_tensor_split_at (CpTensor *self,
+                     guint     dim,
+                     gsize    *outer,
+                     gint64   *length,
+                     gsize    *step_bytes)
+{
+  gsize before = 1;
+  gsize after = cp_dtype_get_size (self->dtype);
+
+  g_assert (dim < self->n_dims);
+  for (guint i = 0; i < dim; i++)
+    before *= (gsize) self->shape[i];
+  for (guint i = dim + 1; i < self->n_dims; i++)
+    after *= (gsize) self->shape[i];
+  *outer = before;
+  *length = self->shape[dim];
+  *step_bytes = after;
+}
+
+/* Narrowing dimension @dim stays contiguous when every earlier dimension
+ * has size 1 (or the narrowed range is the whole dimension). */
+static gboolean
+narrow_is_contiguous (CpTensor *self,
+                      guint     dim,
+                      gint64    length)
+{
+  if (length == self->shape[dim])
+    return TRUE;
+  for (guint i = 0; i < dim; i++)
+    if (self->shape[i] != 1)
+      return FALSE;
+  return TRUE;
+}
+
+static void
+copy_narrowed (CpTensor *self,
+               guint     dim,
+               gint64    start,
+               CpTensor *out)
+{
+  gsize outer;
+  gint64 length;
+  gsize step;
+  const guint8 *src = cp_tensor_get_data (self);
+  guint8 *dst = cp_tensor_get_data (out);
+  gsize run;
+
+  _cp_tensor_split_at (self, dim, &outer, &length, &step);
+  run = (gsize) out->shape[dim] * step;
+  for (gsize o = 0; o < outer; o++)
+    memcpy (dst + o * run, src + (o * (gsize) length + (gsize) start) * step, run);
+}
+
+/**
+ * cp_tensor_narrow:
+ * @self: a tensor
+ * @dim: the dimension to narrow; negative values count from the last
+ * @start: the first index kept along @dim
+ * @length: how many indices are kept
+ * @error: return location for a #GError
+ *
+ * Selects `[start, start + length)` along one dimension.
+ *
+ * When the selection is contiguous in memory (narrowing the first
+ * dimension, or any dimension whose earlier dimensions all have size 1)
+ * the result is a view that shares storage with @self, so writes through
+ * either are seen by both. Otherwise tensors must stay contiguous and the
+ * result is a copy; [method@Cp.Tensor.get_storage] tells which.
+ *
+ * Returns: (transfer full): the narrowed tensor, or %NULL with
+ *   %CP_TENSOR_ERROR_OUT_OF_RANGE
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_tensor_narrow (CpTensor  *self,
+                  int        dim,
+                  gint64     start,
+                  gint64     length,
+                  GError   **error)
+{
+  gint64 shape[CP_TENSOR_MAX_DIMS];
+  gsize outer;
+  gint64 size;
+  gsize step;
+  guint d;
+  CpTensor *out;
+
+  g_return_val_if_fail (CP_IS_TENSOR (self), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!_cp_tensor_normalize_dim (self, "narrow", dim, &d, error))
+    return NULL;
+  if (start < 0 || length < 0 || start > self->shape[d] || length > self->shape[d] - start)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
+                   "narrow: range [%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT ") is outside "
+                   "dimension %u of size %" G_GINT64_FORMAT,
+                   start, start + length, d, self->shape[d]);
+      return NULL;
+    }
+  memcpy (shape, self->shape, sizeof shape);
+  shape[d] = length;
+  _cp_tensor_split_at (self, d, &outer, &size, &step);
+  if (narrow_is_contiguous (self, d, length))
+    return cp_tensor_new_from_storage (self->dtype, shape, self->n_dims, self->storage,
+                                       self->offset + (gsize) start * step, error);
+  out = _cp_tensor_new_uninit (self->dtype, shape, self->n_dims, error);
+  if (out != NULL)
+    copy_narrowed (self, d, start, out);
+  return out;
+}
+
+/**
+ * cp_tensor_to_device:
+ * @self: a tensor
+ * @device: where the result should live
+ * @error: return location for a #GError
+ *
+ * Returns @self in the memory of @device: @self itself when it is there
+ * already, otherwise a copy.
+ *
+ * Returns: (transfer full): a tensor on @device, or %NULL with
+ *   %CP_TENSOR_ERROR_DEVICE when this build or machine cannot reach it
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_tensor_to_device (CpTensor      *self,
+                     CpDeviceKind   device,
+                     GError       **error)
+{
+  g_return_val_if_fail (CP_IS_TENSOR (self), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (cp_tensor_get_device (self) == device)
+    return g_object_ref (self);
+  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
+               "cannot move %s to %s memory: this build of libcpmesh has no CUDA support",
+               cp_dtype_get_name (self->dtype), device == CP_DEVICE_KIND_CUDA ? "CUDA" : "host");
+  return NULL;
+}
+
+void
+_cp_tensor_replace (CpTensor     *self,
+                    CpStorage    *storage,
+                    gsize         offset,
+                    const gint64 *shape,
+                    guint         n_dims)
+{
+  gint64 numel = 1;
+
+  g_assert (n_dims <= CP_TENSOR_MAX_DIMS);
+  for (guint i = 0; i < n_dims; i++)
+    numel *= shape[i];
+  g_assert ((gsize) numel * cp_dtype_get_size (self->dtype) + offset <= cp_storage_get_size (storage));
+
+  cp_storage_ref (storage);
+  g_clear_pointer (&self->storage, cp_storage_unref);
+  self->storage = storage;
+  self->offset = offset;
+  memmove (self->shape, shape, n_dims * sizeof (gint64));
+  self->n_dims = n_dims;
+  if (self->numel != numel)
+    {
+      self->numel = numel;
+      g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_NUMEL]);
+    }
+}
+
+void
+_cp_tensor_assign (CpTensor *self,
+                   CpTensor *source)
+{
+  g_assert (self->dtype == source->dtype);
+
+  _cp_tensor_replace (self, source->storage, source->offset, source->shape, source->n_dims);
+}

@@ -1,0 +1,633 @@
+/* cp-transport-local.c: ranks that are threads of one process
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include <string.h>
+
+#include "cp-error.h"
+#include "cp-host-memory-private.h"
+#include "cp-transport-private.h"
+
+/* Ranks share an address space, so a collective is a rendezvous followed
+ * by each rank copying straight out of its peers' buffers: every byte
+ * moves once, like a memcpy.  A rendezvous is a generation-counted sync
+ * point under one group-wide lock; the last rank to arrive advances the
+ * generation and wakes the others.
+ *
+ * A rank that waits past its deadline at the entry of a collective marks
+ * the communicator broken with the timeout error: the late ranks then
+ * fail at once with that error instead of waiting for a round that will
+ * never complete, as a NCCL communicator is aborted after a timeout.
+ * Once every rank has entered, the rest of the round only waits for peers
+ * doing bounded copies, so later sync points need no deadline. */
+
+typedef struct
+{
+  gatomicrefcount ref_count;
+  int world_size;
+  GMutex lock;
+  GCond cond;
+  GHashTable *comms;  /* label:members → SharedComm, not owned */
+  GQueue mailbox;     /* Envelope*, oldest first */
+} LocalGroup;
+
+typedef struct
+{
+  int users;          /* LocalComms using it, under the group lock */
+  char *key;
+  int size;
+  int *members;
+
+  guint64 generation;
+  int waiting;
+  gboolean *arrived;
+  const CpCollective **posted;
+  gpointer *scratch;
+  GError *broken;
+} SharedComm;
+
+typedef struct
+{
+  CpTransport parent;
+  LocalGroup *group;
+} LocalTransport;
+
+typedef struct
+{
+  CpComm parent;
+  LocalGroup *group;
+  SharedComm *shared;
+} LocalComm;
+
+typedef enum { POSTED, TAKEN, DONE } EnvelopeState;
+
+/* A posted send: the receiver copies straight from the sender's buffer. */
+typedef struct
+{
+  SharedComm *comm;
+  int src;
+  int dst;
+  guint64 tag;
+  const CpMessage *message;
+  EnvelopeState state;
+  GError *error;
+} Envelope;
+
+struct _CpRequest
+{
+  gboolean is_send;
+  Envelope *envelope;      /* sends */
+  int peer;                /* receives */
+  guint64 tag;
+  CpMessage *message;
+};
+
+static LocalGroup *
+group_ref (LocalGroup *group)
+{
+  g_atomic_ref_count_inc (&group->ref_count);
+  return group;
+}
+
+static void
+group_unref (LocalGroup *group)
+{
+  if (!g_atomic_ref_count_dec (&group->ref_count))
+    return;
+  g_assert (g_hash_table_size (group->comms) == 0);
+  g_hash_table_unref (group->comms);
+  g_mutex_clear (&group->lock);
+  g_cond_clear (&group->cond);
+  g_free (group);
+}
+
+static void
+local_transport_free (CpTransport *transport)
+{
+  LocalTransport *self = (LocalTransport *) transport;
+
+  group_unref (self->group);
+  g_free (self);
+}
+
+static char *
+comm_key (const char *label,
+          const int  *members,
+          int         n)
+{
+  GString *key = g_string_new (label);
+
+  for (int i = 0; i < n; i++)
+    g_string_append_printf (key, "%c%d", i == 0 ? ':' : ',', members[i]);
+  return g_string_free (key, FALSE);
+}
+
+static SharedComm *
+shared_comm_new (char      *key,
+                 const int *members,
+                 int        n)
+{
+  SharedComm *shared = g_new0 (SharedComm, 1);
+
+  shared->key = key;
+  shared->size = n;
+  shared->members = g_memdup2 (members, (gsize) n * sizeof (int));
+  shared->arrived = g_new0 (gboolean, n);
+  shared->posted = g_new0 (const CpCollective *, n);
+  shared->scratch = g_new0 (gpointer, n);
+  return shared;
+}
+
+static void
+shared_comm_free (SharedComm *shared)
+{
+  g_free (shared->key);
+  g_free (shared->members);
+  g_free (shared->arrived);
+  g_free (shared->posted);
+  g_free (shared->scratch);
+  g_clear_error (&shared->broken);
+  g_free (shared);
+}
+
+static CpComm *
+local_comm_new (CpTransport  *transport,
+                const char   *label,
+                const int    *members,
+                int           n_members,
+                int           my_index,
+                GError      **error)
+{
+  LocalGroup *group = ((LocalTransport *) transport)->group;
+  LocalComm *self = g_new0 (LocalComm, 1);
+  char *key = comm_key (label, members, n_members);
+
+  _cp_comm_init (&self->parent, transport, members, n_members, my_index);
+  self->group = group_ref (group);
+
+  g_mutex_lock (&group->lock);
+  self->shared = g_hash_table_lookup (group->comms, key);
+  if (self->shared == NULL)
+    {
+      self->shared = shared_comm_new (key, members, n_members);
+      g_hash_table_insert (group->comms, self->shared->key, self->shared);
+    }
+  else
+    g_free (key);
+  self->shared->users++;
+  g_mutex_unlock (&group->lock);
+
+  return &self->parent;
+}
+
+static void
+local_comm_free (CpComm *comm)
+{
+  LocalComm *self = (LocalComm *) comm;
+  LocalGroup *group = self->group;
+
+  g_mutex_lock (&group->lock);
+  if (--self->shared->users == 0)
+    {
+      g_hash_table_remove (group->comms, self->shared->key);
+      shared_comm_free (self->shared);
+    }
+  g_mutex_unlock (&group->lock);
+
+  _cp_comm_clear (comm);
+  group_unref (group);
+  g_free (self);
+}
+
+static void
+propagate_broken (SharedComm  *shared,
+                  GError     **error)
+{
+  g_propagate_error (error, g_error_copy (shared->broken));
+}
+
+static char *
+list_missing (SharedComm *shared)
+{
+  GString *text = g_string_new (NULL);
+
+  for (int i = 0; i < shared->size; i++)
+    if (!shared->arrived[i])
+      g_string_append_printf (text, "%s%d (mesh rank %d)", text->len ? ", " : "",
+                              i, shared->members[i]);
+  return g_string_free (text, FALSE);
+}
+
+static void
+break_on_timeout (LocalComm  *self,
+                  const char *what,
+                  gint64      waited_us)
+{
+  SharedComm *shared = self->shared;
+  g_autofree char *missing = list_missing (shared);
+
+  g_set_error (&shared->broken, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT,
+               "%s: rank %d waited %" G_GINT64_FORMAT " ms for communicator ranks %s, "
+               "which never arrived", what, self->parent.index, waited_us / 1000, missing);
+  g_cond_broadcast (&self->group->cond);
+}
+
+/* Waits, with the group lock held, until every rank of the communicator
+ * has reached this point.  @deadline 0 waits without limit. */
+static gboolean
+sync_point (LocalComm   *self,
+            const char  *what,
+            gint64       deadline,
+            GError     **error)
+{
+  SharedComm *shared = self->shared;
+  GMutex *lock = &self->group->lock;
+  GCond *cond = &self->group->cond;
+  guint64 generation = shared->generation;
+  gint64 started = g_get_monotonic_time ();
+
+  if (shared->broken != NULL)
+    {
+      propagate_broken (shared, error);
+      return FALSE;
+    }
+  shared->arrived[self->parent.index] = TRUE;
+  if (++shared->waiting == shared->size)
+    {
+      shared->waiting = 0;
+      memset (shared->arrived, 0, (gsize) shared->size * sizeof (gboolean));
+      shared->generation++;
+      g_cond_broadcast (cond);
+      return TRUE;
+    }
+  while (shared->generation == generation && shared->broken == NULL)
+    {
+      if (deadline == 0)
+        g_cond_wait (cond, lock);
+      else if (!g_cond_wait_until (cond, lock, deadline) &&
+               shared->generation == generation && shared->broken == NULL)
+        break_on_timeout (self, what, g_get_monotonic_time () - started);
+    }
+  if (shared->generation != generation)
+    return TRUE;
+  propagate_broken (shared, error);
+  return FALSE;
+}
+
+static gboolean
+locked_sync (LocalComm   *self,
+             const char  *what,
+             gint64       deadline,
+             GError     **error)
+{
+  gboolean ok;
+
+  g_mutex_lock (&self->group->lock);
+  ok = sync_point (self, what, deadline, error);
+  g_mutex_unlock (&self->group->lock);
+  return ok;
+}
+
+static void
+run_all_gather (LocalComm    *self,
+                CpCollective *coll)
+{
+  int n = self->parent.size;
+
+  for (int r = 0; r < n; r++)
+    {
+      const guint8 *src = self->shared->posted[r]->send;
+      guint8 *dst = coll->recv;
+
+      for (gsize o = 0; o < coll->outer; o++)
+        memcpy (dst + (o * (gsize) n + (gsize) r) * coll->block, src + o * coll->block, coll->block);
+    }
+}
+
+static void
+run_all_to_all (LocalComm    *self,
+                CpCollective *coll)
+{
+  int n = self->parent.size;
+  gsize me = (gsize) self->parent.index;
+
+  for (int r = 0; r < n; r++)
+    {
+      const guint8 *src = self->shared->posted[r]->send;
+      guint8 *dst = coll->recv;
+
+      for (gsize o = 0; o < coll->outer; o++)
+        memcpy (dst + (o * (gsize) n + (gsize) r) * coll->block,
+                src + (o * (gsize) n + me) * coll->block, coll->block);
+    }
+}
+
+static void
+run_broadcast (LocalComm    *self,
+               CpCollective *coll)
+{
+  const CpCollective *root = self->shared->posted[coll->root];
+
+  if (self->parent.index != coll->root)
+    memcpy (coll->recv, root->recv, coll->count * cp_dtype_get_size (coll->dtype));
+}
+
+/* Rank i reduces slice i of every buffer into scratch, then every rank
+ * copies all reduced slices into its own buffer.  The reduction order is
+ * rank order, so every rank ends with identical bits. */
+static void
+run_all_reduce (LocalComm    *self,
+                CpCollective *coll)
+{
+  SharedComm *shared = self->shared;
+  int n = self->parent.size;
+  int me = self->parent.index;
+  gsize elsize = cp_dtype_get_size (coll->dtype);
+  gsize lo = coll->count * (gsize) me / (gsize) n;
+  gsize hi = coll->count * (gsize) (me + 1) / (gsize) n;
+  g_autofree gconstpointer *srcs = g_new (gconstpointer, n);
+  guint8 *scratch = _cp_host_alloc (MAX (hi - lo, 1) * elsize, FALSE, NULL);
+
+  g_assert (scratch != NULL);
+  for (int r = 0; r < n; r++)
+    srcs[r] = shared->posted[r]->recv;
+  _cp_reduce_many (coll->dtype, coll->op, scratch, srcs, n, lo, hi - lo);
+  shared->scratch[me] = scratch;
+
+  locked_sync (self, "all_reduce", 0, NULL);
+  for (int r = 0; r < n; r++)
+    {
+      gsize rlo = coll->count * (gsize) r / (gsize) n;
+      gsize rhi = coll->count * (gsize) (r + 1) / (gsize) n;
+
+      memcpy ((guint8 *) coll->recv + rlo * elsize, shared->scratch[r], (rhi - rlo) * elsize);
+    }
+  locked_sync (self, "all_reduce", 0, NULL);
+  shared->scratch[me] = NULL;
+  _cp_host_free (scratch, MAX (hi - lo, 1) * elsize);
+}
+
+static gboolean
+local_collective (CpComm        *comm,
+                  CpCollective  *coll,
+                  gint64         deadline,
+                  GError       **error)
+{
+  LocalComm *self = (LocalComm *) comm;
+  const char *what = _cp_collective_name (coll->kind);
+  gboolean agreed;
+
+  g_mutex_lock (&self->group->lock);
+  self->shared->posted[comm->index] = coll;
+  if (!sync_point (self, what, deadline, error))
+    {
+      g_mutex_unlock (&self->group->lock);
+      return FALSE;
+    }
+  g_mutex_unlock (&self->group->lock);
+
+  /* Every rank reaches the same verdict from the same descriptors, so all
+   * of them take the same path through the sync points below. */
+  agreed = _cp_collective_check_agreement (self->shared->posted, comm->size, error);
+  if (agreed)
+    {
+      switch (coll->kind)
+        {
+        case CP_COLL_BARRIER:
+          break;
+        case CP_COLL_ALL_GATHER:
+          run_all_gather (self, coll);
+          break;
+        case CP_COLL_ALL_TO_ALL:
+          run_all_to_all (self, coll);
+          break;
+        case CP_COLL_ALL_REDUCE:
+          run_all_reduce (self, coll);
+          break;
+        case CP_COLL_BROADCAST:
+          run_broadcast (self, coll);
+          break;
+        default:
+          g_assert_not_reached ();
+        }
+    }
+  /* Nobody leaves while a peer may still read its buffers. */
+  locked_sync (self, what, 0, NULL);
+  return agreed;
+}
+
+static CpRequest *
+local_isend (CpComm          *comm,
+             int              peer,
+             guint64          tag,
+             const CpMessage *message)
+{
+  LocalComm *self = (LocalComm *) comm;
+  CpRequest *request = g_new0 (CpRequest, 1);
+  Envelope *envelope = g_new0 (Envelope, 1);
+
+  envelope->comm = self->shared;
+  envelope->src = comm->index;
+  envelope->dst = peer;
+  envelope->tag = tag;
+  envelope->message = message;
+  envelope->state = POSTED;
+  request->is_send = TRUE;
+  request->envelope = envelope;
+
+  g_mutex_lock (&self->group->lock);
+  g_queue_push_tail (&self->group->mailbox, envelope);
+  g_cond_broadcast (&self->group->cond);
+  g_mutex_unlock (&self->group->lock);
+  return request;
+}
+
+static CpRequest *
+local_irecv (CpComm    *comm,
+             int        peer,
+             guint64    tag,
+             CpMessage *message)
+{
+  CpRequest *request = g_new0 (CpRequest, 1);
+
+  request->peer = peer;
+  request->tag = tag;
+  request->message = message;
+  return request;
+}
+
+static gboolean
+wait_send (LocalComm  *self,
+           Envelope   *envelope,
+           gint64      deadline,
+           GError    **error)
+{
+  LocalGroup *group = self->group;
+  gboolean ok = TRUE;
+
+  g_mutex_lock (&group->lock);
+  while (envelope->state != DONE)
+    {
+      /* Once taken, the receiver is copying: that ends without a deadline. */
+      if (envelope->state == TAKEN)
+        g_cond_wait (&group->cond, &group->lock);
+      else if (!g_cond_wait_until (&group->cond, &group->lock, deadline) &&
+               envelope->state == POSTED)
+        {
+          g_queue_remove (&group->mailbox, envelope);
+          g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT,
+                       "send from rank %d to rank %d (tag %" G_GUINT64_FORMAT
+                       ") was not received in time", envelope->src, envelope->dst, envelope->tag);
+          ok = FALSE;
+          break;
+        }
+    }
+  g_mutex_unlock (&group->lock);
+  if (ok && envelope->error != NULL)
+    {
+      g_propagate_error (error, g_steal_pointer (&envelope->error));
+      ok = FALSE;
+    }
+  g_free (envelope);
+  return ok;
+}
+
+static Envelope *
+take_envelope (LocalComm *self,
+               int        peer,
+               guint64    tag)
+{
+  for (GList *l = self->group->mailbox.head; l != NULL; l = l->next)
+    {
+      Envelope *envelope = l->data;
+
+      if (envelope->comm == self->shared && envelope->dst == self->parent.index &&
+          envelope->src == peer && envelope->tag == tag)
+        {
+          g_queue_delete_link (&self->group->mailbox, l);
+          envelope->state = TAKEN;
+          return envelope;
+        }
+    }
+  return NULL;
+}
+
+static gboolean
+messages_match (const CpMessage *sent,
+                const CpMessage *expected)
+{
+  return sent->dtype == expected->dtype && sent->n_dims == expected->n_dims &&
+         sent->nbytes == expected->nbytes &&
+         memcmp (sent->shape, expected->shape, sent->n_dims * sizeof (gint64)) == 0;
+}
+
+static void
+set_mismatch (GError         **error,
+              const Envelope  *envelope,
+              const CpMessage *expected)
+{
+  g_autofree char *sent = _cp_message_describe (envelope->message);
+  g_autofree char *want = _cp_message_describe (expected);
+
+  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+               "rank %d sent %s with tag %" G_GUINT64_FORMAT " but rank %d expected %s",
+               envelope->src, sent, envelope->tag, envelope->dst, want);
+}
+
+static gboolean
+wait_recv (LocalComm  *self,
+           CpRequest  *request,
+           gint64      deadline,
+           GError    **error)
+{
+  LocalGroup *group = self->group;
+  Envelope *envelope;
+  gboolean ok = TRUE;
+
+  g_mutex_lock (&group->lock);
+  while ((envelope = take_envelope (self, request->peer, request->tag)) == NULL)
+    {
+      if (!g_cond_wait_until (&group->cond, &group->lock, deadline) &&
+          (envelope = take_envelope (self, request->peer, request->tag)) == NULL)
+        break;
+    }
+  g_mutex_unlock (&group->lock);
+  if (envelope == NULL)
+    {
+      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT,
+                   "rank %d received nothing from rank %d (tag %" G_GUINT64_FORMAT
+                   ") in time", self->parent.index, request->peer, request->tag);
+      return FALSE;
+    }
+
+  if (messages_match (envelope->message, request->message))
+    memcpy (request->message->data, envelope->message->data, envelope->message->nbytes);
+  else
+    {
+      set_mismatch (&envelope->error, envelope, request->message);
+      set_mismatch (error, envelope, request->message);
+      ok = FALSE;
+    }
+
+  g_mutex_lock (&group->lock);
+  envelope->state = DONE;
+  g_cond_broadcast (&group->cond);
+  g_mutex_unlock (&group->lock);
+  return ok;
+}
+
+static gboolean
+local_wait (CpComm     *comm,
+            CpRequest  *request,
+            gint64      deadline,
+            GError    **error)
+{
+  LocalComm *self = (LocalComm *) comm;
+  gboolean ok;
+
+  if (request->is_send)
+    ok = wait_send (self, request->envelope, deadline, error);
+  else
+    ok = wait_recv (self, request, deadline, error);
+  g_free (request);
+  return ok;
+}
+
+static const CpTransportOps local_ops = {
+  .name = "local",
+  .transport_free = local_transport_free,
+  .comm_new = local_comm_new,
+  .comm_free = local_comm_free,
+  .collective = local_collective,
+  .isend = local_isend,
+  .irecv = local_irecv,
+  .wait = local_wait,
+};
+
+CpTransport **
+_cp_transport_local_new_group (int world_size)
+{
+  LocalGroup *group = g_new0 (LocalGroup, 1);
+  CpTransport **transports = g_new0 (CpTransport *, world_size);
+
+  g_atomic_ref_count_init (&group->ref_count);
+  group->world_size = world_size;
+  g_mutex_init (&group->lock);
+  g_cond_init (&group->cond);
+  group->comms = g_hash_table_new (g_str_hash, g_str_equal);
+  g_queue_init (&group->mailbox);
+
+  for (int r = 0; r < world_size; r++)
+    {
+      LocalTransport *transport = g_new0 (LocalTransport, 1);
+
+      _cp_transport_init (&transport->parent, &local_ops, r, world_size);
+      transport->group = group_ref (group);
+      transports[r] = &transport->parent;
+    }
+  group_unref (group);
+  return transports;
+}

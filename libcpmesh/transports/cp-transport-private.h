@@ -1,0 +1,173 @@
+/* cp-transport-private.h
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include "cp-tensor.h"
+#include "cp-types.h"
+
+G_BEGIN_DECLS
+
+/* A transport connects the processes or threads of one mesh: W ranks that
+ * can reach each other.  A communicator (CpComm) is a subset of those
+ * ranks — the whole mesh or one submesh — that runs collectives together.
+ * Backends subclass both by embedding them as their first member.
+ *
+ * Every blocking operation takes an absolute deadline in g_get_monotonic_time()
+ * microseconds and fails with CP_MESH_ERROR_TIMED_OUT (or PEER_LOST) rather
+ * than wait past it. */
+typedef struct _CpTransport CpTransport;
+typedef struct _CpComm CpComm;
+typedef struct _CpRequest CpRequest;
+typedef struct _CpTransportOps CpTransportOps;
+
+typedef enum
+{
+  CP_COLL_BARRIER,
+  CP_COLL_ALL_GATHER,
+  CP_COLL_ALL_TO_ALL,
+  CP_COLL_ALL_REDUCE,
+  CP_COLL_BROADCAST,
+} CpCollKind;
+
+/* One rank's view of a collective call.  Ranks compare their descriptors
+ * before any byte moves, so a disagreement is an error on every rank and
+ * never a corrupted buffer. */
+typedef struct
+{
+  CpCollKind kind;
+  CpDType dtype;
+  guint n_dims;
+  gint64 shape[CP_TENSOR_MAX_DIMS];
+  int dim;              /* all-gather / all-to-all dimension */
+  int root;             /* broadcast root, a communicator index */
+  CpReduceOp op;        /* all-reduce */
+
+  /* Set when this rank's own arguments were bad: the collective still
+   * runs its rendezvous so that every rank fails with this error. */
+  GError *invalid;
+
+  /* Byte geometry.  All-gather: send is [outer][block], recv is
+   * [outer][size][block].  All-to-all: send and recv are
+   * [outer][size][block].  All-reduce and broadcast work in place on recv,
+   * `count` elements. */
+  gsize outer;
+  gsize block;
+  gsize count;
+  gconstpointer send;
+  gpointer recv;
+} CpCollective;
+
+/* A point-to-point message: the receiver checks dtype and shape against
+ * what it expects. */
+typedef struct
+{
+  CpDType dtype;
+  guint n_dims;
+  gint64 shape[CP_TENSOR_MAX_DIMS];
+  gpointer data;
+  gsize nbytes;
+} CpMessage;
+
+struct _CpTransportOps
+{
+  const char *name;
+
+  void       (*transport_free) (CpTransport   *transport);
+
+  /* A communicator of @n_members transport ranks in which this rank has
+   * index @my_index.  Every member creates it with the same @label and
+   * list; communicators with different labels never match each other's
+   * operations, even over the same ranks. */
+  CpComm    *(*comm_new)       (CpTransport   *transport,
+                                const char    *label,
+                                const int     *members,
+                                int            n_members,
+                                int            my_index,
+                                GError       **error);
+  void       (*comm_free)      (CpComm        *comm);
+
+  gboolean   (*collective)     (CpComm        *comm,
+                                CpCollective  *coll,
+                                gint64         deadline,
+                                GError       **error);
+
+  /* Non-blocking point-to-point; @peer is a communicator index.  The
+   * message buffer must stay valid until wait() returns. */
+  CpRequest *(*isend)          (CpComm        *comm,
+                                int            peer,
+                                guint64        tag,
+                                const CpMessage *message);
+  CpRequest *(*irecv)          (CpComm        *comm,
+                                int            peer,
+                                guint64        tag,
+                                CpMessage     *message);
+  /* Completes and frees @request. */
+  gboolean   (*wait)           (CpComm        *comm,
+                                CpRequest     *request,
+                                gint64         deadline,
+                                GError       **error);
+};
+
+struct _CpTransport
+{
+  const CpTransportOps *ops;
+  gatomicrefcount ref_count;
+  int rank;
+  int world_size;
+};
+
+struct _CpComm
+{
+  CpTransport *transport;
+  int size;
+  int index;
+  int *members;
+};
+
+CpTransport *_cp_transport_ref   (CpTransport  *transport);
+void         _cp_transport_unref (CpTransport  *transport);
+void         _cp_transport_init  (CpTransport          *transport,
+                                  const CpTransportOps *ops,
+                                  int                   rank,
+                                  int                   world_size);
+
+void         _cp_comm_init       (CpComm       *comm,
+                                  CpTransport  *transport,
+                                  const int    *members,
+                                  int           n_members,
+                                  int           my_index);
+void         _cp_comm_clear      (CpComm       *comm);
+void         _cp_comm_free       (CpComm       *comm);
+
+/* Decides, identically on every rank, whether the descriptors of one
+ * collective agree.  @descs holds every rank's descriptor in communicator
+ * order. */
+gboolean     _cp_collective_check_agreement (const CpCollective * const *descs,
+                                             int                   n,
+                                             GError              **error);
+
+/* Reduces elements [@offset, @offset + @count) of @n buffers into
+ * @dst[0 .. @count), in buffer order, so every rank and every backend computing it gets
+ * identical bits.  16-bit floats
+ * are accumulated in float32 and rounded once. */
+void         _cp_reduce_many     (CpDType        dtype,
+                                  CpReduceOp     op,
+                                  gpointer       dst,
+                                  gconstpointer *srcs,
+                                  int            n,
+                                  gsize          offset,
+                                  gsize          count);
+
+const char  *_cp_collective_name (CpCollKind kind);
+
+/* "float32[4, 8]" */
+char        *_cp_message_describe (const CpMessage *message);
+
+/* The in-process backend: @world_size transports, one per rank, that
+ * share memory. */
+CpTransport **_cp_transport_local_new_group (int world_size);
+
+G_END_DECLS

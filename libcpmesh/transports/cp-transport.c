@@ -1,0 +1,291 @@
+/* cp-transport.c: what every backend shares
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include <string.h>
+
+#include "cp-dtype-private.h"
+#include "cp-error.h"
+#include "cp-tensor-private.h"
+#include "cp-transport-private.h"
+
+void
+_cp_transport_init (CpTransport          *transport,
+                    const CpTransportOps *ops,
+                    int                   rank,
+                    int                   world_size)
+{
+  transport->ops = ops;
+  g_atomic_ref_count_init (&transport->ref_count);
+  transport->rank = rank;
+  transport->world_size = world_size;
+}
+
+CpTransport *
+_cp_transport_ref (CpTransport *transport)
+{
+  g_atomic_ref_count_inc (&transport->ref_count);
+  return transport;
+}
+
+void
+_cp_transport_unref (CpTransport *transport)
+{
+  if (g_atomic_ref_count_dec (&transport->ref_count))
+    transport->ops->transport_free (transport);
+}
+
+void
+_cp_comm_init (CpComm      *comm,
+               CpTransport *transport,
+               const int   *members,
+               int          n_members,
+               int          my_index)
+{
+  comm->transport = _cp_transport_ref (transport);
+  comm->size = n_members;
+  comm->index = my_index;
+  comm->members = g_memdup2 (members, (gsize) n_members * sizeof (int));
+}
+
+void
+_cp_comm_clear (CpComm *comm)
+{
+  g_clear_pointer (&comm->members, g_free);
+  g_clear_pointer (&comm->transport, _cp_transport_unref);
+}
+
+void
+_cp_comm_free (CpComm *comm)
+{
+  if (comm != NULL)
+    comm->transport->ops->comm_free (comm);
+}
+
+const char *
+_cp_collective_name (CpCollKind kind)
+{
+  static const char *names[] = {
+    [CP_COLL_BARRIER] = "barrier",
+    [CP_COLL_ALL_GATHER] = "all_gather",
+    [CP_COLL_ALL_TO_ALL] = "all_to_all",
+    [CP_COLL_ALL_REDUCE] = "all_reduce",
+    [CP_COLL_BROADCAST] = "broadcast",
+  };
+
+  return names[kind];
+}
+
+static char *
+describe_operand (const CpCollective *coll)
+{
+  g_autofree char *shape = _cp_shape_to_string (coll->shape, coll->n_dims);
+
+  return g_strdup_printf ("%s%s", cp_dtype_get_name (coll->dtype), shape);
+}
+
+/* Compares rank @r's descriptor with rank 0's. */
+static gboolean
+check_pair (const CpCollective *first,
+            const CpCollective *other,
+            int                 r,
+            GError            **error)
+{
+  const char *name = _cp_collective_name (first->kind);
+  g_autofree char *a = NULL;
+  g_autofree char *b = NULL;
+
+  if (other->kind != first->kind)
+    {
+      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
+                   "ranks disagree on the collective: communicator rank 0 called %s, rank %d called %s",
+                   name, r, _cp_collective_name (other->kind));
+      return FALSE;
+    }
+  if (first->kind == CP_COLL_BARRIER)
+    return TRUE;
+  a = describe_operand (first);
+  b = describe_operand (other);
+  if (other->dtype != first->dtype)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DTYPE,
+                   "%s: communicator rank 0 passed %s, rank %d passed %s", name, a, r, b);
+      return FALSE;
+    }
+  if (other->n_dims != first->n_dims ||
+      memcmp (other->shape, first->shape, first->n_dims * sizeof (gint64)) != 0)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                   "%s: communicator rank 0 passed %s, rank %d passed %s", name, a, r, b);
+      return FALSE;
+    }
+  if (other->dim != first->dim || other->root != first->root || other->op != first->op)
+    {
+      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
+                   "%s: ranks disagree on the arguments: rank 0 used dim %d, root %d, op %d; "
+                   "rank %d used dim %d, root %d, op %d",
+                   name, first->dim, first->root, first->op, r, other->dim, other->root, other->op);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+gboolean
+_cp_collective_check_agreement (const CpCollective * const *descs,
+                                int                         n,
+                                GError                    **error)
+{
+  /* A rank with bad arguments of its own: everyone reports its error, so
+   * the first such rank decides, the same on every rank. */
+  for (int r = 0; r < n; r++)
+    {
+      if (descs[r]->invalid != NULL)
+        {
+          g_set_error (error, descs[r]->invalid->domain, descs[r]->invalid->code,
+                       "communicator rank %d: %s", r, descs[r]->invalid->message);
+          return FALSE;
+        }
+    }
+  for (int r = 1; r < n; r++)
+    if (!check_pair (descs[0], descs[r], r, error))
+      return FALSE;
+  return TRUE;
+}
+
+/* Reductions.  Integers wrap (computed unsigned, so overflow is defined),
+ * booleans use or/and, 16-bit floats accumulate in float32. */
+
+#define REDUCE_LOOP(type, combine)                                          \
+  G_STMT_START {                                                            \
+    type *out = (type *) dst;                                               \
+    for (gsize i = 0; i < count; i++)                                       \
+      {                                                                     \
+        type acc = ((const type *) srcs[0])[offset + i];                    \
+        for (int r = 1; r < n; r++)                                         \
+          {                                                                 \
+            type v = ((const type *) srcs[r])[offset + i];                  \
+            acc = combine;                                                  \
+          }                                                                 \
+        out[i] = acc;                                                       \
+      }                                                                     \
+  } G_STMT_END
+
+#define REDUCE_OPS(type, sum_expr)                                          \
+  G_STMT_START {                                                            \
+    switch (op)                                                             \
+      {                                                                     \
+      case CP_REDUCE_OP_SUM: REDUCE_LOOP (type, sum_expr); break;           \
+      case CP_REDUCE_OP_MAX: REDUCE_LOOP (type, (v > acc ? v : acc)); break;\
+      case CP_REDUCE_OP_MIN: REDUCE_LOOP (type, (v < acc ? v : acc)); break;\
+      default: g_assert_not_reached ();                                     \
+      }                                                                     \
+  } G_STMT_END
+
+static void
+reduce_half (CpDType        dtype,
+             CpReduceOp     op,
+             gpointer       dst,
+             gconstpointer *srcs,
+             int            n,
+             gsize          offset,
+             gsize          count)
+{
+  gboolean bf16 = dtype == CP_DTYPE_BFLOAT16;
+  guint16 *out = dst;
+
+  for (gsize i = 0; i < count; i++)
+    {
+      float acc = 0.0f;
+
+      for (int r = 0; r < n; r++)
+        {
+          guint16 raw = ((const guint16 *) srcs[r])[offset + i];
+          float v = bf16 ? _cp_bf16_to_float (raw) : _cp_half_to_float (raw);
+
+          if (r == 0)
+            acc = v;
+          else if (op == CP_REDUCE_OP_SUM)
+            acc += v;
+          else if (op == CP_REDUCE_OP_MAX)
+            acc = v > acc ? v : acc;
+          else
+            acc = v < acc ? v : acc;
+        }
+      out[i] = bf16 ? _cp_float_to_bf16 (acc) : _cp_float_to_half (acc);
+    }
+}
+
+static void
+reduce_bool (CpReduceOp     op,
+             gpointer       dst,
+             gconstpointer *srcs,
+             int            n,
+             gsize          offset,
+             gsize          count)
+{
+  guint8 *out = dst;
+
+  for (gsize i = 0; i < count; i++)
+    {
+      gboolean any = FALSE;
+      gboolean all = TRUE;
+
+      for (int r = 0; r < n; r++)
+        {
+          gboolean v = ((const guint8 *) srcs[r])[offset + i] != 0;
+
+          any |= v;
+          all &= v;
+        }
+      out[i] = op == CP_REDUCE_OP_MIN ? all : any;
+    }
+}
+
+void
+_cp_reduce_many (CpDType        dtype,
+                 CpReduceOp     op,
+                 gpointer       dst,
+                 gconstpointer *srcs,
+                 int            n,
+                 gsize          offset,
+                 gsize          count)
+{
+  switch (dtype)
+    {
+    case CP_DTYPE_BOOL:
+      reduce_bool (op, dst, srcs, n, offset, count);
+      break;
+    case CP_DTYPE_UINT8:
+      REDUCE_OPS (guint8, (guint8) (acc + v));
+      break;
+    case CP_DTYPE_INT32:
+      REDUCE_OPS (gint32, (gint32) ((guint32) acc + (guint32) v));
+      break;
+    case CP_DTYPE_INT64:
+      REDUCE_OPS (gint64, (gint64) ((guint64) acc + (guint64) v));
+      break;
+    case CP_DTYPE_FLOAT16:
+    case CP_DTYPE_BFLOAT16:
+      reduce_half (dtype, op, dst, srcs, n, offset, count);
+      break;
+    case CP_DTYPE_FLOAT32:
+      REDUCE_OPS (float, acc + v);
+      break;
+    case CP_DTYPE_FLOAT64:
+      REDUCE_OPS (double, acc + v);
+      break;
+    default:
+      g_assert_not_reached ();
+    }
+}
+
+char *
+_cp_message_describe (const CpMessage *message)
+{
+  g_autofree char *shape = _cp_shape_to_string (message->shape, message->n_dims);
+
+  return g_strdup_printf ("%s%s", cp_dtype_get_name (message->dtype), shape);
+}

@@ -1,0 +1,47 @@
+/* cp-test-util.h: fixtures shared by the C tests
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include <libcpmesh.h>
+
+G_BEGIN_DECLS
+
+/* Called on its own thread for each rank of a local group. */
+typedef void (*CpTestRankFunc) (CpMesh   *mesh,
+                                gpointer  user_data);
+
+/* Runs @func once per mesh of @meshes (a GList from
+ * cp_mesh_new_local_group), each on its own thread, and joins them. */
+void       cp_test_run_ranks          (GList          *meshes,
+                                       CpTestRankFunc  func,
+                                       gpointer        user_data);
+
+/* A local group with one dimension named @dim_name of @size ranks. */
+GList     *cp_test_local_group        (const char     *dim_name,
+                                       int             size);
+
+void       cp_test_free_group         (GList          *meshes);
+
+/* A tensor whose element i holds a value derived from i and @seed that
+ * is exact in every dtype (small integers, 0/1 for booleans). */
+CpTensor  *cp_test_tensor_pattern     (CpDType         dtype,
+                                       const gint64   *shape,
+                                       guint           n_dims,
+                                       guint           seed);
+
+/* Asserts that @tensor has @n_values elements equal to @values. */
+void       cp_test_assert_values      (CpTensor       *tensor,
+                                       const double   *values,
+                                       gsize           n_values);
+
+#define CP_TEST_ASSERT_VALUES(tensor, ...)                                   \
+  G_STMT_START {                                                            \
+    const double cp_test_values_[] = { __VA_ARGS__ };                      \
+    cp_test_assert_values ((tensor), cp_test_values_,                       \
+                           G_N_ELEMENTS (cp_test_values_));                 \
+  } G_STMT_END
+
+G_END_DECLS

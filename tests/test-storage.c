@@ -1,0 +1,156 @@
+/* test-storage.c
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include <string.h>
+#include <unistd.h>
+
+#include <gio/gunixfdlist.h>
+
+#include "cp-test-util.h"
+
+static void
+test_owned (void)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpStorage) storage = cp_storage_new (100, &error);
+  const guint8 *data;
+
+  g_assert_no_error (error);
+  g_assert_cmpint (cp_storage_get_kind (storage), ==, CP_STORAGE_KIND_OWNED);
+  g_assert_cmpint (cp_storage_get_device (storage), ==, CP_DEVICE_KIND_HOST);
+  g_assert_cmpuint (cp_storage_get_size (storage), ==, 100);
+  g_assert_cmpuint (cp_storage_get_data_address (storage) % 64, ==, 0);
+  g_assert_cmpint (cp_storage_get_fd (storage), ==, -1);
+  data = cp_storage_get_data (storage);
+  for (int i = 0; i < 100; i++)
+    g_assert_cmpuint (data[i], ==, 0);
+}
+
+static void
+test_shared_between_tensors (void)
+{
+  g_autoptr(CpStorage) storage = cp_storage_new (32, NULL);
+  const gint64 four[] = { 4 };
+  const gint64 two_by_two[] = { 2, 2 };
+  g_autoptr(CpTensor) a = cp_tensor_new_from_storage (CP_DTYPE_INT64, four, 1, storage, 0, NULL);
+  g_autoptr(CpTensor) b = cp_tensor_new_from_storage (CP_DTYPE_INT32, two_by_two, 2, storage, 16, NULL);
+
+  cp_tensor_set_value (a, 2, 0x0000000700000005);
+  CP_TEST_ASSERT_VALUES (b, 5, 7, 0, 0);
+}
+
+static void
+test_borrowed_without_release (void)
+{
+  static guint8 memory[8];
+  CpStorage *storage = cp_storage_new_borrowed ((guintptr) memory, sizeof memory, NULL, NULL, NULL);
+
+  g_assert_cmpint (cp_storage_get_kind (storage), ==, CP_STORAGE_KIND_BORROWED);
+  g_assert_true (cp_storage_get_data (storage) == memory);
+  g_assert_true (cp_storage_ref (storage) == storage);
+  cp_storage_unref (storage);
+  cp_storage_unref (storage);
+}
+
+static void
+test_memfd_shared_with_child (void)
+{
+  const gint64 n = 4096;
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) shared = cp_tensor_new_shared (CP_DTYPE_INT32, &n, 1, &error);
+  g_autoptr(GSubprocessLauncher) launcher = NULL;
+  g_autoptr(GSubprocess) child = NULL;
+  g_autoptr(GDataInputStream) out = NULL;
+  g_autofree char *child_path = NULL;
+  g_autofree char *fd_arg = NULL;
+  g_autofree char *n_arg = NULL;
+  g_autofree char *line = NULL;
+  gint32 *data;
+
+  g_assert_no_error (error);
+  g_assert_cmpint (cp_storage_get_kind (cp_tensor_get_storage (shared)), ==, CP_STORAGE_KIND_FD);
+  g_assert_cmpint (cp_tensor_get_fd (shared), >=, 0);
+  data = cp_tensor_get_data (shared);
+  data[0] = 1234;
+
+  child_path = g_test_build_filename (G_TEST_BUILT, "cp-test-fd-child", NULL);
+  launcher = g_subprocess_launcher_new (G_SUBPROCESS_FLAGS_STDIN_PIPE | G_SUBPROCESS_FLAGS_STDOUT_PIPE);
+  g_subprocess_launcher_take_fd (launcher, dup (cp_tensor_get_fd (shared)), 3);
+  fd_arg = g_strdup ("3");
+  n_arg = g_strdup_printf ("%" G_GINT64_FORMAT, n);
+  child = g_subprocess_launcher_spawn (launcher, &error, child_path, fd_arg, n_arg, NULL);
+  g_assert_no_error (error);
+
+  out = g_data_input_stream_new (g_subprocess_get_stdout_pipe (child));
+  line = g_data_input_stream_read_line (out, NULL, NULL, &error);
+  g_assert_no_error (error);
+  g_assert_cmpstr (line, ==, "written");
+
+  /* The child is still alive, holding its mapping: its writes are ours. */
+  for (gint64 i = 0; i < n; i++)
+    g_assert_cmpint (data[i], ==, (gint32) (i * 3 + 1));
+
+  g_output_stream_close (g_subprocess_get_stdin_pipe (child), NULL, NULL);
+  g_subprocess_wait_check (child, NULL, &error);
+  g_assert_no_error (error);
+}
+
+static void
+test_from_fd_checks_range (void)
+{
+  const gint64 n = 16;
+  const gint64 too_many = 32;
+  g_autoptr(CpTensor) shared = cp_tensor_new_shared (CP_DTYPE_FLOAT32, &n, 1, NULL);
+  g_autoptr(CpTensor) again = NULL;
+  g_autoptr(GError) error = NULL;
+  int fd = cp_tensor_get_fd (shared);
+
+  again = cp_tensor_new_from_fd (CP_DTYPE_FLOAT32, &n, 1, fd, 0, &error);
+  g_assert_no_error (error);
+  cp_tensor_set_value (shared, 5, 2.5);
+  g_assert_cmpfloat (cp_tensor_get_value (again, 5), ==, 2.5);
+  g_assert_cmpint (cp_tensor_get_fd (again), !=, fd); /* duplicated, not taken */
+
+  g_assert_null (cp_tensor_new_from_fd (CP_DTYPE_FLOAT32, &too_many, 1, fd, 0, &error));
+  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE);
+  g_assert_nonnull (strstr (error->message, "holds 64 bytes, but 128 bytes"));
+  g_clear_error (&error);
+  g_assert_null (cp_tensor_new_from_fd (CP_DTYPE_FLOAT32, &n, 1, fd, 2, &error));
+  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_MISALIGNED);
+}
+
+static void
+test_from_fd_offset (void)
+{
+  const gint64 n = 2048;
+  const gint64 tail = 1000;
+  g_autoptr(CpTensor) shared = cp_tensor_new_shared (CP_DTYPE_INT32, &n, 1, NULL);
+  g_autoptr(CpTensor) view = NULL;
+  g_autoptr(GError) error = NULL;
+
+  for (gint64 i = 0; i < n; i++)
+    cp_tensor_set_value (shared, i, (double) i);
+  /* 4100 bytes: not a page multiple, so the mapping has to round down. */
+  view = cp_tensor_new_from_fd (CP_DTYPE_INT32, &tail, 1, cp_tensor_get_fd (shared), 4100, &error);
+  g_assert_no_error (error);
+  g_assert_cmpfloat (cp_tensor_get_value (view, 0), ==, 1025);
+  g_assert_cmpfloat (cp_tensor_get_value (view, tail - 1), ==, 2024);
+}
+
+int
+main (int   argc,
+      char *argv[])
+{
+  g_test_init (&argc, &argv, NULL);
+
+  g_test_add_func ("/Cp/Storage/owned/aligned-zeroed", test_owned);
+  g_test_add_func ("/Cp/Storage/views/shared", test_shared_between_tensors);
+  g_test_add_func ("/Cp/Storage/borrowed/no-release", test_borrowed_without_release);
+  g_test_add_func ("/Cp/Storage/fd/child-process", test_memfd_shared_with_child);
+  g_test_add_func ("/Cp/Storage/fd/range", test_from_fd_checks_range);
+  g_test_add_func ("/Cp/Storage/fd/offset", test_from_fd_offset);
+
+  return g_test_run ();
+}

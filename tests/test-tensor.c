@@ -1,0 +1,407 @@
+/* test-tensor.c
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include <math.h>
+#include <string.h>
+
+#include "cp-test-util.h"
+
+static const CpDType all_dtypes[] = {
+  CP_DTYPE_BOOL, CP_DTYPE_UINT8, CP_DTYPE_INT32, CP_DTYPE_INT64,
+  CP_DTYPE_FLOAT16, CP_DTYPE_BFLOAT16, CP_DTYPE_FLOAT32, CP_DTYPE_FLOAT64,
+};
+
+static void
+test_dtype_sizes (void)
+{
+  static const gsize sizes[] = { 1, 1, 4, 8, 2, 2, 4, 8 };
+
+  for (guint i = 0; i < G_N_ELEMENTS (all_dtypes); i++)
+    {
+      CpDType back;
+
+      g_assert_cmpuint (cp_dtype_get_size (all_dtypes[i]), ==, sizes[i]);
+      g_assert_true (cp_dtype_from_name (cp_dtype_get_name (all_dtypes[i]), &back));
+      g_assert_cmpint (back, ==, all_dtypes[i]);
+    }
+  g_assert_true (cp_dtype_is_floating (CP_DTYPE_BFLOAT16));
+  g_assert_false (cp_dtype_is_floating (CP_DTYPE_INT64));
+  g_assert_cmpstr (cp_dtype_get_name (CP_DTYPE_BFLOAT16), ==, "bfloat16");
+}
+
+static void
+test_new_zeros (void)
+{
+  const gint64 shape[] = { 2, 3, 4 };
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) t = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 3, &error);
+  const gint64 *got;
+  guint n_dims;
+
+  g_assert_no_error (error);
+  got = cp_tensor_get_shape (t, &n_dims);
+  g_assert_cmpuint (n_dims, ==, 3);
+  g_assert_cmpmem (got, n_dims * sizeof (gint64), shape, sizeof shape);
+  g_assert_cmpint (cp_tensor_get_numel (t), ==, 24);
+  g_assert_cmpuint (cp_tensor_get_nbytes (t), ==, 96);
+  g_assert_cmpint (cp_tensor_get_dim (t, -1), ==, 4);
+  g_assert_cmpint (cp_tensor_get_device (t), ==, CP_DEVICE_KIND_HOST);
+  g_assert_cmpuint (cp_tensor_get_data_address (t) % 64, ==, 0);
+  for (gint64 i = 0; i < 24; i++)
+    g_assert_cmpfloat (cp_tensor_get_value (t, i), ==, 0.0);
+  g_assert_cmpint (cp_tensor_get_fd (t), ==, -1);
+}
+
+static void
+test_new_large_aligned_and_zeroed (void)
+{
+  /* Large blocks come from the recycling cache: they must still be
+   * zero-filled and aligned when reused. */
+  const gint64 shape[] = { 1 << 20 };
+
+  for (int round = 0; round < 3; round++)
+    {
+      g_autoptr(CpTensor) t = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 1, NULL);
+      float *data = cp_tensor_get_data (t);
+
+      g_assert_cmpuint (cp_tensor_get_data_address (t) % 64, ==, 0);
+      for (gint64 i = 0; i < shape[0]; i += 4099)
+        g_assert_cmpfloat (data[i], ==, 0.0f);
+      memset (data, 0x7f, cp_tensor_get_nbytes (t));
+    }
+}
+
+static void
+test_new_bad_shapes (void)
+{
+  const gint64 negative[] = { 2, -1 };
+  const gint64 nine[] = { 1, 1, 1, 1, 1, 1, 1, 1, 1 };
+  const gint64 huge[] = { G_MAXINT64 / 2, 4 };
+  g_autoptr(GError) error = NULL;
+
+  g_assert_null (cp_tensor_new (CP_DTYPE_INT32, negative, 2, &error));
+  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  g_assert_nonnull (strstr (error->message, "negative size -1"));
+  g_clear_error (&error);
+
+  g_assert_null (cp_tensor_new (CP_DTYPE_INT32, nine, 9, &error));
+  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  g_assert_nonnull (strstr (error->message, "at most 8 dimensions, 9"));
+  g_clear_error (&error);
+
+  g_assert_null (cp_tensor_new (CP_DTYPE_INT64, huge, 2, &error));
+  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  g_assert_nonnull (strstr (error->message, "overflows"));
+}
+
+static void
+test_new_scalar (void)
+{
+  g_autoptr(CpTensor) t = cp_tensor_new_full (CP_DTYPE_INT64, NULL, 0, 42, NULL);
+
+  g_assert_cmpuint (cp_tensor_get_n_dims (t), ==, 0);
+  g_assert_cmpint (cp_tensor_get_numel (t), ==, 1);
+  CP_TEST_ASSERT_VALUES (t, 42);
+}
+
+static void
+test_from_bytes_no_copy (void)
+{
+  static const gint32 values[] = { 1, 2, 3, 4, 5, 6 };
+  const gint64 shape[] = { 2, 3 };
+  const gint64 wrong[] = { 4, 2 };
+  g_autoptr(GBytes) bytes = g_bytes_new_static (values, sizeof values);
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) t = cp_tensor_new_from_bytes (CP_DTYPE_INT32, shape, 2, bytes, &error);
+
+  g_assert_no_error (error);
+  g_assert_true (cp_tensor_get_data (t) == (gpointer) values);
+  g_assert_cmpint (cp_storage_get_kind (cp_tensor_get_storage (t)), ==, CP_STORAGE_KIND_BYTES);
+  CP_TEST_ASSERT_VALUES (t, 1, 2, 3, 4, 5, 6);
+
+  g_assert_null (cp_tensor_new_from_bytes (CP_DTYPE_INT32, wrong, 2, bytes, &error));
+  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  g_assert_nonnull (strstr (error->message, "needs 32 bytes, but 24 were given"));
+}
+
+static void
+count_release (gpointer user_data)
+{
+  (*(int *) user_data)++;
+}
+
+static void
+test_borrowed_release (void)
+{
+  double memory[4] = { 1.5, 2.5, 3.5, 4.5 };
+  const gint64 shape[] = { 4 };
+  int released = 0;
+  g_autoptr(GError) error = NULL;
+  CpTensor *t = cp_tensor_new_borrowed (CP_DTYPE_FLOAT64, shape, 1, (guintptr) memory,
+                                        sizeof memory, count_release, &released, NULL, &error);
+  CpTensor *view;
+
+  g_assert_no_error (error);
+  cp_tensor_set_value (t, 2, -1.0);
+  g_assert_cmpfloat (memory[2], ==, -1.0);
+  view = cp_tensor_narrow (t, 0, 1, 2, &error);
+  g_assert_no_error (error);
+  g_object_unref (t);
+  g_assert_cmpint (released, ==, 0); /* the view still uses the memory */
+  CP_TEST_ASSERT_VALUES (view, 2.5, -1.0);
+  g_object_unref (view);
+  g_assert_cmpint (released, ==, 1);
+}
+
+static void
+test_borrowed_misaligned (void)
+{
+  guint64 memory[3] = { 0 };
+  const gint64 shape[] = { 2 };
+  int released = 0;
+  g_autoptr(GError) error = NULL;
+
+  g_assert_null (cp_tensor_new_borrowed (CP_DTYPE_INT64, shape, 1, (guintptr) memory + 4, 16,
+                                         count_release, &released, NULL, &error));
+  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_MISALIGNED);
+  g_assert_cmpint (released, ==, 1);
+}
+
+static void
+test_arange_and_full (void)
+{
+  g_autoptr(CpTensor) a = cp_tensor_new_arange (CP_DTYPE_INT64, 0, 6, 1, NULL);
+  g_autoptr(CpTensor) b = cp_tensor_new_arange (CP_DTYPE_FLOAT32, 10, 0, -3, NULL);
+  g_autoptr(CpTensor) empty = cp_tensor_new_arange (CP_DTYPE_INT32, 5, 5, 1, NULL);
+  const gint64 shape[] = { 2, 2 };
+  g_autoptr(CpTensor) full = cp_tensor_new_full (CP_DTYPE_BOOL, shape, 2, 1.0, NULL);
+  g_autoptr(CpTensor) labels = cp_tensor_new_full (CP_DTYPE_INT64, shape, 2, -100, NULL);
+  g_autoptr(GError) error = NULL;
+
+  CP_TEST_ASSERT_VALUES (a, 0, 1, 2, 3, 4, 5);
+  CP_TEST_ASSERT_VALUES (b, 10, 7, 4, 1);
+  g_assert_cmpint (cp_tensor_get_numel (empty), ==, 0);
+  CP_TEST_ASSERT_VALUES (full, 1, 1, 1, 1);
+  CP_TEST_ASSERT_VALUES (labels, -100, -100, -100, -100);
+
+  g_assert_null (cp_tensor_new_arange (CP_DTYPE_INT64, 0, 5, 0, &error));
+  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE);
+}
+
+static void
+test_half_conversions (void)
+{
+  /* Values on both sides of rounding points, subnormals, overflow. */
+  static const struct { double in; double f16; double bf16; } cases[] = {
+    { 1.0, 1.0, 1.0 },
+    { 65504.0, 65504.0, 65536.0 },
+    { 65520.0, INFINITY, 65536.0 },
+    { 1.0 + 1.0 / 2048.0, 1.0, 1.0 },                 /* ties to even */
+    { 1.0 + 3.0 / 2048.0, 1.0 + 2.0 / 1024.0, 1.0 },
+    { 5.960464477539063e-08, 5.960464477539063e-08, 5.960464477539063e-08 },
+    { -2.5, -2.5, -2.5 },
+    { 3.14159, 3.140625, 3.140625 },
+  };
+  const gint64 shape[] = { 1 };
+
+  for (guint i = 0; i < G_N_ELEMENTS (cases); i++)
+    {
+      g_autoptr(CpTensor) h = cp_tensor_new_full (CP_DTYPE_FLOAT16, shape, 1, cases[i].in, NULL);
+      g_autoptr(CpTensor) b = cp_tensor_new_full (CP_DTYPE_BFLOAT16, shape, 1, cases[i].in, NULL);
+
+      g_assert_cmpfloat (cp_tensor_get_value (h, 0), ==, cases[i].f16);
+      g_assert_cmpfloat (cp_tensor_get_value (b, 0), ==, cases[i].bf16);
+    }
+}
+
+static void
+test_copy_and_equal (void)
+{
+  for (guint i = 0; i < G_N_ELEMENTS (all_dtypes); i++)
+    {
+      const gint64 shape[] = { 3, 5 };
+      g_autoptr(CpTensor) t = cp_test_tensor_pattern (all_dtypes[i], shape, 2, i);
+      g_autoptr(CpTensor) c = cp_tensor_copy (t, NULL);
+
+      g_assert_true (cp_tensor_equal (t, c));
+      g_assert_true (cp_tensor_get_storage (t) != cp_tensor_get_storage (c));
+      cp_tensor_set_value (c, 14, all_dtypes[i] == CP_DTYPE_BOOL ? 1 - cp_tensor_get_value (c, 14) : 250);
+      g_assert_false (cp_tensor_equal (t, c));
+    }
+}
+
+static void
+test_equal_distinguishes_shape_and_dtype (void)
+{
+  const gint64 a_shape[] = { 2, 3 };
+  const gint64 b_shape[] = { 3, 2 };
+  g_autoptr(CpTensor) a = cp_tensor_new (CP_DTYPE_INT32, a_shape, 2, NULL);
+  g_autoptr(CpTensor) b = cp_tensor_new (CP_DTYPE_INT32, b_shape, 2, NULL);
+  g_autoptr(CpTensor) c = cp_tensor_new (CP_DTYPE_FLOAT32, a_shape, 2, NULL);
+
+  g_assert_false (cp_tensor_equal (a, b));
+  g_assert_false (cp_tensor_equal (a, c));
+}
+
+static void
+test_narrow_view (void)
+{
+  const gint64 shape[] = { 4, 3 };
+  g_autoptr(CpTensor) t = cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 2, 0);
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) rows = cp_tensor_narrow (t, 0, 1, 2, &error);
+
+  g_assert_no_error (error);
+  g_assert_true (cp_tensor_get_storage (rows) == cp_tensor_get_storage (t));
+  g_assert_cmpuint (cp_tensor_get_storage_offset (rows), ==, 3 * 8);
+  cp_tensor_set_value (rows, 0, -7);
+  g_assert_cmpfloat (cp_tensor_get_value (t, 3), ==, -7);
+}
+
+static void
+test_narrow_copy (void)
+{
+  const gint64 shape[] = { 2, 4 };
+  g_autoptr(CpTensor) t = cp_tensor_new_arange (CP_DTYPE_INT32, 0, 8, 1, NULL);
+  g_autoptr(CpTensor) m = NULL;
+  g_autoptr(CpTensor) cols = NULL;
+  g_autoptr(GError) error = NULL;
+
+  m = cp_tensor_new_from_storage (CP_DTYPE_INT32, shape, 2, cp_tensor_get_storage (t), 0, &error);
+  g_assert_no_error (error);
+  cols = cp_tensor_narrow (m, 1, 1, 2, &error);
+  g_assert_no_error (error);
+  g_assert_true (cp_tensor_get_storage (cols) != cp_tensor_get_storage (m));
+  CP_TEST_ASSERT_VALUES (cols, 1, 2, 5, 6);
+
+  g_assert_null (cp_tensor_narrow (m, 1, 3, 2, &error));
+  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE);
+  g_assert_nonnull (strstr (error->message, "[3, 5) is outside dimension 1 of size 4"));
+  g_clear_error (&error);
+  g_assert_null (cp_tensor_narrow (m, 2, 0, 1, &error));
+  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+}
+
+static void
+test_from_storage_out_of_range (void)
+{
+  const gint64 shape[] = { 8 };
+  g_autoptr(CpStorage) storage = cp_storage_new (16, NULL);
+  g_autoptr(GError) error = NULL;
+
+  g_assert_null (cp_tensor_new_from_storage (CP_DTYPE_INT32, shape, 1, storage, 0, &error));
+  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE);
+  g_clear_error (&error);
+  g_assert_null (cp_tensor_new_from_storage (CP_DTYPE_INT32, shape, 0, storage, 2, &error));
+  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_MISALIGNED);
+}
+
+static void
+test_to_device (void)
+{
+  const gint64 shape[] = { 2 };
+  g_autoptr(CpTensor) t = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 1, NULL);
+  g_autoptr(CpTensor) same = cp_tensor_to_device (t, CP_DEVICE_KIND_HOST, NULL);
+  g_autoptr(GError) error = NULL;
+
+  g_assert_true (same == t);
+  if (CP_HAS_CUDA)
+    return;
+  g_assert_null (cp_tensor_to_device (t, CP_DEVICE_KIND_CUDA, &error));
+  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE);
+}
+
+static void
+count_notify (GObject    *object,
+              GParamSpec *pspec,
+              gpointer    user_data)
+{
+  (*(int *) user_data)++;
+}
+
+static void
+test_requires_grad (void)
+{
+  const gint64 shape[] = { 2 };
+  g_autoptr(CpTensor) t = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 1, NULL);
+  int notified = 0;
+  gboolean flag;
+
+  g_signal_connect (t, "notify::requires-grad", G_CALLBACK (count_notify), &notified);
+  g_assert_false (cp_tensor_get_requires_grad (t));
+  cp_tensor_set_requires_grad (t, TRUE);
+  cp_tensor_set_requires_grad (t, TRUE);
+  g_object_get (t, "requires-grad", &flag, NULL);
+  g_assert_true (flag);
+  g_assert_cmpint (notified, ==, 1);
+}
+
+static void
+test_dup_bytes_is_view (void)
+{
+  g_autoptr(CpTensor) t = cp_tensor_new_arange (CP_DTYPE_INT32, 0, 4, 1, NULL);
+  g_autoptr(GBytes) bytes = cp_tensor_dup_bytes (t);
+  gsize size;
+
+  g_assert_true (g_bytes_get_data (bytes, &size) == cp_tensor_get_data (t));
+  g_assert_cmpuint (size, ==, 16);
+  g_clear_object (&t);
+  g_assert_cmpint (((const gint32 *) g_bytes_get_data (bytes, NULL))[3], ==, 3);
+}
+
+static void
+test_describe (void)
+{
+  const gint64 shape[] = { 2, 8 };
+  g_autoptr(CpTensor) t = cp_tensor_new (CP_DTYPE_INT64, shape, 2, NULL);
+  g_autofree char *text = cp_tensor_describe (t);
+
+  g_assert_cmpstr (text, ==, "int64[2, 8] on host");
+}
+
+static void
+test_bad_index_is_critical (void)
+{
+  if (g_test_subprocess ())
+    {
+      g_autoptr(CpTensor) t = cp_tensor_new_arange (CP_DTYPE_INT32, 0, 4, 1, NULL);
+
+      cp_tensor_get_value (t, 4);
+      return;
+    }
+  g_test_trap_subprocess (NULL, 0, G_TEST_SUBPROCESS_DEFAULT);
+  g_test_trap_assert_failed ();
+  g_test_trap_assert_stderr ("*CRITICAL*index >= 0 && index < self->numel*");
+}
+
+int
+main (int   argc,
+      char *argv[])
+{
+  g_test_init (&argc, &argv, NULL);
+
+  g_test_add_func ("/Cp/Tensor/dtype/sizes", test_dtype_sizes);
+  g_test_add_func ("/Cp/Tensor/new/zeros", test_new_zeros);
+  g_test_add_func ("/Cp/Tensor/new/large-aligned-zeroed", test_new_large_aligned_and_zeroed);
+  g_test_add_func ("/Cp/Tensor/new/bad-shapes", test_new_bad_shapes);
+  g_test_add_func ("/Cp/Tensor/new/scalar", test_new_scalar);
+  g_test_add_func ("/Cp/Tensor/from-bytes/no-copy", test_from_bytes_no_copy);
+  g_test_add_func ("/Cp/Tensor/borrowed/release", test_borrowed_release);
+  g_test_add_func ("/Cp/Tensor/borrowed/misaligned", test_borrowed_misaligned);
+  g_test_add_func ("/Cp/Tensor/arange-full/values", test_arange_and_full);
+  g_test_add_func ("/Cp/Tensor/dtype/half-conversions", test_half_conversions);
+  g_test_add_func ("/Cp/Tensor/copy/equal", test_copy_and_equal);
+  g_test_add_func ("/Cp/Tensor/equal/shape-dtype", test_equal_distinguishes_shape_and_dtype);
+  g_test_add_func ("/Cp/Tensor/narrow/view", test_narrow_view);
+  g_test_add_func ("/Cp/Tensor/narrow/copy", test_narrow_copy);
+  g_test_add_func ("/Cp/Tensor/from-storage/out-of-range", test_from_storage_out_of_range);
+  g_test_add_func ("/Cp/Tensor/to-device/host", test_to_device);
+  g_test_add_func ("/Cp/Tensor/requires-grad/notify", test_requires_grad);
+  g_test_add_func ("/Cp/Tensor/dup-bytes/view", test_dup_bytes_is_view);
+  g_test_add_func ("/Cp/Tensor/describe/text", test_describe);
+  g_test_add_func ("/Cp/Tensor/value/bad-index", test_bad_index_is_critical);
+
+  return g_test_run ();
+}
