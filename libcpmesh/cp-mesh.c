@@ -1023,18 +1023,20 @@ cp_mesh_barrier (CpMesh  *self,
   return run_collective (self, &coll, NULL, error);
 }
 
-static void
-barrier_thread (GTask        *task,
-                gpointer      source_object,
-                gpointer      task_data,
-                GCancellable *cancellable)
+/* Each pending barrier gets a thread of its own rather than one of GTask's
+ * pool: the ranks of an in-process mesh wait for each other, so a bounded
+ * pool could hold some of them back and stall all. */
+static gpointer
+barrier_thread (gpointer data)
 {
+  g_autoptr(GTask) task = data;
   GError *error = NULL;
 
-  if (cp_mesh_barrier (source_object, &error))
+  if (cp_mesh_barrier (g_task_get_source_object (task), &error))
     g_task_return_boolean (task, TRUE);
   else
     g_task_return_error (task, error);
+  return NULL;
 }
 
 /**
@@ -1065,7 +1067,7 @@ cp_mesh_barrier_async (CpMesh              *self,
   task = g_task_new (self, cancellable, callback, user_data);
   g_task_set_source_tag (task, cp_mesh_barrier_async);
   g_task_set_name (task, "[libcpmesh] barrier");
-  g_task_run_in_thread (task, barrier_thread);
+  g_thread_unref (g_thread_new ("cp-mesh-barrier", barrier_thread, g_steal_pointer (&task)));
 }
 
 /**

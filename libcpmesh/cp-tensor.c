@@ -585,6 +585,31 @@ cp_tensor_new_from_fd (CpDType        dtype,
   return tensor_wrap (dtype, shape, n_dims, numel, storage, 0);
 }
 
+/* ceil ((end - start) / step), computed in unsigned arithmetic so that no
+ * pair of bounds overflows. */
+static gint64
+arange_length (gint64 start,
+               gint64 end,
+               gint64 step)
+{
+  guint64 span;
+  guint64 stride;
+
+  if (step > 0 && end > start)
+    {
+      span = (guint64) end - (guint64) start;
+      stride = (guint64) step;
+    }
+  else if (step < 0 && end < start)
+    {
+      span = (guint64) start - (guint64) end;
+      stride = (guint64) 0 - (guint64) step;
+    }
+  else
+    return 0;
+  return (gint64) MIN ((span - 1) / stride + 1, (guint64) G_MAXINT64);
+}
+
 /**
  * cp_tensor_new_arange:
  * @dtype: the element type
@@ -620,13 +645,13 @@ cp_tensor_new_arange (CpDType   dtype,
                            "arange step must not be zero");
       return NULL;
     }
-  if ((step > 0 && end > start) || (step < 0 && end < start))
-    count = ((end - start) + step + (step > 0 ? -1 : 1)) / step;
+  count = arange_length (start, end, step);
   self = _cp_tensor_new_uninit (dtype, &count, 1, error);
   if (self == NULL)
     return NULL;
   for (gint64 i = 0; i < count; i++)
-    _cp_dtype_write (dtype, cp_tensor_get_data (self), (gsize) i, (double) (start + i * step));
+    _cp_dtype_write (dtype, cp_tensor_get_data (self), (gsize) i,
+                     (double) start + (double) i * (double) step);
   return self;
 }
 

@@ -188,6 +188,18 @@ test_arange_and_full (void)
 
   g_assert_null (cp_tensor_new_arange (CP_DTYPE_INT64, 0, 5, 0, &error));
   g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE);
+  g_clear_error (&error);
+
+  /* Extreme bounds neither overflow nor allocate the impossible. */
+  g_assert_null (cp_tensor_new_arange (CP_DTYPE_INT64, G_MININT64, G_MAXINT64, 1, &error));
+  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  g_clear_error (&error);
+  {
+    g_autoptr(CpTensor) two = cp_tensor_new_arange (CP_DTYPE_INT64, G_MAXINT64 - 1, G_MININT64, G_MININT64, &error);
+
+    g_assert_no_error (error);
+    g_assert_cmpint (cp_tensor_get_numel (two), ==, 2);
+  }
 }
 
 static void
