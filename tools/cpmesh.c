@@ -10,6 +10,7 @@
 static const CpmeshCommand commands[] = {
   { "info", "Show the version, the backends built in and the CPU features", cpmesh_info },
   { "layout", "Show which sequence positions each rank holds, and their cost", cpmesh_layout },
+  { "bench", "Measure shard, unshard and collectives against memcpy", cpmesh_bench },
 };
 
 int
