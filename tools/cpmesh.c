@@ -11,6 +11,7 @@ static const CpmeshCommand commands[] = {
   { "info", "Show the version, the backends built in and the CPU features", cpmesh_info },
   { "layout", "Show which sequence positions each rank holds, and their cost", cpmesh_layout },
   { "bench", "Measure shard, unshard and collectives against memcpy", cpmesh_bench },
+  { "demo", "Shard a batch over in-process ranks and gather it back", cpmesh_demo },
 };
 
 int
