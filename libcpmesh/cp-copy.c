@@ -9,7 +9,8 @@
 
 #include "cp-copy-private.h"
 
-#if defined(__x86_64__) || defined(__i386__)
+/* SSE2 is part of x86-64; other targets copy with memcpy alone. */
+#if defined(__x86_64__)
 # define HAVE_STREAMING_STORES 1
 # include <immintrin.h>
 #endif
@@ -33,8 +34,7 @@ _cp_copy_wants_streaming (gsize total_bytes)
 
 #ifdef HAVE_STREAMING_STORES
 
-/* @dst is 64-byte aligned and @n a multiple of 64.  SSE2 is part of
- * x86-64, so this needs no dispatch. */
+/* @dst is 64-byte aligned and @n a multiple of 64. */
 static void
 stream_lines_sse2 (guint8       *dst,
                    const guint8 *src,
