@@ -7,6 +7,7 @@
 
 #include <string.h>
 
+#include "cp-copy-private.h"
 #include "cp-error.h"
 #include "cp-layout-private.h"
 #include "cp-tensor-private.h"
@@ -729,6 +730,7 @@ _cp_layout_transfer_runs (CpLayout *self,
   const CpRun *runs = _cp_layout_get_runs (self, rank, &n_runs);
   gsize full_row = (gsize) self->seq_len * step;
   gsize local_stride = (gsize) local_row * step;
+  gboolean streaming = _cp_copy_wants_streaming (outer * (gsize) self->local_len[rank] * step);
 
   for (gsize o = 0; o < outer; o++)
     {
@@ -741,9 +743,9 @@ _cp_layout_transfer_runs (CpLayout *self,
           gsize bytes = (gsize) runs[i].length * step;
 
           if (to_local)
-            memcpy (local_cursor, global, bytes);
+            _cp_copy (local_cursor, global, bytes, streaming);
           else
-            memcpy (global, local_cursor, bytes);
+            _cp_copy (global, local_cursor, bytes, streaming);
           local_cursor += bytes;
         }
     }

@@ -7,6 +7,7 @@
 
 #include <string.h>
 
+#include "cp-copy-private.h"
 #include "cp-error.h"
 #include "cp-host-memory-private.h"
 #include "cp-transport-private.h"
@@ -291,11 +292,21 @@ locked_sync (LocalComm   *self,
   return ok;
 }
 
+/* What one rank writes in an all-gather or all-to-all: a block from
+ * every rank for every outer index. */
+static gboolean
+exchange_wants_streaming (LocalComm          *self,
+                          const CpCollective *coll)
+{
+  return _cp_copy_wants_streaming (coll->outer * (gsize) self->parent.size * coll->block);
+}
+
 static void
 run_all_gather (LocalComm    *self,
                 CpCollective *coll)
 {
   int n = self->parent.size;
+  gboolean streaming = exchange_wants_streaming (self, coll);
 
   for (int r = 0; r < n; r++)
     {
@@ -303,7 +314,8 @@ run_all_gather (LocalComm    *self,
       guint8 *dst = coll->recv;
 
       for (gsize o = 0; o < coll->outer; o++)
-        memcpy (dst + (o * (gsize) n + (gsize) r) * coll->block, src + o * coll->block, coll->block);
+        _cp_copy (dst + (o * (gsize) n + (gsize) r) * coll->block, src + o * coll->block,
+                  coll->block, streaming);
     }
 }
 
@@ -313,6 +325,7 @@ run_all_to_all (LocalComm    *self,
 {
   int n = self->parent.size;
   gsize me = (gsize) self->parent.index;
+  gboolean streaming = exchange_wants_streaming (self, coll);
 
   for (int r = 0; r < n; r++)
     {
@@ -320,8 +333,8 @@ run_all_to_all (LocalComm    *self,
       guint8 *dst = coll->recv;
 
       for (gsize o = 0; o < coll->outer; o++)
-        memcpy (dst + (o * (gsize) n + (gsize) r) * coll->block,
-                src + (o * (gsize) n + me) * coll->block, coll->block);
+        _cp_copy (dst + (o * (gsize) n + (gsize) r) * coll->block,
+                  src + (o * (gsize) n + me) * coll->block, coll->block, streaming);
     }
 }
 
@@ -331,8 +344,10 @@ run_broadcast (LocalComm    *self,
 {
   const CpCollective *root = self->shared->posted[coll->root];
 
+  gsize nbytes = coll->count * cp_dtype_get_size (coll->dtype);
+
   if (self->parent.index != coll->root)
-    memcpy (coll->recv, root->recv, coll->count * cp_dtype_get_size (coll->dtype));
+    _cp_copy (coll->recv, root->recv, nbytes, _cp_copy_wants_streaming (nbytes));
 }
 
 /* Rank i reduces slice i of every buffer into scratch, then every rank
@@ -564,7 +579,8 @@ wait_recv (LocalComm  *self,
     }
 
   if (messages_match (envelope->message, request->message))
-    memcpy (request->message->data, envelope->message->data, envelope->message->nbytes);
+    _cp_copy (request->message->data, envelope->message->data, envelope->message->nbytes,
+              _cp_copy_wants_streaming (envelope->message->nbytes));
   else
     {
       set_mismatch (&envelope->error, envelope, request->message);
