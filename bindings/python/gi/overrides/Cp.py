@@ -104,6 +104,8 @@ class Tensor(Cp.Tensor):
         return self.get_dtype()
 
     def __len__(self):
+        if self.get_n_dims() == 0:
+            raise TypeError('len() of a 0-d tensor')
         return self.get_dim(0)
 
     def __repr__(self):
