@@ -134,7 +134,12 @@ class TestTensorToNumpy(unittest.TestCase):
     def test_array_protocol(self):
         t = Cp.Tensor.new_arange(Cp.DType.INT64, 0, 4, 1)
         self.assertEqual(np.asarray(t).tolist(), [0, 1, 2, 3])
+        self.assertEqual(np.asarray(t).ctypes.data, t.get_data_address())
         self.assertEqual(np.asarray(t, dtype=np.float32).dtype, np.float32)
+        copied = np.array(t)
+        self.assertNotEqual(copied.ctypes.data, t.get_data_address())
+        self.assertEqual(t.__array__(copy=True).tolist(), [0, 1, 2, 3])
+        self.assertNotEqual(t.__array__(copy=True).ctypes.data, t.get_data_address())
 
     def test_empty_tensor(self):
         t = Cp.Tensor.new(Cp.DType.FLOAT32, [0, 3])
