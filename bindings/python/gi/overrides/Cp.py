@@ -91,9 +91,13 @@ class Tensor(Cp.Tensor):
         buffer._cp_storage = storage  # keeps the bytes alive as long as the array
         return np.frombuffer(buffer, dtype=np_dtype).reshape(shape)
 
-    def __array__(self, dtype=None):
+    def __array__(self, dtype=None, copy=None):
+        # numpy 2 passes copy=; a view is returned unless a copy is asked
+        # for or a dtype conversion needs one.
         array = self.numpy()
-        return array if dtype is None else array.astype(dtype)
+        if dtype is not None:
+            return array.astype(dtype, copy=bool(copy))
+        return array.copy() if copy else array
 
     @property
     def shape(self):
@@ -104,6 +108,8 @@ class Tensor(Cp.Tensor):
         return self.get_dtype()
 
     def __len__(self):
+        if self.get_n_dims() == 0:
+            raise TypeError('len() of a 0-d tensor')
         return self.get_dim(0)
 
     def __repr__(self):
