@@ -691,6 +691,25 @@ cp_layout_fingerprint (CpLayout *self)
 }
 
 /**
+ * cp_layout_dup_fingerprint_hex:
+ * @self: a layout
+ *
+ * Gets [method@Cp.Layout.fingerprint] as 16 lower-case hexadecimal digits,
+ * for languages whose numbers cannot hold 64 bits exactly (JavaScript).
+ *
+ * Returns: (transfer full): the fingerprint in hexadecimal
+ *
+ * Since: 1.0
+ */
+char *
+cp_layout_dup_fingerprint_hex (CpLayout *self)
+{
+  g_return_val_if_fail (self != NULL, NULL);
+
+  return g_strdup_printf ("%016" G_GINT64_MODIFIER "x", self->fingerprint);
+}
+
+/**
  * cp_layout_equal:
  * @self: a layout
  * @other: another layout

@@ -270,6 +270,11 @@ test_fingerprint (void)
   /* The same on every host and every run. */
   g_assert_cmphex (cp_layout_fingerprint (a), ==, G_GUINT64_CONSTANT (0x60d6407a50e9d88e));
   g_assert_cmphex (cp_layout_fingerprint (a), ==, cp_layout_fingerprint (b));
+  {
+    g_autofree char *hex = cp_layout_dup_fingerprint_hex (a);
+
+    g_assert_cmpstr (hex, ==, "60d6407a50e9d88e");
+  }
   g_assert_cmphex (cp_layout_fingerprint (a), !=, cp_layout_fingerprint (c));
   g_assert_cmphex (cp_layout_fingerprint (a), !=, cp_layout_fingerprint (d));
   g_assert_true (cp_layout_equal (a, b));

@@ -92,9 +92,10 @@ run([
 
     ['layouts compare by value', () => {
         // fingerprint() is a guint64, which a JS Number cannot hold exactly
-        // (gjs warns); equal() is the way to compare from JavaScript.
+        // (gjs warns): compare with equal() or the hexadecimal form.
         const a = Cp.Layout.new(HEAD_TAIL, 16, 4);
         assertTrue(a.equal(Cp.Layout.new(HEAD_TAIL, 16, 4)), 'same layout');
+        assertTrue(a.dup_fingerprint_hex() === '60d6407a50e9d88e', 'stable hex fingerprint');
         assertTrue(a.equal(Cp.Layout.new_thd([0, 16], 4)), 'one document');
         assertTrue(!a.equal(Cp.Layout.new(Cp.LoadBalance.CONTIGUOUS, 16, 4)), 'other scheme');
     }],
