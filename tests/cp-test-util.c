@@ -91,3 +91,18 @@ cp_test_assert_values (CpTensor     *tensor,
   for (gsize i = 0; i < n_values; i++)
     g_assert_cmpfloat (cp_tensor_get_value (tensor, (gint64) i), ==, values[i]);
 }
+
+CpTensor *
+cp_test_tensor_new_values (CpDType       dtype,
+                           const gint64 *shape,
+                           guint         n_dims,
+                           const double *values)
+{
+  g_autoptr(GError) error = NULL;
+  CpTensor *tensor = cp_tensor_new (dtype, shape, n_dims, &error);
+
+  g_assert_no_error (error);
+  for (gint64 i = 0; i < cp_tensor_get_numel (tensor); i++)
+    cp_tensor_set_value (tensor, i, values[i]);
+  return tensor;
+}

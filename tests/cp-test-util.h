@@ -44,4 +44,14 @@ void       cp_test_assert_values      (CpTensor       *tensor,
                            G_N_ELEMENTS (cp_test_values_));                 \
   } G_STMT_END
 
+/* A host tensor of @shape holding @values (as many as its elements). */
+CpTensor  *cp_test_tensor_new_values  (CpDType         dtype,
+                                       const gint64   *shape,
+                                       guint           n_dims,
+                                       const double   *values);
+
+#define CP_TEST_TENSOR(dtype, shape, ...)                                    \
+  cp_test_tensor_new_values ((dtype), (shape), G_N_ELEMENTS (shape),        \
+                             (const double[]) { __VA_ARGS__ })
+
 G_END_DECLS
