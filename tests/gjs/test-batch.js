@@ -1,0 +1,78 @@
+// test-batch.js: Cp.Batch and Cp.Context from gjs.  gjs runs JavaScript on
+// one thread, so blocking collectives across in-process ranks cannot be
+// driven from here; this checks the bindings on one rank: the mapping
+// calls, run() with a JavaScript callback, options and errors.
+//
+// SPDX-License-Identifier: LGPL-2.1-or-later
+
+import GLib from 'gi://GLib';
+import Cp from 'gi://Cp?version=1';
+import System from 'system';
+
+function assert(condition, message) {
+    if (!condition)
+        throw new Error(`assertion failed: ${message}`);
+}
+
+function row(values) {
+    const tensor = Cp.Tensor.new(Cp.DType.INT64, [1, values.length]);
+    values.forEach((v, i) => tensor.set_value(i, v));
+    return tensor;
+}
+
+function testPrepareWithoutMesh() {
+    const batch = new Cp.Batch();
+    batch.set('input_ids', row([11, 12, 13, 14, 15, 16]));
+    batch.set('labels', row([1, 2, 3, 4, 5, 6]));
+    assert(batch.get_keys().join(',') === 'input_ids,labels', 'keys in order');
+    assert(batch.contains('labels'), 'contains');
+    const ctx = batch.prepare(null, null);
+    let entered = false;
+    ctx.run(c => {
+        entered = c.is_entered;
+    });
+    assert(entered, 'run() enters');
+    assert(!ctx.is_entered, 'run() exits');
+    assert(batch.get('input_ids').get_dim(1) === 6, 'untouched without a mesh');
+}
+
+function testSingleRankMesh() {
+    const [mesh] = Cp.Mesh.new_local_group(['cp'], [1]);
+    const batch = new Cp.Batch();
+    batch.set('input_ids', row([1, 2, 3]));
+    batch.set('labels', row([1, 2, 3]));
+    const options = new Cp.BatchOptions({rotate_method: Cp.RotateMethod.ALLTOALL});
+    const ctx = batch.prepare(mesh, options);
+    assert(ctx.get_rotate_method() === Cp.RotateMethod.ALLTOALL, 'rotate method');
+    assert(ctx.cp_size === 1, 'cp size 1');
+}
+
+function testErrors() {
+    const [mesh] = Cp.Mesh.new_local_group(['cp'], [2]);
+    const batch = new Cp.Batch();
+    batch.set('input_ids', row([1, 2, 3]));
+    batch.set('labels', row([1, 2, 3]));
+    const options = new Cp.BatchOptions();
+    options.set_rotate_method_name('addtoall');
+    let caught = null;
+    try {
+        batch.prepare(mesh, options);
+    } catch (e) {
+        caught = e;
+    }
+    assert(caught !== null && caught.matches(Cp.batch_error_quark(), Cp.BatchError.INVALID_OPTION),
+        'unknown rotate method rejected');
+    assert(batch.get('input_ids').get_dim(1) === 3, 'batch untouched after an error');
+}
+
+let failed = 0;
+for (const test of [testPrepareWithoutMesh, testSingleRankMesh, testErrors]) {
+    try {
+        test();
+        print(`ok - ${test.name}`);
+    } catch (e) {
+        failed++;
+        printerr(`not ok - ${test.name}: ${e.message}\n${e.stack}`);
+    }
+}
+System.exit(failed === 0 ? 0 : 1);
