@@ -113,21 +113,11 @@ collect_primary (Plan     *plan,
                  CpBatch  *batch,
                  GError  **error)
 {
-  gboolean ids = cp_batch_contains (batch, "input_ids");
-  gboolean embeds = cp_batch_contains (batch, "inputs_embeds");
-  CpTensor *primary;
+  CpTensor *primary = _cp_batch_get_primary (batch, "prepare", &plan->primary_key, error);
   Item *item;
 
-  if (ids == embeds)
-    {
-      g_set_error (error, CP_BATCH_ERROR,
-                   ids ? CP_BATCH_ERROR_CONFLICTING_KEYS : CP_BATCH_ERROR_MISSING_KEY,
-                   "prepare: the batch has %s 'input_ids' %s 'inputs_embeds'; "
-                   "it needs exactly one of them", ids ? "both" : "neither", ids ? "and" : "nor");
-      return FALSE;
-    }
-  plan->primary_key = ids ? "input_ids" : "inputs_embeds";
-  primary = cp_batch_get (batch, plan->primary_key);
+  if (primary == NULL)
+    return FALSE;
   if (cp_tensor_get_n_dims (primary) < 2)
     return set_shape_error (error, plan->primary_key, primary, "[B, S] or [B, S, H]");
   plan->rows = cp_tensor_get_dim (primary, 0);

@@ -15,4 +15,16 @@ GPtrArray  *_cp_batch_dup_marked_keys  (CpBatch     *self);
 void        _cp_batch_set_qkv_format   (CpBatch     *self,
                                         const char  *qkv_format);
 
+/* The primary buffer: exactly one of input_ids and inputs_embeds, or
+ * CP_BATCH_ERROR_CONFLICTING_KEYS / MISSING_KEY; @what prefixes the
+ * message. */
+CpTensor   *_cp_batch_get_primary      (CpBatch     *self,
+                                        const char  *what,
+                                        const char **key,
+                                        GError     **error);
+
+/* The layouts to_thd used, one per chunk; takes @layouts. */
+void        _cp_batch_set_layouts      (CpBatch     *self,
+                                        GPtrArray   *layouts);
+
 G_END_DECLS

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cp-batch-private.h"
+#include "cp-error.h"
 
 /**
  * CpBatch:
@@ -55,6 +56,7 @@ struct _CpBatch
   GPtrArray *entries;    /* of Entry*, in insertion order */
   GPtrArray *keys;       /* NULL-terminated view of the entries' keys */
   char *qkv_format;
+  GPtrArray *layouts;    /* of CpLayout*, set by to_thd when it shards */
 };
 
 G_DEFINE_FINAL_TYPE (CpBatch, cp_batch, G_TYPE_OBJECT)
@@ -96,6 +98,7 @@ cp_batch_finalize (GObject *object)
   g_ptr_array_unref (self->keys);
   g_ptr_array_unref (self->entries);
   g_free (self->qkv_format);
+  g_clear_pointer (&self->layouts, g_ptr_array_unref);
 
   G_OBJECT_CLASS (cp_batch_parent_class)->finalize (object);
 }
@@ -434,4 +437,59 @@ _cp_batch_dup_marked_keys (CpBatch *self)
         g_ptr_array_add (keys, g_strdup (entry->key));
     }
   return keys;
+}
+
+CpTensor *
+_cp_batch_get_primary (CpBatch     *self,
+                       const char  *what,
+                       const char **key,
+                       GError     **error)
+{
+  gboolean ids = cp_batch_contains (self, "input_ids");
+  gboolean embeds = cp_batch_contains (self, "inputs_embeds");
+
+  if (ids == embeds)
+    {
+      g_set_error (error, CP_BATCH_ERROR,
+                   ids ? CP_BATCH_ERROR_CONFLICTING_KEYS : CP_BATCH_ERROR_MISSING_KEY,
+                   "%s: the batch has %s 'input_ids' %s 'inputs_embeds'; "
+                   "it needs exactly one of them", what, ids ? "both" : "neither", ids ? "and" : "nor");
+      return NULL;
+    }
+  *key = ids ? "input_ids" : "inputs_embeds";
+  return cp_batch_get (self, *key);
+}
+
+void
+_cp_batch_set_layouts (CpBatch   *self,
+                       GPtrArray *layouts)
+{
+  g_clear_pointer (&self->layouts, g_ptr_array_unref);
+  self->layouts = layouts;
+}
+
+/**
+ * cp_batch_get_layout:
+ * @self: a batch returned by [method@Cp.Batch.to_thd]
+ * @chunk: the chunk, below [property@Cp.ThdOptions:num-chunks]
+ *
+ * Gets the per-document head-tail layout [method@Cp.Batch.to_thd] sharded
+ * a chunk with: which positions each rank holds, and, through
+ * [method@Cp.Layout.get_cost] and [method@Cp.Layout.get_imbalance], the
+ * causal-attention work of each rank for the packed documents.
+ *
+ * Returns: (transfer none) (nullable): the layout, or %NULL when the batch
+ *   was not sharded by [method@Cp.Batch.to_thd] or @chunk is out of range
+ *
+ * Since: 1.0
+ */
+CpLayout *
+cp_batch_get_layout (CpBatch *self,
+                     guint    chunk)
+{
+  g_return_val_if_fail (CP_IS_BATCH (self), NULL);
+
+  if (self->layouts == NULL || chunk >= self->layouts->len)
+    return NULL;
+  return g_ptr_array_index (self->layouts, chunk);
 }

@@ -13,8 +13,10 @@
 
 #include "cp-batch-options.h"
 #include "cp-context.h"
+#include "cp-layout.h"
 #include "cp-mesh.h"
 #include "cp-tensor.h"
+#include "cp-thd-options.h"
 #include "cp-types.h"
 
 G_BEGIN_DECLS
@@ -54,11 +56,24 @@ gboolean            cp_batch_get_seq_dim    (CpBatch         *self,
                                              int             *seq_dim);
 CP_AVAILABLE_IN_ALL
 const char         *cp_batch_get_qkv_format (CpBatch         *self);
+CP_AVAILABLE_IN_ALL
+CpLayout           *cp_batch_get_layout     (CpBatch         *self,
+                                             guint            chunk);
 
 CP_AVAILABLE_IN_ALL
 CpContext          *cp_batch_prepare        (CpBatch         *self,
                                              CpMesh          *mesh,
                                              CpBatchOptions  *options,
+                                             GError         **error) G_GNUC_WARN_UNUSED_RESULT;
+CP_AVAILABLE_IN_ALL
+CpBatch            *cp_batch_to_thd         (CpBatch         *self,
+                                             CpMesh          *mesh,
+                                             CpThdOptions    *options,
+                                             GError         **error) G_GNUC_WARN_UNUSED_RESULT;
+CP_AVAILABLE_IN_ALL
+CpBatch            *cp_batch_pad_documents  (CpBatch         *self,
+                                             int              cp_size,
+                                             CpThdOptions    *options,
                                              GError         **error) G_GNUC_WARN_UNUSED_RESULT;
 
 G_END_DECLS

@@ -20,5 +20,6 @@
 # include "cp-mesh.h"
 # include "cp-context.h"
 # include "cp-batch-options.h"
+# include "cp-thd-options.h"
 # include "cp-batch.h"
 #undef CP_INSIDE

@@ -65,8 +65,23 @@ function testErrors() {
     assert(batch.get('input_ids').get_dim(1) === 3, 'batch untouched after an error');
 }
 
+function testToThd() {
+    const batch = new Cp.Batch();
+    batch.set('input_ids', row([1, 2, 3, 99, 4, 5]));
+    batch.set('labels', row([1, 2, 3, 4, 5, 6]));
+    batch.set('position_ids', row([0, 1, 2, 0, 0, 1]));
+    batch.set('seq_lens', row([3, 2]));
+    batch.set('seq_lens_padded', row([4, 2]));
+    const options = new Cp.ThdOptions({padding_mask_rule: Cp.PaddingMaskRule.LAYOUT});
+    const thd = batch.to_thd(null, options);
+    assert(thd.qkv_format === 'thd', 'THD batch');
+    const cu = thd.get('cu_seqlens_padded');
+    assert([0, 1, 2].map(i => cu.get_value(i)).join(',') === '0,4,6', 'padded bounds');
+    assert(thd.get('padding_mask').get_value(3) === 1, 'padding from the layout');
+}
+
 let failed = 0;
-for (const test of [testPrepareWithoutMesh, testSingleRankMesh, testErrors]) {
+for (const test of [testPrepareWithoutMesh, testSingleRankMesh, testErrors, testToThd]) {
     try {
         test();
         print(`ok - ${test.name}`);

@@ -181,6 +181,14 @@ class Batch(Cp.Batch):
         """The native make_cp_batch_and_ctx: returns the Cp.Context to enter."""
         return Cp.Batch.prepare(self, mesh, options)
 
+    def to_thd(self, mesh=None, options=None):
+        """The native make_cp_batch_for_te: returns a new packed (THD) batch."""
+        return Cp.Batch.to_thd(self, mesh, options)
+
+    def pad_documents(self, cp_size, options=None):
+        """Pads every packed document to a multiple of 2 * cp_size."""
+        return Cp.Batch.pad_documents(self, cp_size, options)
+
     def __repr__(self):
         return '<Cp.Batch %s>' % ', '.join('%s=%s' % (k, t.describe()) for k, t in self.items())
 
