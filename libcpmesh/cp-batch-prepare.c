@@ -96,19 +96,6 @@ plan_find (Plan       *plan,
 }
 
 static gboolean
-set_shape_error (GError     **error,
-                 const char  *key,
-                 CpTensor    *tensor,
-                 const char  *need)
-{
-  g_autofree char *description = cp_tensor_describe (tensor);
-
-  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
-               "prepare: '%s' is %s; it must be %s", key, description, need);
-  return FALSE;
-}
-
-static gboolean
 collect_primary (Plan     *plan,
                  CpBatch  *batch,
                  GError  **error)
@@ -119,7 +106,8 @@ collect_primary (Plan     *plan,
   if (primary == NULL)
     return FALSE;
   if (cp_tensor_get_n_dims (primary) < 2)
-    return set_shape_error (error, plan->primary_key, primary, "[B, S] or [B, S, H]");
+    return _cp_batch_shape_error (error, "prepare", plan->primary_key, primary,
+                                  "[B, S] or [B, S, H]");
   plan->rows = cp_tensor_get_dim (primary, 0);
   plan->seq_len = cp_tensor_get_dim (primary, 1);
   item = plan_add (plan, plan->primary_key, primary, 1, 0.0);
@@ -141,7 +129,7 @@ collect_labels (Plan     *plan,
       return FALSE;
     }
   if (cp_tensor_get_n_dims (labels) < 2)
-    return set_shape_error (error, "labels", labels, "[B, S]");
+    return _cp_batch_shape_error (error, "prepare", "labels", labels, "[B, S]");
   plan_add (plan, "labels", labels, 1, -100.0);
   return TRUE;
 }
@@ -165,14 +153,15 @@ collect_position_ids (Plan     *plan,
     }
   n_dims = cp_tensor_get_n_dims (positions);
   if (n_dims != 2 && n_dims != 3)
-    return set_shape_error (error, "position_ids", positions, "[B, S], [1, S] or [3, B, S]");
+    return _cp_batch_shape_error (error, "prepare", "position_ids", positions,
+                                  "[B, S], [1, S] or [3, B, S]");
   if (n_dims == 2 && cp_tensor_get_dim (positions, 0) != 1 &&
       cp_tensor_get_dim (positions, 0) != plan->rows)
     {
       g_autofree char *need = g_strdup_printf ("[%" G_GINT64_FORMAT ", S] or [1, S] like the "
                                                "primary buffer", plan->rows);
 
-      return set_shape_error (error, "position_ids", positions, need);
+      return _cp_batch_shape_error (error, "prepare", "position_ids", positions, need);
     }
   item = plan_add (plan, "position_ids", positions, n_dims == 3 ? 2 : 1, 0.0);
   item->restore = TRUE;
@@ -204,7 +193,7 @@ collect_loss_mask (Plan            *plan,
     return TRUE;
   item = plan_add (plan, "loss_mask", given != NULL ? given : entry, 1, 0.0);
   if (cp_tensor_get_n_dims (item->tensor) < 2)
-    return set_shape_error (error, "loss_mask", item->tensor, "[B, S]");
+    return _cp_batch_shape_error (error, "prepare", "loss_mask", item->tensor, "[B, S]");
   return TRUE;
 }
 
@@ -218,7 +207,7 @@ collect_padding_mask (Plan     *plan,
   if (mask == NULL)
     return TRUE;
   if (cp_tensor_get_n_dims (mask) < 2)
-    return set_shape_error (error, "padding_mask", mask, "[B, S]");
+    return _cp_batch_shape_error (error, "prepare", "padding_mask", mask, "[B, S]");
   plan_add (plan, "padding_mask", mask, 1, 1.0);
   return TRUE;
 }

@@ -23,6 +23,14 @@ CpTensor   *_cp_batch_get_primary      (CpBatch     *self,
                                         const char **key,
                                         GError     **error);
 
+/* Sets CP_TENSOR_ERROR_SHAPE "@what: '@key' is <tensor>; it must be
+ * @need" and returns FALSE. */
+gboolean    _cp_batch_shape_error      (GError     **error,
+                                        const char  *what,
+                                        const char  *key,
+                                        CpTensor    *tensor,
+                                        const char  *need);
+
 /* The layouts to_thd used, one per chunk; takes @layouts. */
 void        _cp_batch_set_layouts      (CpBatch     *self,
                                         GPtrArray   *layouts);

@@ -88,19 +88,6 @@ require (CpBatch     *batch,
   return FALSE;
 }
 
-static gboolean
-shape_error (GError     **error,
-             const char  *key,
-             CpTensor    *tensor,
-             const char  *need)
-{
-  g_autofree char *description = cp_tensor_describe (tensor);
-
-  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
-               "to_thd: '%s' is %s; it must be %s", key, description, need);
-  return FALSE;
-}
-
 /* Labels and position ids have the primary's leading dimensions: [B, S],
  * or [T] for a packed batch. */
 static gboolean
@@ -118,7 +105,7 @@ check_like_primary (Thd         *thd,
   if (cp_tensor_get_n_dims (tensor) != n_dims ||
       cp_tensor_get_dim (tensor, 0) != (thd->packed ? thd->seq_len : thd->rows) ||
       (!thd->packed && cp_tensor_get_dim (tensor, 1) != thd->seq_len))
-    return shape_error (error, key, tensor, need);
+    return _cp_batch_shape_error (error, "to_thd", key, tensor, need);
   return TRUE;
 }
 
@@ -180,7 +167,7 @@ collect_shapes (Thd      *thd,
 
   thd->packed = !cp_batch_contains (batch, "seq_lens") && cp_batch_contains (batch, "cu_seqlens");
   if (thd->packed ? n_dims != 1 && n_dims != 2 : n_dims != 2 && n_dims != 3)
-    return shape_error (error, thd->primary_key, thd->primary,
+    return _cp_batch_shape_error (error, "to_thd", thd->primary_key, thd->primary,
                         thd->packed ? "[T] or [T, H]" : "[B, S] or [B, S, H]");
   thd->rows = thd->packed ? 1 : cp_tensor_get_dim (thd->primary, 0);
   thd->seq_len = cp_tensor_get_dim (thd->primary, thd->packed ? 0 : 1);
@@ -1060,7 +1047,8 @@ pad_collect (Pad           *pad,
   shapes.seq_len = cp_tensor_get_n_dims (pad->primary) >= 2 ? cp_tensor_get_dim (pad->primary, 1) : 0;
   shapes.primary = pad->primary;
   if (cp_tensor_get_n_dims (pad->primary) < 2 || cp_tensor_get_n_dims (pad->primary) > 3)
-    return shape_error (error, pad->primary_key, pad->primary, "[B, S] or [B, S, H]");
+    return _cp_batch_shape_error (error, "pad_documents", pad->primary_key, pad->primary,
+                                  "[B, S] or [B, S, H]");
   if (!check_like_primary (&shapes, "labels", pad->labels, error) ||
       (pad->positions != NULL && !check_like_primary (&shapes, "position_ids", pad->positions, error)) ||
       !check_lengths_tensor (&shapes, "seq_lens", pad->seq_lens, NULL, error))

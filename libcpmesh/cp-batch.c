@@ -460,6 +460,20 @@ _cp_batch_get_primary (CpBatch     *self,
   return cp_batch_get (self, *key);
 }
 
+gboolean
+_cp_batch_shape_error (GError     **error,
+                       const char  *what,
+                       const char  *key,
+                       CpTensor    *tensor,
+                       const char  *need)
+{
+  g_autofree char *description = cp_tensor_describe (tensor);
+
+  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+               "%s: '%s' is %s; it must be %s", what, key, description, need);
+  return FALSE;
+}
+
 void
 _cp_batch_set_layouts (CpBatch   *self,
                        GPtrArray *layouts)

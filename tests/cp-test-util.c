@@ -106,3 +106,51 @@ cp_test_tensor_new_values (CpDType       dtype,
     cp_tensor_set_value (tensor, i, values[i]);
   return tensor;
 }
+
+void
+cp_test_run_group (const char     *dim_name,
+                   int             size,
+                   CpTestRankFunc  func,
+                   gpointer        user_data)
+{
+  GList *meshes = cp_test_local_group (dim_name, size);
+
+  cp_test_run_ranks (meshes, func, user_data);
+  cp_test_free_group (meshes);
+}
+
+void
+cp_test_assert_shape (CpTensor     *tensor,
+                      const gint64 *shape,
+                      guint         n_dims)
+{
+  guint actual;
+  const gint64 *have = cp_tensor_get_shape (tensor, &actual);
+
+  g_assert_cmpuint (actual, ==, n_dims);
+  g_assert_cmpmem (have, actual * sizeof (gint64), shape, n_dims * sizeof (gint64));
+}
+
+void
+cp_test_run_mesh (const char * const *dim_names,
+                  const int          *dim_sizes,
+                  gsize               n_dims,
+                  CpTestRankFunc      func,
+                  gpointer            user_data)
+{
+  g_autoptr(GError) error = NULL;
+  GList *meshes = cp_mesh_new_local_group (dim_names, dim_sizes, n_dims, &error);
+
+  g_assert_no_error (error);
+  cp_test_run_ranks (meshes, func, user_data);
+  cp_test_free_group (meshes);
+}
+
+void
+cp_test_batch_take (CpBatch    *batch,
+                    const char *key,
+                    CpTensor   *tensor)
+{
+  cp_batch_set (batch, key, tensor);
+  g_object_unref (tensor);
+}

@@ -15,41 +15,14 @@
 static const gint64 row6[] = { 1, 6 };
 static const gint64 row8[] = { 1, 8 };
 
-static void
-assert_shape (CpTensor     *tensor,
-              const gint64 *shape,
-              guint         n_dims)
-{
-  guint actual;
-  const gint64 *have = cp_tensor_get_shape (tensor, &actual);
-
-  g_assert_cmpuint (actual, ==, n_dims);
-  g_assert_cmpmem (have, actual * sizeof (gint64), shape, n_dims * sizeof (gint64));
-}
-
-#define ASSERT_SHAPE(tensor, ...)                                            \
-  G_STMT_START {                                                            \
-    const gint64 assert_shape_[] = { __VA_ARGS__ };                        \
-    assert_shape ((tensor), assert_shape_, G_N_ELEMENTS (assert_shape_));   \
-  } G_STMT_END
-
-static void
-batch_take (CpBatch    *batch,
-            const char *key,
-            CpTensor   *tensor)
-{
-  cp_batch_set (batch, key, tensor);
-  g_object_unref (tensor);
-}
-
 /* E2: ids [[11..16]], labels [[1..6]], no position ids. */
 static CpBatch *
 e2_batch (void)
 {
   CpBatch *batch = cp_batch_new ();
 
-  batch_take (batch, "input_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, row6, 11, 12, 13, 14, 15, 16));
-  batch_take (batch, "labels", CP_TEST_TENSOR (CP_DTYPE_INT64, row6, 1, 2, 3, 4, 5, 6));
+  cp_test_batch_take (batch, "input_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, row6, 11, 12, 13, 14, 15, 16));
+  cp_test_batch_take (batch, "labels", CP_TEST_TENSOR (CP_DTYPE_INT64, row6, 1, 2, 3, 4, 5, 6));
   return batch;
 }
 
@@ -159,13 +132,13 @@ cp_one_rank (CpMesh   *mesh,
   g_autoptr(CpContext) context = NULL;
   const char *keys[] = { "inputs_embeds", "labels", NULL };
 
-  batch_take (batch, "inputs_embeds", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, shape, 3, 1));
-  batch_take (batch, "labels", CP_TEST_TENSOR (CP_DTYPE_INT64, row6, 1, 2, 3, 4, 5, 6));
+  cp_test_batch_take (batch, "inputs_embeds", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, shape, 3, 1));
+  cp_test_batch_take (batch, "labels", CP_TEST_TENSOR (CP_DTYPE_INT64, row6, 1, 2, 3, 4, 5, 6));
   context = prepare_ok (batch, mesh, NULL);
   g_assert_cmpint (cp_context_get_cp_size (context), ==, 1);
   g_assert_cmpuint (cp_context_get_n_buffers (context), ==, 0);
   g_assert_cmpstrv (cp_batch_get_keys (batch), keys);
-  ASSERT_SHAPE (cp_batch_get (batch, "inputs_embeds"), 1, 6, 4);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (batch, "inputs_embeds"), 1, 6, 4);
   enter_ok (context);
   exit_ok (context);
 }
@@ -175,12 +148,8 @@ test_cp_size_one (void)
 {
   const char *names[] = { "dp", "cp", NULL };
   const int sizes[] = { 2, 1 };
-  g_autoptr(GError) error = NULL;
-  GList *meshes = cp_mesh_new_local_group (names, sizes, 2, &error);
 
-  g_assert_no_error (error);
-  cp_test_run_ranks (meshes, cp_one_rank, NULL);
-  cp_test_free_group (meshes);
+  cp_test_run_mesh (names, sizes, 2, cp_one_rank, NULL);
 }
 
 static void
@@ -225,7 +194,7 @@ e2_rank (CpMesh   *mesh,
   g_assert_cmpint (cp_tensor_get_dtype (positions), ==, CP_DTYPE_INT64);
 
   enter_ok (context);
-  ASSERT_SHAPE (ids, 1, 4);
+  CP_TEST_ASSERT_SHAPE (ids, 1, 4);
   if (rank == 0)
     {
       CP_TEST_ASSERT_VALUES (ids, 11, 12, 0, 0);
@@ -242,18 +211,9 @@ e2_rank (CpMesh   *mesh,
     }
   exit_ok (context);
   CP_TEST_ASSERT_VALUES (positions, 0, 1, 2, 3, 4, 5, 0, 0);
-  ASSERT_SHAPE (ids, 1, 4);
-  ASSERT_SHAPE (labels, 1, 4);
+  CP_TEST_ASSERT_SHAPE (ids, 1, 4);
+  CP_TEST_ASSERT_SHAPE (labels, 1, 4);
   g_assert_true (cp_batch_get (batch, "position_ids") == positions);
-}
-
-static void
-test_example_e2 (void)
-{
-  GList *meshes = cp_test_local_group ("cp", 2);
-
-  cp_test_run_ranks (meshes, e2_rank, NULL);
-  cp_test_free_group (meshes);
 }
 
 /* E1: rank r holds chunks r and 2·C−1−r, for C ∈ {2, 3, 4, 8}. */
@@ -268,10 +228,10 @@ e1_rank (CpMesh   *mesh,
   g_autoptr(CpContext) context = NULL;
   CpTensor *ids;
 
-  batch_take (batch, "input_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 2, 0));
+  cp_test_batch_take (batch, "input_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 2, 0));
   for (gint64 i = 0; i < shape[1]; i++)
     cp_tensor_set_value (cp_batch_get (batch, "input_ids"), i, (double) i);
-  batch_take (batch, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 2, 3));
+  cp_test_batch_take (batch, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 2, 3));
   context = prepare_ok (batch, mesh, NULL);
   enter_ok (context);
   ids = cp_batch_get (batch, "input_ids");
@@ -285,12 +245,7 @@ test_example_e1 (void)
   const int sizes[] = { 2, 3, 4, 8 };
 
   for (guint i = 0; i < G_N_ELEMENTS (sizes); i++)
-    {
-      GList *meshes = cp_test_local_group ("cp", sizes[i]);
-
-      cp_test_run_ranks (meshes, e1_rank, NULL);
-      cp_test_free_group (meshes);
-    }
+    cp_test_run_group ("cp", sizes[i], e1_rank, NULL);
 }
 
 /* E3 and test_inputs_embeds_3d_position_ids_seq_dim: mRoPE [3, B, S] is
@@ -305,36 +260,27 @@ mrope_rank (CpMesh   *mesh,
   g_autoptr(CpContext) context = NULL;
   CpTensor *positions;
 
-  batch_take (batch, "inputs_embeds", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, embeds_shape, 3, 0));
-  batch_take (batch, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, row8, 2, 1));
+  cp_test_batch_take (batch, "inputs_embeds", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, embeds_shape, 3, 0));
+  cp_test_batch_take (batch, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, row8, 2, 1));
   positions = cp_test_tensor_pattern (CP_DTYPE_INT64, pos_shape, 3, 0);
   for (gint64 i = 0; i < 24; i++)
     cp_tensor_set_value (positions, i, (double) i);
-  batch_take (batch, "position_ids", positions);
+  cp_test_batch_take (batch, "position_ids", positions);
   context = prepare_ok (batch, mesh, NULL);
   g_assert_cmpint (cp_context_get_buffer_seq_dim (context, 0), ==, 1);
   g_assert_cmpint (cp_context_get_buffer_seq_dim (context, 1), ==, 1);
   g_assert_cmpint (cp_context_get_buffer_seq_dim (context, 2), ==, 2);
   g_assert_true (cp_context_get_buffer (context, 2) == positions);
   enter_ok (context);
-  ASSERT_SHAPE (positions, 3, 1, 4);
+  CP_TEST_ASSERT_SHAPE (positions, 3, 1, 4);
   if (cp_mesh_get_rank (mesh) == 0)
     CP_TEST_ASSERT_VALUES (positions, 0, 1, 6, 7, 8, 9, 14, 15, 16, 17, 22, 23);
   else
     CP_TEST_ASSERT_VALUES (positions, 2, 3, 4, 5, 10, 11, 12, 13, 18, 19, 20, 21);
   exit_ok (context);
-  ASSERT_SHAPE (positions, 3, 1, 8);
+  CP_TEST_ASSERT_SHAPE (positions, 3, 1, 8);
   CP_TEST_ASSERT_VALUES (positions, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
                          16, 17, 18, 19, 20, 21, 22, 23);
-}
-
-static void
-test_mrope (void)
-{
-  GList *meshes = cp_test_local_group ("cp", 2);
-
-  cp_test_run_ranks (meshes, mrope_rank, NULL);
-  cp_test_free_group (meshes);
 }
 
 /* test_position_ids_synthesized_from_inputs_embeds_seq_dim and
@@ -358,37 +304,28 @@ positions_rank (CpMesh   *mesh,
   const gint64 labels12[] = { 1, 12 };
   const gint64 labels3[] = { 3, 8 };
 
-  batch_take (a, "inputs_embeds", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, wide, 3, 0));
-  batch_take (a, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, labels12, 2, 0));
+  cp_test_batch_take (a, "inputs_embeds", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, wide, 3, 0));
+  cp_test_batch_take (a, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, labels12, 2, 0));
   ca = prepare_ok (a, mesh, NULL);
-  ASSERT_SHAPE (cp_batch_get (a, "position_ids"), 1, 12);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (a, "position_ids"), 1, 12);
   CP_TEST_ASSERT_VALUES (cp_batch_get (a, "position_ids"), 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11);
 
-  batch_take (b, "inputs_embeds", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, rows, 3, 0));
-  batch_take (b, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, labels3, 2, 0));
+  cp_test_batch_take (b, "inputs_embeds", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, rows, 3, 0));
+  cp_test_batch_take (b, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, labels3, 2, 0));
   cb = prepare_ok (b, mesh, NULL);
-  ASSERT_SHAPE (cp_batch_get (b, "position_ids"), 3, 8);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (b, "position_ids"), 3, 8);
   CP_TEST_ASSERT_VALUES (cp_batch_get (b, "position_ids"), 0, 1, 2, 3, 4, 5, 6, 7,
                          0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
 
-  batch_take (c, "input_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, two, 2, 0));
-  batch_take (c, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, two, 2, 1));
+  cp_test_batch_take (c, "input_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, two, 2, 0));
+  cp_test_batch_take (c, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, two, 2, 1));
   single = CP_TEST_TENSOR (CP_DTYPE_INT64, row8, 0, 1, 2, 3, 4, 5, 6, 7);
-  batch_take (c, "position_ids", single);
+  cp_test_batch_take (c, "position_ids", single);
   cc = prepare_ok (c, mesh, NULL);
-  ASSERT_SHAPE (single, 2, 8);
+  CP_TEST_ASSERT_SHAPE (single, 2, 8);
   g_assert_true (cp_batch_get (c, "position_ids") == single);
   g_assert_true (cp_context_get_buffer (cc, 2) == single);
   CP_TEST_ASSERT_VALUES (single, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
-}
-
-static void
-test_position_ids (void)
-{
-  GList *meshes = cp_test_local_group ("cp", 2);
-
-  cp_test_run_ranks (meshes, positions_rank, NULL);
-  cp_test_free_group (meshes);
 }
 
 /* test_build_position_ids_does_not_override_existing: given position ids
@@ -402,21 +339,12 @@ existing_positions_rank (CpMesh   *mesh,
   g_autoptr(CpTensor) positions = CP_TEST_TENSOR (CP_DTYPE_INT64, shape, 5, 4, 3, 2);
   g_autoptr(CpContext) context = NULL;
 
-  batch_take (batch, "input_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, shape, 1, 2, 3, 4));
-  batch_take (batch, "labels", CP_TEST_TENSOR (CP_DTYPE_INT64, shape, 1, 2, 3, 4));
+  cp_test_batch_take (batch, "input_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, shape, 1, 2, 3, 4));
+  cp_test_batch_take (batch, "labels", CP_TEST_TENSOR (CP_DTYPE_INT64, shape, 1, 2, 3, 4));
   cp_batch_set (batch, "position_ids", positions);
   context = prepare_ok (batch, mesh, NULL);
   g_assert_true (cp_batch_get (batch, "position_ids") == positions);
   CP_TEST_ASSERT_VALUES (positions, 5, 4, 3, 2);
-}
-
-static void
-test_existing_positions (void)
-{
-  GList *meshes = cp_test_local_group ("cp", 2);
-
-  cp_test_run_ranks (meshes, existing_positions_rank, NULL);
-  cp_test_free_group (meshes);
 }
 
 /* Registration order and axes, the reference's: primary, labels,
@@ -438,10 +366,10 @@ order_rank (CpMesh   *mesh,
   g_autoptr(CpContext) context = NULL;
   CpTensor *mm;
 
-  batch_take (batch, "padding_mask", CP_TEST_TENSOR (CP_DTYPE_BOOL, row6, 0, 0, 0, 0, 0, 0));
-  batch_take (batch, "teacher_logits", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, logits_shape, 3, 2));
-  batch_take (batch, "student_hidden", cp_test_tensor_pattern (CP_DTYPE_BFLOAT16, hidden_shape, 3, 4));
-  batch_take (batch, "mm_token_type_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, row6, 0, 1, 1, 0, 0, 0));
+  cp_test_batch_take (batch, "padding_mask", CP_TEST_TENSOR (CP_DTYPE_BOOL, row6, 0, 0, 0, 0, 0, 0));
+  cp_test_batch_take (batch, "teacher_logits", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, logits_shape, 3, 2));
+  cp_test_batch_take (batch, "student_hidden", cp_test_tensor_pattern (CP_DTYPE_BFLOAT16, hidden_shape, 3, 4));
+  cp_test_batch_take (batch, "mm_token_type_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, row6, 0, 1, 1, 0, 0, 0));
   cp_batch_set_seq_dim (batch, "student_hidden", -1);
   cp_batch_options_add_extra_buffer (options, "teacher_logits", 1);
   cp_batch_options_set_loss_mask (options, loss_mask);
@@ -461,18 +389,9 @@ order_rank (CpMesh   *mesh,
   mm = cp_batch_get (batch, "mm_token_type_ids");
   enter_ok (context);
   CP_TEST_ASSERT_VALUES (mm, 0, 1, 1, 0, 0, 0);
-  ASSERT_SHAPE (cp_batch_get (batch, "student_hidden"), 1, 2, 4);
-  ASSERT_SHAPE (cp_batch_get (batch, "teacher_logits"), 1, 4, 5);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (batch, "student_hidden"), 1, 2, 4);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (batch, "teacher_logits"), 1, 4, 5);
   exit_ok (context);
-}
-
-static void
-test_registration_order (void)
-{
-  GList *meshes = cp_test_local_group ("cp", 2);
-
-  cp_test_run_ranks (meshes, order_rank, NULL);
-  cp_test_free_group (meshes);
 }
 
 /* test_padding_labels_use_negative_100_int_buffers_use_zero,
@@ -492,12 +411,12 @@ pad_values_rank (CpMesh   *mesh,
   embeds = cp_tensor_new_full (CP_DTYPE_FLOAT32, embeds_shape, 3, 1.0, &error);
   g_assert_no_error (error);
   cp_batch_set (batch, "inputs_embeds", embeds);
-  batch_take (batch, "labels", CP_TEST_TENSOR (CP_DTYPE_INT64, row6, 1, 2, 3, 4, 5, 6));
-  batch_take (batch, "loss_mask", CP_TEST_TENSOR (CP_DTYPE_INT32, row6, 1, 1, 1, 1, 1, 1));
-  batch_take (batch, "padding_mask", CP_TEST_TENSOR (CP_DTYPE_BOOL, row6, 0, 0, 0, 0, 1, 1));
+  cp_test_batch_take (batch, "labels", CP_TEST_TENSOR (CP_DTYPE_INT64, row6, 1, 2, 3, 4, 5, 6));
+  cp_test_batch_take (batch, "loss_mask", CP_TEST_TENSOR (CP_DTYPE_INT32, row6, 1, 1, 1, 1, 1, 1));
+  cp_test_batch_take (batch, "padding_mask", CP_TEST_TENSOR (CP_DTYPE_BOOL, row6, 0, 0, 0, 0, 1, 1));
   context = prepare_ok (batch, mesh, NULL);
 
-  ASSERT_SHAPE (embeds, 1, 8, 4);
+  CP_TEST_ASSERT_SHAPE (embeds, 1, 8, 4);
   for (gint64 i = 0; i < 32; i++)
     g_assert_cmpfloat (cp_tensor_get_value (embeds, i), ==, i < 24 ? 1.0 : 0.0);
   CP_TEST_ASSERT_VALUES (cp_batch_get (batch, "labels"), 1, 2, 3, 4, 5, 6, -100, -100);
@@ -508,15 +427,6 @@ pad_values_rank (CpMesh   *mesh,
     g_assert_cmpint (cp_tensor_get_dim (cp_context_get_buffer (context, i), 1), ==, 8);
   /* The padding mask comes after the primary trio. */
   g_assert_cmpstr (cp_context_get_buffer_name (context, 4), ==, "padding_mask");
-}
-
-static void
-test_pad_values (void)
-{
-  GList *meshes = cp_test_local_group ("cp", 2);
-
-  cp_test_run_ranks (meshes, pad_values_rank, NULL);
-  cp_test_free_group (meshes);
 }
 
 /* test_extra_sequence_buffer_is_padded_and_registered: teacher logits
@@ -539,20 +449,11 @@ extra_rank (CpMesh   *mesh,
   context = prepare_ok (batch, mesh, options);
   for (guint i = 0; i < 4; i++)
     g_assert_cmpint (cp_context_get_buffer_seq_dim (context, i), ==, 1);
-  ASSERT_SHAPE (cp_batch_get (batch, "teacher_logits"), 1, 8, 5);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (batch, "teacher_logits"), 1, 8, 5);
   head = cp_tensor_narrow (logits, 1, 0, 6, NULL);
   g_assert_true (cp_tensor_equal (head, original));
   for (gint64 i = 30; i < 40; i++)
     g_assert_cmpfloat (cp_tensor_get_value (logits, i), ==, 0.0);
-}
-
-static void
-test_extra_buffers (void)
-{
-  GList *meshes = cp_test_local_group ("cp", 2);
-
-  cp_test_run_ranks (meshes, extra_rank, NULL);
-  cp_test_free_group (meshes);
 }
 
 /* test_padding_no_op_when_seq_already_aligned and
@@ -579,15 +480,6 @@ aligned_rank (CpMesh   *mesh,
   g_assert_true (cp_tensor_get_storage (labels) == labels_storage);
 }
 
-static void
-test_aligned_identity (void)
-{
-  GList *meshes = cp_test_local_group ("cp", 2);
-
-  cp_test_run_ranks (meshes, aligned_rank, NULL);
-  cp_test_free_group (meshes);
-}
-
 /* test_make_cp_batch_and_ctx_pops_attention_mask_when_cp_enabled. */
 static void
 attention_mask_rank (CpMesh   *mesh,
@@ -597,20 +489,11 @@ attention_mask_rank (CpMesh   *mesh,
   g_autoptr(CpBatch) batch = cp_batch_new ();
   g_autoptr(CpContext) context = NULL;
 
-  batch_take (batch, "input_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, shape, 1, 2, 3));
-  batch_take (batch, "labels", CP_TEST_TENSOR (CP_DTYPE_INT64, shape, 1, 2, 3));
-  batch_take (batch, "attention_mask", CP_TEST_TENSOR (CP_DTYPE_INT64, shape, 1, 1, 1));
+  cp_test_batch_take (batch, "input_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, shape, 1, 2, 3));
+  cp_test_batch_take (batch, "labels", CP_TEST_TENSOR (CP_DTYPE_INT64, shape, 1, 2, 3));
+  cp_test_batch_take (batch, "attention_mask", CP_TEST_TENSOR (CP_DTYPE_INT64, shape, 1, 1, 1));
   context = prepare_ok (batch, mesh, NULL);
   g_assert_false (cp_batch_contains (batch, "attention_mask"));
-}
-
-static void
-test_attention_mask_dropped (void)
-{
-  GList *meshes = cp_test_local_group ("cp", 2);
-
-  cp_test_run_ranks (meshes, attention_mask_rank, NULL);
-  cp_test_free_group (meshes);
 }
 
 /* The reference leaves the caller's loss_mask unpadded when padding
@@ -634,16 +517,7 @@ loss_mask_rank (CpMesh   *mesh,
   else
     CP_TEST_ASSERT_VALUES (loss_mask, 0, 1, 1, 1);
   exit_ok (context);
-  ASSERT_SHAPE (loss_mask, 1, 4);
-}
-
-static void
-test_loss_mask (void)
-{
-  GList *meshes = cp_test_local_group ("cp", 2);
-
-  cp_test_run_ranks (meshes, loss_mask_rank, NULL);
-  cp_test_free_group (meshes);
+  CP_TEST_ASSERT_SHAPE (loss_mask, 1, 4);
 }
 
 /* E4, test_inputs_embeds_with_grad_is_sharded_out_of_place and the HSDP
@@ -668,7 +542,7 @@ grad_rank (CpMesh   *mesh,
     cp_tensor_set_value (embeds, i, (double) i);
   cp_tensor_set_requires_grad (embeds, TRUE);
   cp_batch_set (batch, "inputs_embeds", embeds);
-  batch_take (batch, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, row8, 2, 0));
+  cp_test_batch_take (batch, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, row8, 2, 0));
   context = prepare_ok (batch, mesh, NULL);
 
   local = cp_batch_get (batch, "inputs_embeds");
@@ -692,7 +566,7 @@ grad_rank (CpMesh   *mesh,
   else
     CP_TEST_ASSERT_VALUES (grad, 0, 0, 1, 1, 1, 1, 0, 0);
   enter_ok (context);
-  ASSERT_SHAPE (cp_batch_get (batch, "labels"), 1, 4);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (batch, "labels"), 1, 4);
   CP_TEST_ASSERT_VALUES (embeds, 0, 1, 2, 3, 4, 5, 6, 7);
   exit_ok (context);
 }
@@ -702,12 +576,8 @@ test_grad_primary (void)
 {
   const char *names[] = { "dp", "cp", NULL };
   const int sizes[] = { 4, 2 };
-  g_autoptr(GError) error = NULL;
-  GList *meshes = cp_mesh_new_local_group (names, sizes, 2, &error);
 
-  g_assert_no_error (error);
-  cp_test_run_ranks (meshes, grad_rank, NULL);
-  cp_test_free_group (meshes);
+  cp_test_run_mesh (names, sizes, 2, grad_rank, NULL);
 }
 
 /* test_inputs_embeds_with_grad_and_cp_padding_preserves_global_token_mean:
@@ -759,13 +629,13 @@ mean_rank (CpMesh   *mesh,
   cp_batch_set (batch, "inputs_embeds", embeds);
   cp_batch_set (batch, "labels", labels);
   context = prepare_ok (batch, mesh, NULL);
-  ASSERT_SHAPE (cp_context_get_buffer (context, 0), 1, 256);
+  CP_TEST_ASSERT_SHAPE (cp_context_get_buffer (context, 0), 1, 256);
   for (gint64 i = MEAN_S; i < 256; i++)
     g_assert_cmpfloat (cp_tensor_get_value (labels, i), ==, -100);
   local = cp_batch_get (batch, "inputs_embeds");
-  ASSERT_SHAPE (local, 1, 2, MEAN_H);
+  CP_TEST_ASSERT_SHAPE (local, 1, 2, MEAN_H);
   enter_ok (context);
-  ASSERT_SHAPE (labels, 1, 2);
+  CP_TEST_ASSERT_SHAPE (labels, 1, 2);
 
   local_grad = cp_tensor_new (CP_DTYPE_FLOAT64, local_shape, 3, &error);
   for (gint64 t = 0; t < 2; t++)
@@ -840,20 +710,11 @@ unshard_rank (CpMesh   *mesh,
   g_assert_nonnull (positions);
   full = cp_context_unshard (context, logits, 1, &error);
   g_assert_no_error (error);
-  ASSERT_SHAPE (full, 1, 8, 2);
+  CP_TEST_ASSERT_SHAPE (full, 1, 8, 2);
   trimmed = cp_tensor_narrow (full, 1, 0, 6, &error);
   CP_TEST_ASSERT_VALUES (trimmed, 1, 10, 2, 20, 3, 30, 4, 40, 5, 50, 6, 60);
   CP_TEST_ASSERT_VALUES (full, 1, 10, 2, 20, 3, 30, 4, 40, 5, 50, 6, 60, -100, -1000, -100, -1000);
   exit_ok (context);
-}
-
-static void
-test_unshard (void)
-{
-  GList *meshes = cp_test_local_group ("cp", 2);
-
-  cp_test_run_ranks (meshes, unshard_rank, NULL);
-  cp_test_free_group (meshes);
 }
 
 /* The property: for random B, S, C and buffer sets, the padded buffers
@@ -894,28 +755,28 @@ random_batch (GRand *rand)
   int positions = g_rand_int_range (rand, 0, 4);
 
   if (g_rand_boolean (rand))
-    batch_take (batch, "input_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, ids, 2, 1));
+    cp_test_batch_take (batch, "input_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, ids, 2, 1));
   else
-    batch_take (batch, "inputs_embeds", random_tensor (rand, embeds, 3));
-  batch_take (batch, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, ids, 2, 2));
+    cp_test_batch_take (batch, "inputs_embeds", random_tensor (rand, embeds, 3));
+  cp_test_batch_take (batch, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, ids, 2, 2));
   if (positions == 1)
-    batch_take (batch, "position_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, ids, 2, 3));
+    cp_test_batch_take (batch, "position_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, ids, 2, 3));
   else if (positions == 2)
-    batch_take (batch, "position_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, single, 2, 3));
+    cp_test_batch_take (batch, "position_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, single, 2, 3));
   else if (positions == 3)
-    batch_take (batch, "position_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, mrope, 3, 3));
+    cp_test_batch_take (batch, "position_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, mrope, 3, 3));
   if (g_rand_boolean (rand))
-    batch_take (batch, "loss_mask", random_tensor (rand, ids, 2));
+    cp_test_batch_take (batch, "loss_mask", random_tensor (rand, ids, 2));
   if (g_rand_boolean (rand))
-    batch_take (batch, "padding_mask", cp_test_tensor_pattern (CP_DTYPE_BOOL, ids, 2, 4));
+    cp_test_batch_take (batch, "padding_mask", cp_test_tensor_pattern (CP_DTYPE_BOOL, ids, 2, 4));
   if (g_rand_boolean (rand))
     {
-      batch_take (batch, "teacher_logits", random_tensor (rand, embeds, 3));
+      cp_test_batch_take (batch, "teacher_logits", random_tensor (rand, embeds, 3));
       cp_batch_set_seq_dim (batch, "teacher_logits", 1);
     }
   if (g_rand_boolean (rand))
     {
-      batch_take (batch, "hidden_by_seq", random_tensor (rand, tail, 3));
+      cp_test_batch_take (batch, "hidden_by_seq", random_tensor (rand, tail, 3));
       cp_batch_set_seq_dim (batch, "hidden_by_seq", -1);
     }
   return batch;
@@ -962,10 +823,8 @@ test_property (void)
   for (guint32 seed = 1; seed <= 40; seed++)
     {
       PropertyCase c = { seed };
-      GList *meshes = cp_test_local_group ("cp", sizes[seed % G_N_ELEMENTS (sizes)]);
 
-      cp_test_run_ranks (meshes, property_rank, &c);
-      cp_test_free_group (meshes);
+      cp_test_run_group ("cp", sizes[seed % G_N_ELEMENTS (sizes)], property_rank, &c);
     }
 }
 
@@ -991,7 +850,7 @@ add_embeds (CpBatch *batch, CpBatchOptions *options)
 {
   const gint64 shape[] = { 1, 6, 2 };
 
-  batch_take (batch, "inputs_embeds", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, shape, 3, 0));
+  cp_test_batch_take (batch, "inputs_embeds", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, shape, 3, 0));
 }
 
 static void
@@ -1005,7 +864,7 @@ bad_extra_axis (CpBatch *batch, CpBatchOptions *options)
 {
   const gint64 shape[] = { 1, 6, 5 };
 
-  batch_take (batch, "teacher_logits", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, shape, 3, 0));
+  cp_test_batch_take (batch, "teacher_logits", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, shape, 3, 0));
   cp_batch_options_add_extra_buffer (options, "teacher_logits", 3);
 }
 
@@ -1020,7 +879,7 @@ short_labels (CpBatch *batch, CpBatchOptions *options)
 {
   const gint64 shape[] = { 1, 5 };
 
-  batch_take (batch, "labels", CP_TEST_TENSOR (CP_DTYPE_INT64, shape, 1, 2, 3, 4, 5));
+  cp_test_batch_take (batch, "labels", CP_TEST_TENSOR (CP_DTYPE_INT64, shape, 1, 2, 3, 4, 5));
 }
 
 static void
@@ -1028,7 +887,7 @@ short_extra (CpBatch *batch, CpBatchOptions *options)
 {
   const gint64 shape[] = { 1, 7, 5 };
 
-  batch_take (batch, "teacher_logits", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, shape, 3, 0));
+  cp_test_batch_take (batch, "teacher_logits", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, shape, 3, 0));
   cp_batch_set_seq_dim (batch, "teacher_logits", 1);
 }
 
@@ -1055,7 +914,7 @@ two_loss_masks (CpBatch *batch, CpBatchOptions *options)
 {
   g_autoptr(CpTensor) mask = CP_TEST_TENSOR (CP_DTYPE_INT64, row6, 1, 1, 1, 1, 1, 1);
 
-  batch_take (batch, "loss_mask", CP_TEST_TENSOR (CP_DTYPE_INT64, row6, 1, 1, 1, 1, 1, 1));
+  cp_test_batch_take (batch, "loss_mask", CP_TEST_TENSOR (CP_DTYPE_INT64, row6, 1, 1, 1, 1, 1, 1));
   cp_batch_options_set_loss_mask (options, mask);
 }
 
@@ -1070,7 +929,7 @@ bad_positions (CpBatch *batch, CpBatchOptions *options)
 {
   const gint64 shape[] = { 6 };
 
-  batch_take (batch, "position_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, shape, 0, 1, 2, 3, 4, 5));
+  cp_test_batch_take (batch, "position_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, shape, 0, 1, 2, 3, 4, 5));
 }
 
 static const ErrorCase error_cases[] = {
@@ -1154,7 +1013,7 @@ error_rank (CpMesh   *mesh,
   g_autoptr(GError) error = NULL;
   GQuark domain = c->domain == 0 ? CP_BATCH_ERROR : CP_TENSOR_ERROR;
 
-  batch_take (batch, "attention_mask", CP_TEST_TENSOR (CP_DTYPE_INT64, row6, 1, 1, 1, 1, 1, 1));
+  cp_test_batch_take (batch, "attention_mask", CP_TEST_TENSOR (CP_DTYPE_INT64, row6, 1, 1, 1, 1, 1, 1));
   c->spoil (batch, options);
   snapshots = snapshot_batch (batch);
   g_assert_null (cp_batch_prepare (batch, mesh, options, &error));
@@ -1167,10 +1026,14 @@ error_rank (CpMesh   *mesh,
 static void
 test_errors (gconstpointer data)
 {
-  GList *meshes = cp_test_local_group ("cp", 2);
+  cp_test_run_group ("cp", 2, error_rank, (gpointer) data);
+}
 
-  cp_test_run_ranks (meshes, error_rank, (gpointer) data);
-  cp_test_free_group (meshes);
+/* Runs the rank function given as test data on a group of two ranks. */
+static void
+test_on_two_ranks (gconstpointer rank_func)
+{
+  cp_test_run_group ("cp", 2, (CpTestRankFunc) rank_func, NULL);
 }
 
 int
@@ -1184,19 +1047,19 @@ main (int   argc,
   g_test_add_func ("/Cp/Batch/prepare/cp-size-one", test_cp_size_one);
   g_test_add_func ("/Cp/Batch/prepare/mesh-without-cp", test_mesh_without_cp);
   g_test_add_func ("/Cp/Batch/prepare/example-e1", test_example_e1);
-  g_test_add_func ("/Cp/Batch/prepare/example-e2", test_example_e2);
-  g_test_add_func ("/Cp/Batch/prepare/mrope-e3", test_mrope);
-  g_test_add_func ("/Cp/Batch/prepare/position-ids", test_position_ids);
-  g_test_add_func ("/Cp/Batch/prepare/existing-position-ids", test_existing_positions);
-  g_test_add_func ("/Cp/Batch/prepare/registration-order", test_registration_order);
-  g_test_add_func ("/Cp/Batch/prepare/pad-values", test_pad_values);
-  g_test_add_func ("/Cp/Batch/prepare/extra-buffers", test_extra_buffers);
-  g_test_add_func ("/Cp/Batch/prepare/aligned-identity", test_aligned_identity);
-  g_test_add_func ("/Cp/Batch/prepare/attention-mask", test_attention_mask_dropped);
-  g_test_add_func ("/Cp/Batch/prepare/loss-mask-padded", test_loss_mask);
+  g_test_add_data_func ("/Cp/Batch/prepare/example-e2", e2_rank, test_on_two_ranks);
+  g_test_add_data_func ("/Cp/Batch/prepare/mrope-e3", mrope_rank, test_on_two_ranks);
+  g_test_add_data_func ("/Cp/Batch/prepare/position-ids", positions_rank, test_on_two_ranks);
+  g_test_add_data_func ("/Cp/Batch/prepare/existing-position-ids", existing_positions_rank, test_on_two_ranks);
+  g_test_add_data_func ("/Cp/Batch/prepare/registration-order", order_rank, test_on_two_ranks);
+  g_test_add_data_func ("/Cp/Batch/prepare/pad-values", pad_values_rank, test_on_two_ranks);
+  g_test_add_data_func ("/Cp/Batch/prepare/extra-buffers", extra_rank, test_on_two_ranks);
+  g_test_add_data_func ("/Cp/Batch/prepare/aligned-identity", aligned_rank, test_on_two_ranks);
+  g_test_add_data_func ("/Cp/Batch/prepare/attention-mask", attention_mask_rank, test_on_two_ranks);
+  g_test_add_data_func ("/Cp/Batch/prepare/loss-mask-padded", loss_mask_rank, test_on_two_ranks);
   g_test_add_func ("/Cp/Batch/prepare/grad-primary-e4", test_grad_primary);
   g_test_add_func ("/Cp/Batch/prepare/global-token-mean", test_global_token_mean);
-  g_test_add_func ("/Cp/Batch/prepare/unshard-e5", test_unshard);
+  g_test_add_data_func ("/Cp/Batch/prepare/unshard-e5", unshard_rank, test_on_two_ranks);
   g_test_add_func ("/Cp/Batch/prepare/property", test_property);
   for (guint i = 0; i < G_N_ELEMENTS (error_cases); i++)
     {

@@ -96,10 +96,7 @@ manual_rank (CpMesh   *mesh,
 static void
 test_manual_registration (void)
 {
-  GList *meshes = cp_test_local_group ("cp", 3);
-
-  cp_test_run_ranks (meshes, manual_rank, NULL);
-  cp_test_free_group (meshes);
+  cp_test_run_group ("cp", 3, manual_rank, NULL);
 }
 
 /* A failed enter, whatever rank it starts on, fails everywhere and leaves
@@ -152,10 +149,7 @@ failure_rank (CpMesh   *mesh,
 static void
 test_failure (gconstpointer data)
 {
-  GList *meshes = cp_test_local_group ("cp", 2);
-
-  cp_test_run_ranks (meshes, failure_rank, (gpointer) data);
-  cp_test_free_group (meshes);
+  cp_test_run_group ("cp", 2, failure_rank, (gpointer) data);
 }
 
 static const FailureCase lengths_disagree = {
@@ -216,10 +210,7 @@ run_rank (CpMesh   *mesh,
 static void
 test_run (void)
 {
-  GList *meshes = cp_test_local_group ("cp", 4);
-
-  cp_test_run_ranks (meshes, run_rank, NULL);
-  cp_test_free_group (meshes);
+  cp_test_run_group ("cp", 4, run_rank, NULL);
 }
 
 /* A dp × cp mesh gives the context its cp dimension. */

@@ -13,38 +13,11 @@
 
 #define SENTINEL (-1000)
 
-static void
-assert_shape (CpTensor     *tensor,
-              const gint64 *shape,
-              guint         n_dims)
-{
-  guint actual;
-  const gint64 *have = cp_tensor_get_shape (tensor, &actual);
-
-  g_assert_cmpuint (actual, ==, n_dims);
-  g_assert_cmpmem (have, actual * sizeof (gint64), shape, n_dims * sizeof (gint64));
-}
-
-#define ASSERT_SHAPE(tensor, ...)                                            \
-  G_STMT_START {                                                            \
-    const gint64 assert_shape_[] = { __VA_ARGS__ };                        \
-    assert_shape ((tensor), assert_shape_, G_N_ELEMENTS (assert_shape_));   \
-  } G_STMT_END
-
 #define ASSERT_SCALAR(tensor, value)                                         \
   G_STMT_START {                                                            \
     g_assert_cmpuint (cp_tensor_get_n_dims (tensor), ==, 0);                \
     g_assert_cmpfloat (cp_tensor_get_value ((tensor), 0), ==, (value));     \
   } G_STMT_END
-
-static void
-take (CpBatch    *batch,
-      const char *key,
-      CpTensor   *tensor)
-{
-  cp_batch_set (batch, key, tensor);
-  g_object_unref (tensor);
-}
 
 /* A [rows, cols] tensor of @dtype from row-major values. */
 static CpTensor *
@@ -79,11 +52,11 @@ packed_batch (gint64        rows,
       cp_tensor_set_value (labels, i, ids[i] + 1);
       cp_tensor_set_value (positions, i, (double) (i % cols));
     }
-  take (batch, "input_ids", matrix (CP_DTYPE_INT64, rows, cols, ids));
-  take (batch, "labels", labels);
-  take (batch, "position_ids", positions);
-  take (batch, "seq_lens", matrix (CP_DTYPE_INT64, rows, n_docs, seq_lens));
-  take (batch, "seq_lens_padded", matrix (CP_DTYPE_INT64, rows, n_docs, seq_lens_padded));
+  cp_test_batch_take (batch, "input_ids", matrix (CP_DTYPE_INT64, rows, cols, ids));
+  cp_test_batch_take (batch, "labels", labels);
+  cp_test_batch_take (batch, "position_ids", positions);
+  cp_test_batch_take (batch, "seq_lens", matrix (CP_DTYPE_INT64, rows, n_docs, seq_lens));
+  cp_test_batch_take (batch, "seq_lens_padded", matrix (CP_DTYPE_INT64, rows, n_docs, seq_lens_padded));
   return batch;
 }
 
@@ -140,9 +113,9 @@ test_basic (void)
                          "padding_mask", NULL };
 
   g_assert_cmpstrv (cp_batch_get_keys (out), keys);
-  ASSERT_SHAPE (ids, 12);
-  ASSERT_SHAPE (cp_batch_get (out, "labels"), 12);
-  ASSERT_SHAPE (cp_batch_get (out, "position_ids"), 12);
+  CP_TEST_ASSERT_SHAPE (ids, 12);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (out, "labels"), 12);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (out, "position_ids"), 12);
   CP_TEST_ASSERT_VALUES (ids, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12);
   g_assert_true (cp_tensor_get_storage (ids) == cp_tensor_get_storage (cp_batch_get (batch, "input_ids")));
   g_assert_cmpint (cp_tensor_get_dtype (ids), ==, CP_DTYPE_INT64);
@@ -166,7 +139,7 @@ test_multiple_documents (void)
   g_autoptr(CpBatch) out_a = convert (a, NULL, NULL);
   g_autoptr(CpBatch) out_b = convert (b, NULL, NULL);
 
-  ASSERT_SHAPE (cp_batch_get (out_a, "input_ids"), 12);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (out_a, "input_ids"), 12);
   CP_TEST_ASSERT_VALUES (cp_batch_get (out_a, "cu_seqlens"), 0, 3, 5, 7, 10);
   CP_TEST_ASSERT_VALUES (cp_batch_get (out_a, "cu_seqlens_padded"), 0, 4, 6, 9, 12);
   ASSERT_SCALAR (cp_batch_get (out_a, "max_seqlen"), 3);
@@ -185,12 +158,12 @@ test_embeddings (void)
   g_autoptr(CpBatch) batch = uniform_batch (2, 6, 1);
   g_autoptr(CpBatch) out = NULL;
 
-  take (batch, "input_ids", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, shape, 3, 5));
+  cp_test_batch_take (batch, "input_ids", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, shape, 3, 5));
   out = convert (batch, NULL, NULL);
-  ASSERT_SHAPE (cp_batch_get (out, "input_ids"), 12, 128);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (out, "input_ids"), 12, 128);
   g_assert_cmpint (cp_tensor_get_dtype (cp_batch_get (out, "input_ids")), ==, CP_DTYPE_FLOAT32);
-  ASSERT_SHAPE (cp_batch_get (out, "position_ids"), 12);
-  ASSERT_SHAPE (cp_batch_get (out, "cu_seqlens"), 3);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (out, "position_ids"), 12);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (out, "cu_seqlens"), 3);
 }
 
 /* test_different_batch_sizes, test_different_sequence_lengths,
@@ -211,9 +184,9 @@ test_sizes (void)
       g_autoptr(CpBatch) batch = uniform_batch (batch_sizes[i], 16, 1);
       g_autoptr(CpBatch) out = convert (batch, NULL, NULL);
 
-      ASSERT_SHAPE (cp_batch_get (out, "input_ids"), batch_sizes[i] * 16);
-      ASSERT_SHAPE (cp_batch_get (out, "labels"), batch_sizes[i] * 16);
-      ASSERT_SHAPE (cp_batch_get (out, "cu_seqlens"), batch_sizes[i] + 1);
+      CP_TEST_ASSERT_SHAPE (cp_batch_get (out, "input_ids"), batch_sizes[i] * 16);
+      CP_TEST_ASSERT_SHAPE (cp_batch_get (out, "labels"), batch_sizes[i] * 16);
+      CP_TEST_ASSERT_SHAPE (cp_batch_get (out, "cu_seqlens"), batch_sizes[i] + 1);
     }
   for (guint i = 0; i < G_N_ELEMENTS (seq_lens); i++)
     {
@@ -221,14 +194,14 @@ test_sizes (void)
       g_autoptr(CpBatch) out = convert (batch, NULL, NULL);
 
       cu = cp_batch_get (out, "cu_seqlens");
-      ASSERT_SHAPE (cp_batch_get (out, "input_ids"), 4 * seq_lens[i]);
+      CP_TEST_ASSERT_SHAPE (cp_batch_get (out, "input_ids"), 4 * seq_lens[i]);
       g_assert_cmpfloat (cp_tensor_get_value (cu, 4), ==, 4 * seq_lens[i]);
     }
-  ASSERT_SHAPE (cp_batch_get (single_out, "input_ids"), 4);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (single_out, "input_ids"), 4);
   CP_TEST_ASSERT_VALUES (cp_batch_get (single_out, "cu_seqlens"), 0, 4);
   cu = cp_batch_get (large_out, "cu_seqlens");
-  ASSERT_SHAPE (cp_batch_get (large_out, "input_ids"), 16 * 384);
-  ASSERT_SHAPE (cu, 49);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (large_out, "input_ids"), 16 * 384);
+  CP_TEST_ASSERT_SHAPE (cu, 49);
   g_assert_cmpfloat (cp_tensor_get_value (cu, 48), ==, 16 * 384);
 }
 
@@ -254,22 +227,22 @@ test_chunks (void)
   g_autoptr(CpBatch) embeds = uniform_batch (4, 6, 1);
   g_autoptr(CpBatch) embeds_out = NULL;
 
-  ASSERT_SHAPE (cp_batch_get (basic_out, "input_ids"), 2, 12);
-  ASSERT_SHAPE (cp_batch_get (basic_out, "labels"), 2, 12);
-  ASSERT_SHAPE (cp_batch_get (basic_out, "position_ids"), 2, 12);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (basic_out, "input_ids"), 2, 12);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (basic_out, "labels"), 2, 12);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (basic_out, "position_ids"), 2, 12);
   g_assert_cmpint (cp_tensor_get_dtype (cp_batch_get (basic_out, "labels")), ==, CP_DTYPE_INT64);
   CP_TEST_ASSERT_VALUES (cp_batch_get (basic_out, "cu_seqlens"), 0, 6, 12, 0, 6, 12);
   CP_TEST_ASSERT_VALUES (cp_batch_get (basic_out, "max_seqlen"), 6, 6);
   CP_TEST_ASSERT_VALUES (cp_batch_get (packed_out, "cu_seqlens"), 0, 3, 5, 7, 10, 0, 3, 5, 7, 10);
-  ASSERT_SHAPE (cp_batch_get (small_one, "input_ids"), 6);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (small_one, "input_ids"), 6);
   CP_TEST_ASSERT_VALUES (cp_batch_get (small_one, "cu_seqlens"), 0, 3, 6);
   g_assert_true (cp_tensor_equal (cp_batch_get (small_one, "input_ids"), cp_batch_get (small_none, "input_ids")));
   g_assert_true (cp_tensor_equal (cp_batch_get (small_one, "cu_seqlens"), cp_batch_get (small_none, "cu_seqlens")));
 
-  take (embeds, "input_ids", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, embeds_shape, 3, 1));
+  cp_test_batch_take (embeds, "input_ids", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, embeds_shape, 3, 1));
   embeds_out = convert (embeds, NULL, two);
-  ASSERT_SHAPE (cp_batch_get (embeds_out, "input_ids"), 2, 12, 128);
-  ASSERT_SHAPE (cp_batch_get (embeds_out, "position_ids"), 2, 12);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (embeds_out, "input_ids"), 2, 12, 128);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (embeds_out, "position_ids"), 2, 12);
 
   for (int n = 2; n <= 8; n *= 2)
     {
@@ -279,7 +252,7 @@ test_chunks (void)
       g_autoptr(CpBatch) many = uniform_batch (16, 32, 1);
       g_autoptr(CpBatch) many_out = convert (many, NULL, options);
 
-      ASSERT_SHAPE (cp_batch_get (out, "input_ids"), n, 16 / n * 8);
+      CP_TEST_ASSERT_SHAPE (cp_batch_get (out, "input_ids"), n, 16 / n * 8);
       g_assert_cmpint (cp_tensor_get_dim (cp_batch_get (out, "cu_seqlens"), 0), ==, n);
       if (n == 8)
         for (int c = 0; c < 8; c++)
@@ -304,7 +277,7 @@ test_chunk_document_counts (void)
                                      L (4, 2, SENTINEL, 6, SENTINEL, SENTINEL, 4, SENTINEL, SENTINEL, 3, 3, SENTINEL));
   g_autoptr(CpBatch) out = convert (batch, NULL, two);
 
-  ASSERT_SHAPE (cp_batch_get (out, "cu_seqlens"), 2, 4);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (out, "cu_seqlens"), 2, 4);
   CP_TEST_ASSERT_VALUES (cp_batch_get (out, "cu_seqlens"), 0, 3, 5, 11, 0, 4, 6, 9);
   CP_TEST_ASSERT_VALUES (cp_batch_get (out, "cu_seqlens_padded"), 0, 4, 6, 12, 0, 6, 9, 12);
   CP_TEST_ASSERT_VALUES (cp_batch_get (out, "padding_mask"),
@@ -328,7 +301,7 @@ test_sentinels (void)
                                  2, L (3, 2, 6, SENTINEL, 2, 2, 2, 2), L (4, 2, 6, SENTINEL, 2, 4, 2, 4));
   g_autoptr(CpBatch) out_b = convert (b, NULL, two);
 
-  ASSERT_SHAPE (cp_batch_get (out_a, "cu_seqlens"), 2, 3);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (out_a, "cu_seqlens"), 2, 3);
   CP_TEST_ASSERT_VALUES (cp_batch_get (out_b, "cu_seqlens"), 0, 3, 5, 11, SENTINEL, 0, 2, 4, 6, 8);
   CP_TEST_ASSERT_VALUES (cp_batch_get (out_b, "cu_seqlens_padded"), 0, 4, 6, 12, SENTINEL, 0, 2, 6, 8, 12);
   CP_TEST_ASSERT_VALUES (cp_batch_get (out_b, "max_seqlen"), 6, 2);
@@ -348,7 +321,7 @@ test_padding_mask_rules (void)
   g_autoptr(CpBatch) by_token = convert (batch, NULL, token);
   g_autoptr(CpBatch) by_layout = convert (batch, NULL, two);
 
-  ASSERT_SHAPE (cp_batch_get (by_token, "padding_mask"), 2, 6);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (by_token, "padding_mask"), 2, 6);
   CP_TEST_ASSERT_VALUES (cp_batch_get (by_token, "padding_mask"), 1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0);
   /* Every token is real: the layout rule masks none of them. */
   CP_TEST_ASSERT_VALUES (cp_batch_get (by_layout, "padding_mask"), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -428,10 +401,14 @@ static void
 run_on (int        size,
         ShardCheck check)
 {
-  GList *meshes = cp_test_local_group ("cp", size);
+  cp_test_run_group ("cp", size, run_shard_rank, (gpointer) check);
+}
 
-  cp_test_run_ranks (meshes, run_shard_rank, (gpointer) check);
-  cp_test_free_group (meshes);
+/* Runs the check given as test data on a group of two ranks. */
+static void
+test_on_two_ranks (gconstpointer check)
+{
+  run_on (2, (ShardCheck) check);
 }
 
 /* test_make_cp_batch_for_te_basic with the real partition. */
@@ -456,12 +433,6 @@ te_basic_rank (CpMesh *mesh,
   ASSERT_SCALAR (cp_batch_get (out, "cp_rank"), rank);
 }
 
-static void
-test_te_basic (void)
-{
-  run_on (2, te_basic_rank);
-}
-
 /* test_shard_thd_chunk_skips_missing_padding_mask: an already packed
  * batch is only partitioned. */
 static void
@@ -473,11 +444,11 @@ packed_input_rank (CpMesh *mesh,
   g_autoptr(CpBatch) batch = cp_batch_new ();
   g_autoptr(CpBatch) out = NULL;
 
-  take (batch, "input_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, four, 1, 2, 3, 4));
-  take (batch, "labels", CP_TEST_TENSOR (CP_DTYPE_INT64, four, 10, 20, 30, 40));
-  take (batch, "position_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, four, 0, 1, 2, 3));
-  take (batch, "cu_seqlens", CP_TEST_TENSOR (CP_DTYPE_INT32, two, 0, 4));
-  take (batch, "cu_seqlens_padded", CP_TEST_TENSOR (CP_DTYPE_INT32, two, 0, 4));
+  cp_test_batch_take (batch, "input_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, four, 1, 2, 3, 4));
+  cp_test_batch_take (batch, "labels", CP_TEST_TENSOR (CP_DTYPE_INT64, four, 10, 20, 30, 40));
+  cp_test_batch_take (batch, "position_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, four, 0, 1, 2, 3));
+  cp_test_batch_take (batch, "cu_seqlens", CP_TEST_TENSOR (CP_DTYPE_INT32, two, 0, 4));
+  cp_test_batch_take (batch, "cu_seqlens_padded", CP_TEST_TENSOR (CP_DTYPE_INT32, two, 0, 4));
   out = convert (batch, mesh, NULL);
   g_assert_true (cp_batch_contains (out, "input_ids"));
   g_assert_false (cp_batch_contains (out, "attention_mask"));
@@ -485,12 +456,6 @@ packed_input_rank (CpMesh *mesh,
     CP_TEST_ASSERT_VALUES (cp_batch_get (out, "labels"), 10, 40);
   else
     CP_TEST_ASSERT_VALUES (cp_batch_get (out, "labels"), 20, 30);
-}
-
-static void
-test_packed_input (void)
-{
-  run_on (2, packed_input_rank);
 }
 
 /* E6: two documents in one row, C = 2. */
@@ -533,12 +498,6 @@ e6_rank (CpMesh *mesh,
   /* Per-document head-tail is balanced: every rank does the same work. */
   g_assert_cmpfloat (cp_layout_get_imbalance (cp_batch_get_layout (out, 0)), ==, 1.0);
   g_assert_null (cp_batch_get_layout (out, 1));
-}
-
-static void
-test_example_e6 (void)
-{
-  run_on (2, e6_rank);
 }
 
 /* The other E6 partitions: [0, 4, 8] over 2 ranks and [0, 8, 16] over 4. */
@@ -587,18 +546,12 @@ e7_rank (CpMesh *mesh,
   CP_TEST_ASSERT_VALUES (cp_batch_get (out, "max_seqlen"), 4, 8);
   ASSERT_SCALAR (cp_batch_get (out, "cp_size"), 2);
   ASSERT_SCALAR (cp_batch_get (out, "cp_rank"), rank);
-  ASSERT_SHAPE (cp_batch_get (out, "input_ids"), 2, 4);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (out, "input_ids"), 2, 4);
   if (rank == 0)
     CP_TEST_ASSERT_VALUES (cp_batch_get (out, "input_ids"), 1, 4, 5, 8, 9, 10, 15, 16);
   else
     CP_TEST_ASSERT_VALUES (cp_batch_get (out, "input_ids"), 2, 3, 6, 7, 11, 12, 13, 14);
   g_assert_nonnull (cp_batch_get_layout (out, 1));
-}
-
-static void
-test_example_e7 (void)
-{
-  run_on (2, e7_rank);
 }
 
 /* Embeddings keep their dtype when sharded (the reference casts them to
@@ -618,25 +571,19 @@ dtypes_rank (CpMesh *mesh,
   for (gint64 i = 0; i < 24; i++)
     cp_tensor_set_value (embeds, i, (double) i);
   cp_batch_remove (batch, "input_ids");
-  take (batch, "inputs_embeds", embeds);
+  cp_test_batch_take (batch, "inputs_embeds", embeds);
   out = convert (batch, mesh, NULL);
   local = cp_batch_get (out, "inputs_embeds");
-  ASSERT_SHAPE (local, 4, 3);
+  CP_TEST_ASSERT_SHAPE (local, 4, 3);
   g_assert_cmpint (cp_tensor_get_dtype (local), ==, CP_DTYPE_BFLOAT16);
   if (rank == 0)
     CP_TEST_ASSERT_VALUES (local, 0, 1, 2, 3, 4, 5, 18, 19, 20, 21, 22, 23);
 
-  take (ints, "input_ids", MATRIX (CP_DTYPE_INT32, 1, 8, 1, 2, 3, 4, 5, 6, 7, 8));
+  cp_test_batch_take (ints, "input_ids", MATRIX (CP_DTYPE_INT32, 1, 8, 1, 2, 3, 4, 5, 6, 7, 8));
   ints_out = convert (ints, mesh, NULL);
   g_assert_cmpint (cp_tensor_get_dtype (cp_batch_get (ints_out, "input_ids")), ==, CP_DTYPE_INT64);
   if (rank == 1)
     CP_TEST_ASSERT_VALUES (cp_batch_get (ints_out, "input_ids"), 3, 4, 5, 6);
-}
-
-static void
-test_dtypes (void)
-{
-  run_on (2, dtypes_rank);
 }
 
 /* A real token equal to the padding id is not masked by the layout rule;
@@ -659,12 +606,6 @@ mask_fix_rank (CpMesh *mesh,
     }
   else
     CP_TEST_ASSERT_VALUES (cp_batch_get (by_layout, "padding_mask"), 0, 0, 0, 1);
-}
-
-static void
-test_padding_mask_fix (void)
-{
-  run_on (2, mask_fix_rank);
 }
 
 /* A one-rank group gives the unsharded conversion. */
@@ -959,10 +900,10 @@ int64_cu (CpThdOptions *options)
   const gint64 two[] = { 2 };
   CpBatch *batch = cp_batch_new ();
 
-  take (batch, "input_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, four, 1, 2, 3, 4));
-  take (batch, "labels", CP_TEST_TENSOR (CP_DTYPE_INT64, four, 1, 2, 3, 4));
-  take (batch, "position_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, four, 0, 1, 2, 3));
-  take (batch, "cu_seqlens", CP_TEST_TENSOR (CP_DTYPE_INT64, two, 0, 4));
+  cp_test_batch_take (batch, "input_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, four, 1, 2, 3, 4));
+  cp_test_batch_take (batch, "labels", CP_TEST_TENSOR (CP_DTYPE_INT64, four, 1, 2, 3, 4));
+  cp_test_batch_take (batch, "position_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, four, 0, 1, 2, 3));
+  cp_test_batch_take (batch, "cu_seqlens", CP_TEST_TENSOR (CP_DTYPE_INT64, two, 0, 4));
   return batch;
 }
 
@@ -972,8 +913,8 @@ uncovered (CpThdOptions *options)
   CpBatch *batch = int64_cu (options);
   const gint64 two[] = { 2 };
 
-  take (batch, "cu_seqlens", CP_TEST_TENSOR (CP_DTYPE_INT32, two, 0, 2));
-  take (batch, "cu_seqlens_padded", CP_TEST_TENSOR (CP_DTYPE_INT32, two, 0, 2));
+  cp_test_batch_take (batch, "cu_seqlens", CP_TEST_TENSOR (CP_DTYPE_INT32, two, 0, 2));
+  cp_test_batch_take (batch, "cu_seqlens_padded", CP_TEST_TENSOR (CP_DTYPE_INT32, two, 0, 2));
   return batch;
 }
 
@@ -983,7 +924,7 @@ extras (CpThdOptions *options)
   const gint64 shape[] = { 1, 4, 3 };
   CpBatch *batch = PACKED (1, 4, L (1, 2, 3, 4), 1, L (4), L (4));
 
-  take (batch, "teacher_logits", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, shape, 3, 0));
+  cp_test_batch_take (batch, "teacher_logits", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, shape, 3, 0));
   cp_batch_set_seq_dim (batch, "teacher_logits", 1);
   return batch;
 }
@@ -1001,7 +942,7 @@ token_rule_embeddings (CpThdOptions *options)
   CpBatch *batch = PACKED (1, 4, L (1, 2, 3, 4), 1, L (4), L (4));
 
   cp_thd_options_set_padding_mask_rule (options, CP_PADDING_MASK_RULE_TOKEN_ID);
-  take (batch, "input_ids", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, shape, 3, 0));
+  cp_test_batch_take (batch, "input_ids", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, shape, 3, 0));
   return batch;
 }
 
@@ -1011,7 +952,7 @@ mrope_positions (CpThdOptions *options)
   const gint64 shape[] = { 3, 1, 4 };
   CpBatch *batch = PACKED (1, 4, L (1, 2, 3, 4), 1, L (4), L (4));
 
-  take (batch, "position_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 3, 0));
+  cp_test_batch_take (batch, "position_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 3, 0));
   return batch;
 }
 
@@ -1065,10 +1006,8 @@ static void
 test_errors (gconstpointer data)
 {
   const ErrorCase *c = data;
-  GList *meshes = cp_test_local_group ("cp", c->cp_size);
 
-  cp_test_run_ranks (meshes, error_rank, (gpointer) data);
-  cp_test_free_group (meshes);
+  cp_test_run_group ("cp", c->cp_size, error_rank, (gpointer) data);
 }
 
 int
@@ -1086,13 +1025,13 @@ main (int   argc,
   g_test_add_func ("/Cp/Thd/chunks/sentinels", test_sentinels);
   g_test_add_func ("/Cp/Thd/padding-mask/rules", test_padding_mask_rules);
   g_test_add_func ("/Cp/Thd/absorption/examples", test_absorption);
-  g_test_add_func ("/Cp/Thd/shard/te-basic", test_te_basic);
-  g_test_add_func ("/Cp/Thd/shard/packed-input", test_packed_input);
-  g_test_add_func ("/Cp/Thd/shard/example-e6", test_example_e6);
+  g_test_add_data_func ("/Cp/Thd/shard/te-basic", te_basic_rank, test_on_two_ranks);
+  g_test_add_data_func ("/Cp/Thd/shard/packed-input", packed_input_rank, test_on_two_ranks);
+  g_test_add_data_func ("/Cp/Thd/shard/example-e6", e6_rank, test_on_two_ranks);
   g_test_add_func ("/Cp/Thd/shard/partitions", test_partitions);
-  g_test_add_func ("/Cp/Thd/shard/example-e7", test_example_e7);
-  g_test_add_func ("/Cp/Thd/shard/dtypes", test_dtypes);
-  g_test_add_func ("/Cp/Thd/shard/padding-mask-fix", test_padding_mask_fix);
+  g_test_add_data_func ("/Cp/Thd/shard/example-e7", e7_rank, test_on_two_ranks);
+  g_test_add_data_func ("/Cp/Thd/shard/dtypes", dtypes_rank, test_on_two_ranks);
+  g_test_add_data_func ("/Cp/Thd/shard/padding-mask-fix", mask_fix_rank, test_on_two_ranks);
   g_test_add_func ("/Cp/Thd/shard/single-rank", test_single_rank);
   g_test_add_func ("/Cp/Thd/pad-documents/example", test_pad_documents);
   g_test_add_func ("/Cp/Thd/shard/property", test_property);

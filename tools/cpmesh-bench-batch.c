@@ -32,17 +32,6 @@ typedef struct
   int warmup;
 } Config;
 
-/* A reusable barrier for the rank threads and, in the memory phase, the
- * main thread. */
-typedef struct
-{
-  GMutex lock;
-  GCond cond;
-  int parties;
-  int waiting;
-  guint generation;
-} Barrier;
-
 typedef struct _Bench Bench;
 
 /* What each rank records, one per iteration: the phase durations, and
@@ -61,31 +50,22 @@ typedef struct
 struct _Bench
 {
   Config config;
-  Barrier all;           /* ranks + main */
-  Barrier ranks;         /* ranks only */
   Rank *rank;
   gsize full_bytes;      /* one rank's batch */
+  gsize base_rss;        /* before any batch exists */
+  gsize peak_rss;        /* during the first enter */
+  gboolean peak_reset;
 };
 
 static const char *names[N_BUFFERS] = { "input_ids", "labels", "position_ids", "teacher_logits" };
 
 static void
-barrier_wait (Barrier *barrier)
+barrier (Rank *rank)
 {
-  guint generation;
+  g_autoptr(GError) error = NULL;
 
-  g_mutex_lock (&barrier->lock);
-  generation = barrier->generation;
-  if (++barrier->waiting == barrier->parties)
-    {
-      barrier->waiting = 0;
-      barrier->generation++;
-      g_cond_broadcast (&barrier->cond);
-    }
-  else
-    while (generation == barrier->generation)
-      g_cond_wait (&barrier->cond, &barrier->lock);
-  g_mutex_unlock (&barrier->lock);
+  if (!cp_mesh_barrier (rank->mesh, &error))
+    g_error ("bench batch: %s", error->message);
 }
 
 static void
@@ -164,29 +144,64 @@ check (gboolean  ok,
     g_error ("bench batch: %s", error->message);
 }
 
-/* One prepare + enter + exit; @inside runs between enter and exit. */
+/* A field of /proc/self/status, in bytes. */
+static gsize
+status_bytes (const char *field)
+{
+  g_autofree char *status = NULL;
+  const char *line;
+
+  if (!g_file_get_contents ("/proc/self/status", &status, NULL, NULL) ||
+      (line = strstr (status, field)) == NULL)
+    return 0;
+  return (gsize) g_ascii_strtoull (line + strlen (field) + 1, NULL, 10) * 1024;
+}
+
+/* Writing 5 to clear_refs resets VmHWM to the current resident size. */
+static gboolean
+reset_peak (void)
+{
+  FILE *file = fopen ("/proc/self/clear_refs", "w");
+  gboolean ok;
+
+  if (file == NULL)
+    return FALSE;
+  ok = fputs ("5", file) >= 0;
+  return fclose (file) == 0 && ok;
+}
+
+/* Every rank is entered: rank 0 reads the high-water mark before any
+ * rank exits. */
+static void
+measure_peak (Rank *rank)
+{
+  barrier (rank);
+  if (cp_mesh_get_rank (rank->mesh) == 0)
+    rank->bench->peak_rss = status_bytes ("VmHWM:");
+  barrier (rank);
+}
+
+/* One prepare + enter + exit; the first one (@iteration < 0 and
+ * @measure) reads the peak resident size while entered. */
 static void
 run_step (Rank     *rank,
           int       iteration,
-          Barrier  *inside)
+          gboolean  measure)
 {
   g_autoptr(CpBatch) batch = view_batch (rank);
   g_autoptr(CpContext) context = NULL;
   g_autoptr(GError) error = NULL;
   gint64 t0, t1, t2, t3;
 
-  barrier_wait (&rank->bench->ranks);
+  barrier (rank);
   t0 = g_get_monotonic_time ();
   context = cp_batch_prepare (batch, rank->mesh, NULL, &error);
   check (context != NULL, error);
   t1 = g_get_monotonic_time ();
   check (cp_context_enter (context, &error), error);
   t2 = g_get_monotonic_time ();
-  if (inside != NULL)
-    {
-      barrier_wait (inside);             /* the main thread reads the peak */
-      barrier_wait (inside);
-    }
+  if (measure)
+    measure_peak (rank);
   check (cp_context_exit (context, &error), error);
   t3 = g_get_monotonic_time ();
   if (iteration < 0)
@@ -209,7 +224,7 @@ run_copy (Rank    *rank,
   gint64 t0, t1;
   gsize offset = 0;
 
-  barrier_wait (&rank->bench->ranks);
+  barrier (rank);
   t0 = g_get_monotonic_time ();
   for (int b = 0; b < N_BUFFERS; b++)
     {
@@ -241,45 +256,20 @@ rank_main (gpointer data)
       check (rank->storage[b] != NULL, error);
       fill_storage (rank->storage[b], b, config);
     }
-  barrier_wait (&bench->all);              /* batches resident */
-  barrier_wait (&bench->all);              /* peak counter reset */
-  run_step (rank, -1, &bench->all);        /* main reads the peak inside */
+  barrier (rank);                          /* every batch resident */
+  if (cp_mesh_get_rank (rank->mesh) == 0)
+    bench->peak_reset = reset_peak ();
+  run_step (rank, -1, TRUE);
 
   destination = g_malloc (bench->full_bytes / (gsize) config->ranks);
   memset (destination, 0, bench->full_bytes / (gsize) config->ranks);
   /* Interleaved, so that both see the same machine load. */
   for (int i = -config->warmup; i < config->iterations; i++)
     {
-      run_step (rank, i, NULL);
+      run_step (rank, i, FALSE);
       run_copy (rank, destination, i);
     }
   return NULL;
-}
-
-/* A field of /proc/self/status, in bytes. */
-static gsize
-status_bytes (const char *field)
-{
-  g_autofree char *status = NULL;
-  const char *line;
-
-  if (!g_file_get_contents ("/proc/self/status", &status, NULL, NULL) ||
-      (line = strstr (status, field)) == NULL)
-    return 0;
-  return (gsize) g_ascii_strtoull (line + strlen (field) + 1, NULL, 10) * 1024;
-}
-
-/* Writing 5 to clear_refs resets VmHWM to the current resident size. */
-static gboolean
-reset_peak (void)
-{
-  FILE *file = fopen ("/proc/self/clear_refs", "w");
-  gboolean ok;
-
-  if (file == NULL)
-    return FALSE;
-  ok = fputs ("5", file) >= 0;
-  return fclose (file) == 0 && ok;
 }
 
 static int
@@ -340,22 +330,6 @@ median_of_span (Bench *bench,
   return median (span, n);
 }
 
-static void
-barrier_init (Barrier *barrier,
-              int      parties)
-{
-  g_mutex_init (&barrier->lock);
-  g_cond_init (&barrier->cond);
-  barrier->parties = parties;
-}
-
-static void
-barrier_clear (Barrier *barrier)
-{
-  g_mutex_clear (&barrier->lock);
-  g_cond_clear (&barrier->cond);
-}
-
 static gboolean
 parse_config (int     *argc,
               char  ***argv,
@@ -389,10 +363,7 @@ parse_config (int     *argc,
 }
 
 static void
-report (Bench *bench,
-        gsize  base,
-        gsize  peak,
-        gboolean peak_reset)
+report (Bench *bench)
 {
   Config *c = &bench->config;
   double step = median_of_span (bench, STEP_START, STEP_END);
@@ -411,11 +382,13 @@ report (Bench *bench,
           median_of_max (bench, EXIT) * 1e3);
   printf ("  memcpy of the same bytes, same threads, all ranks: %.3f ms\n", copy * 1e3);
   printf ("  ratio: %.2f x memcpy (target <= 1.5)\n", step / copy);
-  printf ("  peak RSS during enter: %.1f MiB above the start%s\n", (peak - base) / mib,
-          peak_reset ? "" : " (the peak counter could not be reset; this includes setup)");
+  printf ("  peak RSS during enter: %.1f MiB above the start%s\n",
+          (bench->peak_rss - bench->base_rss) / mib,
+          bench->peak_reset ? "" : " (the peak counter could not be reset; this includes setup)");
   printf ("  full batch + local copy, every rank: %.1f MiB (%.1f + %.1f per rank)\n",
           budget / mib, bench->full_bytes / mib, local / mib);
-  printf ("  ratio: %.3f (target <= 1.1)\n", (double) (peak - base) / (double) budget);
+  printf ("  ratio: %.3f (target <= 1.1)\n",
+          (double) (bench->peak_rss - bench->base_rss) / (double) budget);
 }
 
 int
@@ -427,8 +400,6 @@ cpmesh_bench_batch (int    argc,
   g_autoptr(GError) error = NULL;
   g_autofree GThread **threads = NULL;
   GList *meshes;
-  gsize base, peak;
-  gboolean peak_reset;
   int i = 0;
 
   if (!parse_config (&argc, &argv, &bench.config))
@@ -441,11 +412,9 @@ cpmesh_bench_batch (int    argc,
     }
   for (int b = 0; b < N_BUFFERS; b++)
     bench.full_bytes += buffer_bytes (&bench.config, b);
-  barrier_init (&bench.all, bench.config.ranks + 1);
-  barrier_init (&bench.ranks, bench.config.ranks);
   bench.rank = g_new0 (Rank, bench.config.ranks);
   threads = g_new0 (GThread *, bench.config.ranks);
-  base = status_bytes ("VmRSS:");
+  bench.base_rss = status_bytes ("VmRSS:");
   for (GList *l = meshes; l != NULL; l = l->next, i++)
     {
       Rank *rank = &bench.rank[i];
@@ -456,16 +425,10 @@ cpmesh_bench_batch (int    argc,
         rank->series[k] = g_new0 (double, bench.config.iterations);
       threads[i] = g_thread_new ("bench-rank", rank_main, rank);
     }
-  barrier_wait (&bench.all);
-  peak_reset = reset_peak ();
-  barrier_wait (&bench.all);
-  barrier_wait (&bench.all);
-  peak = status_bytes ("VmHWM:");
-  barrier_wait (&bench.all);
   for (i = 0; i < bench.config.ranks; i++)
     g_thread_join (threads[i]);
 
-  report (&bench, base, peak, peak_reset);
+  report (&bench);
 
   for (i = 0; i < bench.config.ranks; i++)
     {
@@ -475,8 +438,6 @@ cpmesh_bench_batch (int    argc,
         g_free (bench.rank[i].series[k]);
     }
   g_free (bench.rank);
-  barrier_clear (&bench.all);
-  barrier_clear (&bench.ranks);
   g_list_free_full (meshes, g_object_unref);
   return 0;
 }

@@ -26,22 +26,12 @@ typedef struct
   guint seed;
 } ThdConfig;
 
-typedef struct
-{
-  GMutex lock;
-  GCond cond;
-  int parties;
-  int waiting;
-  guint generation;
-} ThdBarrier;
-
 /* When each rank's conversion and copy started and ended. */
 enum { CONVERT_START, CONVERT_END, COPY_START, COPY_END, N_MARKS };
 
 typedef struct
 {
   ThdConfig *config;
-  ThdBarrier *barrier;
   CpMesh *mesh;
   CpBatch *batch;        /* this rank's own padded batch */
   double *marks[N_MARKS];
@@ -49,22 +39,12 @@ typedef struct
 } ThdRank;
 
 static void
-thd_barrier_wait (ThdBarrier *barrier)
+thd_barrier (ThdRank *rank)
 {
-  guint generation;
+  g_autoptr(GError) error = NULL;
 
-  g_mutex_lock (&barrier->lock);
-  generation = barrier->generation;
-  if (++barrier->waiting == barrier->parties)
-    {
-      barrier->waiting = 0;
-      barrier->generation++;
-      g_cond_broadcast (&barrier->cond);
-    }
-  else
-    while (generation == barrier->generation)
-      g_cond_wait (&barrier->cond, &barrier->lock);
-  g_mutex_unlock (&barrier->lock);
+  if (!cp_mesh_barrier (rank->mesh, &error))
+    g_error ("bench thd: %s", error->message);
 }
 
 static CpTensor *
@@ -154,7 +134,7 @@ convert_once (ThdRank *rank,
   g_autoptr(GError) error = NULL;
   gint64 t0, t1;
 
-  thd_barrier_wait (rank->barrier);
+  thd_barrier (rank);
   t0 = g_get_monotonic_time ();
   out = cp_batch_to_thd (rank->batch, rank->mesh, NULL, &error);
   t1 = g_get_monotonic_time ();
@@ -177,7 +157,7 @@ copy_once (ThdRank *rank,
   gsize share = rank->local_bytes / G_N_ELEMENTS (keys);
   gint64 t0, t1;
 
-  thd_barrier_wait (rank->barrier);
+  thd_barrier (rank);
   t0 = g_get_monotonic_time ();
   for (guint k = 0; k < G_N_ELEMENTS (keys); k++)
     memcpy (destination + k * share, cp_tensor_get_data (cp_batch_get (rank->batch, keys[k])), share);
@@ -282,7 +262,6 @@ cpmesh_bench_thd (int    argc,
   g_autoptr(GError) error = NULL;
   g_autofree ThdRank *ranks = NULL;
   g_autofree GThread **threads = NULL;
-  ThdBarrier barrier = { 0 };
   GList *meshes;
   double convert, copy;
   int i = 0;
@@ -295,15 +274,11 @@ cpmesh_bench_thd (int    argc,
       fprintf (stderr, "bench thd: %s\n", error->message);
       return 1;
     }
-  g_mutex_init (&barrier.lock);
-  g_cond_init (&barrier.cond);
-  barrier.parties = config.ranks;
   ranks = g_new0 (ThdRank, config.ranks);
   threads = g_new0 (GThread *, config.ranks);
   for (GList *l = meshes; l != NULL; l = l->next, i++)
     {
       ranks[i].config = &config;
-      ranks[i].barrier = &barrier;
       ranks[i].mesh = l->data;
       ranks[i].batch = make_batch (&config);
       ranks[i].local_bytes = 3 * (gsize) config.rows * (gsize) config.seq * 8 / (gsize) config.ranks;
@@ -333,8 +308,6 @@ cpmesh_bench_thd (int    argc,
       for (int k = 0; k < N_MARKS; k++)
         g_free (ranks[i].marks[k]);
     }
-  g_mutex_clear (&barrier.lock);
-  g_cond_clear (&barrier.cond);
   g_list_free_full (meshes, g_object_unref);
   return 0;
 }

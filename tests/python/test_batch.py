@@ -5,8 +5,6 @@
 #
 # SPDX-License-Identifier: LGPL-2.1-or-later
 
-import threading
-import traceback
 import unittest
 
 import gi
@@ -15,30 +13,7 @@ gi.require_version('Cp', '1')
 from gi.repository import Cp, GLib  # noqa: E402
 import numpy as np  # noqa: E402
 
-
-def T(values, dtype=np.int64):
-    return Cp.Tensor.from_numpy(np.array(values, dtype=dtype))
-
-
-def run_ranks(sizes, func, names=('cp',)):
-    """Runs func(mesh) on one thread per rank and re-raises the first failure."""
-    meshes = Cp.Mesh.new_local_group(list(names), list(sizes))
-    failures = []
-
-    def body(mesh):
-        mesh.set_timeout_ms(20000)
-        try:
-            func(mesh)
-        except BaseException:  # noqa: B902 - reported on the main thread
-            failures.append(traceback.format_exc())
-
-    threads = [threading.Thread(target=body, args=(mesh,)) for mesh in meshes]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if failures:
-        raise AssertionError(failures[0])
+from cptestutil import T, run_ranks  # noqa: E402
 
 
 def e2_batch():

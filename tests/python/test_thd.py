@@ -5,7 +5,6 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
 
 import threading
-import traceback
 import unittest
 
 import gi
@@ -14,30 +13,9 @@ gi.require_version('Cp', '1')
 from gi.repository import Cp, GLib  # noqa: E402
 import numpy as np  # noqa: E402
 
+from cptestutil import T, run_ranks  # noqa: E402
+
 SENTINEL = -1000
-
-
-def T(values, dtype=np.int64):
-    return Cp.Tensor.from_numpy(np.ascontiguousarray(np.array(values, dtype=dtype)))
-
-
-def run_ranks(size, func):
-    meshes = Cp.Mesh.new_local_group(['cp'], [size])
-    failures = []
-
-    def body(mesh):
-        try:
-            func(mesh)
-        except BaseException:  # noqa: B902 - reported on the main thread
-            failures.append(traceback.format_exc())
-
-    threads = [threading.Thread(target=body, args=(m,)) for m in meshes]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if failures:
-        raise AssertionError(failures[0])
 
 
 def packed(ids, seq_lens, seq_lens_padded=None, positions=None):
@@ -189,7 +167,7 @@ class ShardTests(unittest.TestCase):
             np.testing.assert_array_equal(arr(out, 'input_ids'), expected)
             self.assertEqual(int(arr(out, 'cp_size')), 2)
             self.assertEqual(int(arr(out, 'cp_rank')), mesh.get_rank())
-        run_ranks(2, rank)
+        run_ranks([2], rank)
 
     def test_packed_input(self):
         def rank(mesh):
@@ -203,7 +181,7 @@ class ShardTests(unittest.TestCase):
             self.assertIn('input_ids', out)
             self.assertNotIn('attention_mask', out)
             np.testing.assert_array_equal(arr(out, 'labels'), [10, 40] if mesh.get_rank() == 0 else [20, 30])
-        run_ranks(2, rank)
+        run_ranks([2], rank)
 
     def test_e6(self):
         def rank(mesh):
@@ -223,7 +201,7 @@ class ShardTests(unittest.TestCase):
                 self.assertFalse(arr(out, 'padding_mask').any())
                 np.testing.assert_array_equal(arr(out, 'local_cu_seqlens'), [0, 4, 6])
             self.assertEqual(out.get_layout(0).get_imbalance(), 1.0)
-        run_ranks(2, rank)
+        run_ranks([2], rank)
 
     def test_e7_chunks(self):
         def rank(mesh):
@@ -234,7 +212,7 @@ class ShardTests(unittest.TestCase):
             self.assertNotIn('cu_seqlens_padded', out)
             if mesh.get_rank() == 0:
                 np.testing.assert_array_equal(arr(out, 'input_ids'), [[1, 4, 5, 8], [9, 10, 15, 16]])
-        run_ranks(2, rank)
+        run_ranks([2], rank)
 
     def test_embeddings_keep_dtype(self):
         def rank(mesh):
@@ -245,7 +223,7 @@ class ShardTests(unittest.TestCase):
             out = batch.to_thd(mesh)
             index = [0, 1, 6, 7] if mesh.get_rank() == 0 else [2, 3, 4, 5]
             np.testing.assert_array_equal(arr(out, 'inputs_embeds'), embeds[0, index])
-        run_ranks(2, rank)
+        run_ranks([2], rank)
 
     def test_random_documents(self):
         """Property: every position held exactly once, head-tail per document,
@@ -283,7 +261,7 @@ class ShardTests(unittest.TestCase):
                     local_real.append(int(arr(out, 'local_cu_seqlens')[-1]))
                 with lock:
                     seen[ids] += 1
-            run_ranks(size, rank)
+            run_ranks([size], rank)
             np.testing.assert_array_equal(seen, 1)
             if size > 1:
                 self.assertEqual(sum(local_real), int(real.sum()))
@@ -297,7 +275,7 @@ class ErrorTests(unittest.TestCase):
                 batch.to_thd(mesh, options)
             self.assertEqual(caught.exception.code, code)
             self.assertIn(needle, caught.exception.message)
-        run_ranks(size, rank)
+        run_ranks([size], rank)
 
     def test_errors(self):
         batch = uniform(1, 4)
