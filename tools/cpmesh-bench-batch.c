@@ -391,6 +391,28 @@ report (Bench *bench)
           (double) (bench->peak_rss - bench->base_rss) / (double) budget);
 }
 
+/* Every rank on its own thread; each allocates and fills its own batch. */
+static void
+run_ranks (Bench *bench,
+           GList *meshes)
+{
+  g_autofree GThread **threads = g_new0 (GThread *, bench->config.ranks);
+  int i = 0;
+
+  for (GList *l = meshes; l != NULL; l = l->next, i++)
+    {
+      Rank *rank = &bench->rank[i];
+
+      rank->bench = bench;
+      rank->mesh = l->data;
+      for (int k = 0; k < N_SERIES; k++)
+        rank->series[k] = g_new0 (double, bench->config.iterations);
+      threads[i] = g_thread_new ("bench-rank", rank_main, rank);
+    }
+  for (i = 0; i < bench->config.ranks; i++)
+    g_thread_join (threads[i]);
+}
+
 int
 cpmesh_bench_batch (int    argc,
                     char **argv)
@@ -398,9 +420,7 @@ cpmesh_bench_batch (int    argc,
   Bench bench = { .config = { 4, 8, 32768, 64, 20, 3 } };
   const char *dim_names[] = { "cp", NULL };
   g_autoptr(GError) error = NULL;
-  g_autofree GThread **threads = NULL;
   GList *meshes;
-  int i = 0;
 
   if (!parse_config (&argc, &argv, &bench.config))
     return 2;
@@ -413,24 +433,10 @@ cpmesh_bench_batch (int    argc,
   for (int b = 0; b < N_BUFFERS; b++)
     bench.full_bytes += buffer_bytes (&bench.config, b);
   bench.rank = g_new0 (Rank, bench.config.ranks);
-  threads = g_new0 (GThread *, bench.config.ranks);
   bench.base_rss = status_bytes ("VmRSS:");
-  for (GList *l = meshes; l != NULL; l = l->next, i++)
-    {
-      Rank *rank = &bench.rank[i];
-
-      rank->bench = &bench;
-      rank->mesh = l->data;
-      for (int k = 0; k < N_SERIES; k++)
-        rank->series[k] = g_new0 (double, bench.config.iterations);
-      threads[i] = g_thread_new ("bench-rank", rank_main, rank);
-    }
-  for (i = 0; i < bench.config.ranks; i++)
-    g_thread_join (threads[i]);
-
+  run_ranks (&bench, meshes);
   report (&bench);
-
-  for (i = 0; i < bench.config.ranks; i++)
+  for (int i = 0; i < bench.config.ranks; i++)
     {
       for (int b = 0; b < N_BUFFERS; b++)
         cp_storage_unref (bench.rank[i].storage[b]);

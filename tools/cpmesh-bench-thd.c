@@ -253,6 +253,48 @@ parse_thd_config (int        *argc,
   return TRUE;
 }
 
+static void
+thd_report (ThdConfig *config,
+            ThdRank   *ranks)
+{
+  double convert = median_span (ranks, config->ranks, config->iterations, CONVERT_START, CONVERT_END);
+  double copy = median_span (ranks, config->ranks, config->iterations, COPY_START, COPY_END);
+
+  printf ("bench thd: %d in-process ranks; input_ids, labels, position_ids [%d, %d] int64, "
+          "%d documents per row of random lengths\n",
+          config->ranks, config->rows, config->seq, config->documents);
+  printf ("  bytes moved per rank: %.2f MiB (this rank's share of the three buffers)\n",
+          ranks[0].local_bytes / (1024.0 * 1024.0));
+  printf ("  THD conversion + partition, all ranks: %.3f ms (median of %d)\n", convert * 1e3,
+          config->iterations);
+  printf ("  memcpy of the same bytes, same threads, all ranks: %.3f ms\n", copy * 1e3);
+  printf ("  ratio: %.2f x memcpy (target <= 2)\n", convert / copy);
+}
+
+/* Every rank converts its own copy of the batch, on its own thread. */
+static void
+thd_run_ranks (ThdConfig *config,
+               ThdRank   *ranks,
+               GList     *meshes)
+{
+  g_autofree GThread **threads = g_new0 (GThread *, config->ranks);
+  int i = 0;
+
+  for (GList *l = meshes; l != NULL; l = l->next, i++)
+    {
+      ranks[i].config = config;
+      ranks[i].mesh = l->data;
+      ranks[i].batch = make_batch (config);
+      ranks[i].local_bytes = 3 * (gsize) config->rows * (gsize) config->seq * 8 / (gsize) config->ranks;
+      for (int k = 0; k < N_MARKS; k++)
+        ranks[i].marks[k] = g_new0 (double, config->iterations);
+    }
+  for (i = 0; i < config->ranks; i++)
+    threads[i] = g_thread_new ("bench-thd-rank", thd_rank_main, &ranks[i]);
+  for (i = 0; i < config->ranks; i++)
+    g_thread_join (threads[i]);
+}
+
 int
 cpmesh_bench_thd (int    argc,
                   char **argv)
@@ -261,10 +303,7 @@ cpmesh_bench_thd (int    argc,
   const char *dim_names[] = { "cp", NULL };
   g_autoptr(GError) error = NULL;
   g_autofree ThdRank *ranks = NULL;
-  g_autofree GThread **threads = NULL;
   GList *meshes;
-  double convert, copy;
-  int i = 0;
 
   if (!parse_thd_config (&argc, &argv, &config))
     return 2;
@@ -275,34 +314,9 @@ cpmesh_bench_thd (int    argc,
       return 1;
     }
   ranks = g_new0 (ThdRank, config.ranks);
-  threads = g_new0 (GThread *, config.ranks);
-  for (GList *l = meshes; l != NULL; l = l->next, i++)
-    {
-      ranks[i].config = &config;
-      ranks[i].mesh = l->data;
-      ranks[i].batch = make_batch (&config);
-      ranks[i].local_bytes = 3 * (gsize) config.rows * (gsize) config.seq * 8 / (gsize) config.ranks;
-      for (int k = 0; k < N_MARKS; k++)
-        ranks[i].marks[k] = g_new0 (double, config.iterations);
-    }
-  for (i = 0; i < config.ranks; i++)
-    threads[i] = g_thread_new ("bench-thd-rank", thd_rank_main, &ranks[i]);
-  for (i = 0; i < config.ranks; i++)
-    g_thread_join (threads[i]);
-
-  convert = median_span (ranks, config.ranks, config.iterations, CONVERT_START, CONVERT_END);
-  copy = median_span (ranks, config.ranks, config.iterations, COPY_START, COPY_END);
-  printf ("bench thd: %d in-process ranks; input_ids, labels, position_ids [%d, %d] int64, "
-          "%d documents per row of random lengths\n",
-          config.ranks, config.rows, config.seq, config.documents);
-  printf ("  bytes moved per rank: %.2f MiB (this rank's share of the three buffers)\n",
-          ranks[0].local_bytes / (1024.0 * 1024.0));
-  printf ("  THD conversion + partition, all ranks: %.3f ms (median of %d)\n", convert * 1e3,
-          config.iterations);
-  printf ("  memcpy of the same bytes, same threads, all ranks: %.3f ms\n", copy * 1e3);
-  printf ("  ratio: %.2f x memcpy (target <= 2)\n", convert / copy);
-
-  for (i = 0; i < config.ranks; i++)
+  thd_run_ranks (&config, ranks, meshes);
+  thd_report (&config, ranks);
+  for (int i = 0; i < config.ranks; i++)
     {
       g_object_unref (ranks[i].batch);
       for (int k = 0; k < N_MARKS; k++)
