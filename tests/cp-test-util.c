@@ -91,3 +91,66 @@ cp_test_assert_values (CpTensor     *tensor,
   for (gsize i = 0; i < n_values; i++)
     g_assert_cmpfloat (cp_tensor_get_value (tensor, (gint64) i), ==, values[i]);
 }
+
+CpTensor *
+cp_test_tensor_new_values (CpDType       dtype,
+                           const gint64 *shape,
+                           guint         n_dims,
+                           const double *values)
+{
+  g_autoptr(GError) error = NULL;
+  CpTensor *tensor = cp_tensor_new (dtype, shape, n_dims, &error);
+
+  g_assert_no_error (error);
+  for (gint64 i = 0; i < cp_tensor_get_numel (tensor); i++)
+    cp_tensor_set_value (tensor, i, values[i]);
+  return tensor;
+}
+
+void
+cp_test_run_group (const char     *dim_name,
+                   int             size,
+                   CpTestRankFunc  func,
+                   gpointer        user_data)
+{
+  GList *meshes = cp_test_local_group (dim_name, size);
+
+  cp_test_run_ranks (meshes, func, user_data);
+  cp_test_free_group (meshes);
+}
+
+void
+cp_test_assert_shape (CpTensor     *tensor,
+                      const gint64 *shape,
+                      guint         n_dims)
+{
+  guint actual;
+  const gint64 *have = cp_tensor_get_shape (tensor, &actual);
+
+  g_assert_cmpuint (actual, ==, n_dims);
+  g_assert_cmpmem (have, actual * sizeof (gint64), shape, n_dims * sizeof (gint64));
+}
+
+void
+cp_test_run_mesh (const char * const *dim_names,
+                  const int          *dim_sizes,
+                  gsize               n_dims,
+                  CpTestRankFunc      func,
+                  gpointer            user_data)
+{
+  g_autoptr(GError) error = NULL;
+  GList *meshes = cp_mesh_new_local_group (dim_names, dim_sizes, n_dims, &error);
+
+  g_assert_no_error (error);
+  cp_test_run_ranks (meshes, func, user_data);
+  cp_test_free_group (meshes);
+}
+
+void
+cp_test_batch_take (CpBatch    *batch,
+                    const char *key,
+                    CpTensor   *tensor)
+{
+  cp_batch_set (batch, key, tensor);
+  g_object_unref (tensor);
+}

@@ -12,6 +12,8 @@
 static const CpmeshCommand bench_commands[] = {
   { "layout", "Shard and unshard a 256 MiB tensor against memcpy", cpmesh_bench_layout },
   { "mesh", "In-process all_gather and all_reduce against memcpy", cpmesh_bench_mesh },
+  { "batch", "Prepare, enter and exit of a batch on 4 ranks against memcpy", cpmesh_bench_batch },
+  { "thd", "THD conversion and partition on 4 ranks against memcpy", cpmesh_bench_thd },
 };
 
 /* meson test fills every malloc'd block with a byte pattern, which turns
@@ -70,6 +72,16 @@ compare_doubles (gconstpointer a,
   return (x > y) - (x < y);
 }
 
+double
+cpmesh_bench_median (double *values,
+                     gsize   n)
+{
+  if (n == 0)
+    return 0.0;
+  qsort (values, n, sizeof (double), compare_doubles);
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2.0;
+}
+
 /* Best and median throughput in GB/s (10^9 bytes per second). */
 static void
 row_throughput (const CpmeshBenchRow *row,
@@ -77,16 +89,13 @@ row_throughput (const CpmeshBenchRow *row,
                 double               *median)
 {
   g_autoptr(GArray) sorted = g_array_copy (row->seconds);
-  guint n = sorted->len;
+  double *seconds = (double *) (gpointer) sorted->data;
 
   *best = *median = 0.0;
-  if (n == 0)
+  if (sorted->len == 0)
     return;
-  g_array_sort (sorted, compare_doubles);
-  *best = row->bytes / 1e9 / g_array_index (sorted, double, 0);
-  *median = row->bytes / 1e9 / (n % 2 ? g_array_index (sorted, double, n / 2)
-                                      : (g_array_index (sorted, double, n / 2 - 1) +
-                                         g_array_index (sorted, double, n / 2)) / 2.0);
+  *median = row->bytes / 1e9 / cpmesh_bench_median (seconds, sorted->len);
+  *best = row->bytes / 1e9 / seconds[0];
 }
 
 static const CpmeshBenchRow *

@@ -35,4 +35,13 @@ gboolean  cpmesh_bench_report        (CpmeshBenchRow  *rows,
                                       gsize            n_rows,
                                       gboolean         judge_targets);
 
+/* The median of @n values, which it sorts in place. */
+double    cpmesh_bench_median        (double          *values,
+                                      gsize            n);
+
+int       cpmesh_bench_batch         (int              argc,
+                                      char           **argv);
+int       cpmesh_bench_thd           (int              argc,
+                                      char           **argv);
+
 G_END_DECLS
