@@ -23,6 +23,7 @@ test_properties (void)
   CpMesh *cp;
   g_auto(GStrv) dim_names = NULL;
   g_autoptr(GVariant) dim_sizes = NULL;
+  g_autoptr(GVariant) expected_sizes = g_variant_ref_sink (g_variant_new_parsed ("[2, 3]"));
   char *backend;
   int world;
 
@@ -35,7 +36,7 @@ test_properties (void)
   g_assert_cmpstr (backend, ==, "local");
   g_free (backend);
   g_assert_cmpstrv (dim_names, names);
-  g_assert_true (g_variant_equal (dim_sizes, g_variant_new_parsed ("[2, 3]")));
+  g_assert_true (g_variant_equal (dim_sizes, expected_sizes));
   g_assert_cmpint (cp_mesh_get_rank (rank4), ==, 4);
   g_assert_cmpint (cp_mesh_get_coordinate (rank4, "dp"), ==, 1);
   g_assert_cmpint (cp_mesh_get_coordinate (rank4, "cp"), ==, 1);
