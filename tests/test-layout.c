@@ -219,7 +219,8 @@ test_shard_backward (void)
 
   g_clear_object (&grad);
   g_assert_null (cp_layout_shard_backward (layout, view, 1, 1, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_shard_backward of a gradient of the wrong length");
 }
 
 static void
@@ -334,35 +335,42 @@ test_errors (void)
   g_autoptr(GError) error = NULL;
 
   g_assert_null (cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, 6, 2, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_new head-tail with a length not a multiple of 2·cp_size");
   g_assert_nonnull (strstr (error->message, "sequence length 6 is not a non-negative multiple of 4"));
   g_clear_error (&error);
 
   g_assert_null (cp_layout_new (CP_LOAD_BALANCE_CONTIGUOUS, 10, 4, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_new contiguous with a length not a multiple of cp_size");
   g_assert_nonnull (strstr (error->message, "10"));
   g_clear_error (&error);
 
   g_assert_null (cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, 8, 0, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE, "CpLayout",
+                       "cp_layout_new with cp_size 0");
   g_clear_error (&error);
 
   g_assert_null (cp_layout_new_thd (bad_doc, 3, 2, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_new_thd with a document not a multiple of 2·cp_size");
   g_assert_nonnull (strstr (error->message, "document 1 has padded length 6, not a multiple of 4"));
   g_clear_error (&error);
 
   g_assert_null (cp_layout_new_thd (decreasing, 3, 2, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_new_thd with decreasing bounds");
   g_assert_nonnull (strstr (error->message, "decreases"));
   g_clear_error (&error);
 
   g_assert_null (cp_layout_new_thd (offset, 2, 2, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_new_thd with bounds that do not start at 0");
   g_clear_error (&error);
 
   g_assert_null (cp_layout_new_thd (offset, 1, 2, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_new_thd with a single bound");
 }
 
 static void
@@ -381,30 +389,36 @@ test_shard_errors (void)
   g_autoptr(GError) error = NULL;
 
   g_assert_null (cp_layout_shard (layout, bad, 1, 0, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_shard of a tensor whose sequence length differs from the layout");
   g_assert_nonnull (strstr (error->message, "dimension 1 of int64[2, 10] on host has length 10, the layout needs 8"));
   g_clear_error (&error);
 
   g_assert_null (cp_layout_shard (layout, good, 0, 2, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE, "CpLayout",
+                       "cp_layout_shard for a rank outside [0, cp_size)");
   g_clear_error (&error);
 
   g_assert_null (cp_layout_shard (layout, good, 3, 0, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_shard along a dimension that does not exist");
   g_clear_error (&error);
 
   g_assert_false (cp_layout_shard_into (layout, good, 0, 0, out, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_shard_into an output of the wrong shape or dtype");
   g_assert_nonnull (strstr (error->message, "must be int64[4]"));
   g_clear_error (&error);
 
   g_assert_null (cp_layout_unshard_pieces (layout, pieces, 2, 1, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_unshard_pieces with a piece of the wrong shape");
   g_assert_nonnull (strstr (error->message, "piece 1"));
   g_clear_error (&error);
 
   g_assert_null (cp_layout_unshard_pieces (layout, pieces, 1, 1, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_unshard_pieces with fewer pieces than cp_size");
   g_assert_nonnull (strstr (error->message, "1 pieces were given for cp_size 2"));
 }
 

@@ -82,17 +82,20 @@ test_new_bad_shapes (void)
   g_autoptr(GError) error = NULL;
 
   g_assert_null (cp_tensor_new (CP_DTYPE_INT32, negative, 2, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpTensor",
+                       "cp_tensor_new with a dimension of negative size");
   g_assert_nonnull (strstr (error->message, "negative size -1"));
   g_clear_error (&error);
 
   g_assert_null (cp_tensor_new (CP_DTYPE_INT32, nine, 9, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpTensor",
+                       "cp_tensor_new with 9 dimensions (at most 8)");
   g_assert_nonnull (strstr (error->message, "at most 8 dimensions, 9"));
   g_clear_error (&error);
 
   g_assert_null (cp_tensor_new (CP_DTYPE_INT64, huge, 2, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpTensor",
+                       "cp_tensor_new whose element count × size overflows 64 bits");
   g_assert_nonnull (strstr (error->message, "overflows"));
 }
 
@@ -122,7 +125,8 @@ test_from_bytes_no_copy (void)
   CP_TEST_ASSERT_VALUES (t, 1, 2, 3, 4, 5, 6);
 
   g_assert_null (cp_tensor_new_from_bytes (CP_DTYPE_INT32, wrong, 2, bytes, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpTensor",
+                       "cp_tensor_new_from_bytes with fewer bytes than the shape needs");
   g_assert_nonnull (strstr (error->message, "needs 32 bytes, but 24 were given"));
 }
 
@@ -165,7 +169,8 @@ test_borrowed_misaligned (void)
 
   g_assert_null (cp_tensor_new_borrowed (CP_DTYPE_INT64, shape, 1, (guintptr) memory + 4, 16,
                                          count_release, &released, NULL, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_MISALIGNED);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_MISALIGNED, "CpTensor",
+                       "cp_tensor_new_borrowed with an address not aligned to the element size");
   g_assert_cmpint (released, ==, 1);
 }
 
@@ -187,12 +192,14 @@ test_arange_and_full (void)
   CP_TEST_ASSERT_VALUES (labels, -100, -100, -100, -100);
 
   g_assert_null (cp_tensor_new_arange (CP_DTYPE_INT64, 0, 5, 0, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE, "CpTensor",
+                       "cp_tensor_new_arange with step 0");
   g_clear_error (&error);
 
   /* Extreme bounds neither overflow nor allocate the impossible. */
   g_assert_null (cp_tensor_new_arange (CP_DTYPE_INT64, G_MININT64, G_MAXINT64, 1, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpTensor",
+                       "cp_tensor_new_arange over the whole int64 range");
   g_clear_error (&error);
   {
     g_autoptr(CpTensor) two = cp_tensor_new_arange (CP_DTYPE_INT64, G_MAXINT64 - 1, G_MININT64, G_MININT64, &error);
@@ -289,11 +296,13 @@ test_narrow_copy (void)
   CP_TEST_ASSERT_VALUES (cols, 1, 2, 5, 6);
 
   g_assert_null (cp_tensor_narrow (m, 1, 3, 2, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE, "CpTensor",
+                       "cp_tensor_narrow past the end of the dimension");
   g_assert_nonnull (strstr (error->message, "[3, 5) is outside dimension 1 of size 4"));
   g_clear_error (&error);
   g_assert_null (cp_tensor_narrow (m, 2, 0, 1, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpTensor",
+                       "cp_tensor_narrow of a dimension that does not exist");
 }
 
 static void
@@ -304,10 +313,12 @@ test_from_storage_out_of_range (void)
   g_autoptr(GError) error = NULL;
 
   g_assert_null (cp_tensor_new_from_storage (CP_DTYPE_INT32, shape, 1, storage, 0, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE, "CpTensor",
+                       "cp_tensor_new_from_storage larger than the storage");
   g_clear_error (&error);
   g_assert_null (cp_tensor_new_from_storage (CP_DTYPE_INT32, shape, 0, storage, 2, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_MISALIGNED);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_MISALIGNED, "CpTensor",
+                       "cp_tensor_new_from_storage at an offset not aligned to the element size");
 }
 
 static void
@@ -322,7 +333,8 @@ test_to_device (void)
   if (CP_HAS_CUDA)
     return;
   g_assert_null (cp_tensor_to_device (t, CP_DEVICE_KIND_CUDA, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE, "CpTensor",
+                       "cp_tensor_to_device to CUDA in a build without CUDA");
 }
 
 static void
