@@ -1191,6 +1191,29 @@ copy_narrowed (CpTensor *self,
     memcpy (dst + o * run, src + (o * (gsize) length + (gsize) start) * step, run);
 }
 
+/* The message names the range as [start, end) when that end exists;
+ * extreme arguments would overflow it. */
+static void
+set_narrow_range_error (GError **error,
+                        gint64   start,
+                        gint64   length,
+                        guint    dim,
+                        gint64   size)
+{
+  gint64 end;
+
+  if (__builtin_add_overflow (start, length, &end))
+    g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
+                 "narrow: start %" G_GINT64_FORMAT " with length %" G_GINT64_FORMAT
+                 " is outside dimension %u of size %" G_GINT64_FORMAT,
+                 start, length, dim, size);
+  else
+    g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
+                 "narrow: range [%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT ") is outside "
+                 "dimension %u of size %" G_GINT64_FORMAT,
+                 start, end, dim, size);
+}
+
 /**
  * cp_tensor_narrow:
  * @self: a tensor
@@ -1233,10 +1256,7 @@ cp_tensor_narrow (CpTensor  *self,
     return NULL;
   if (start < 0 || length < 0 || start > self->shape[d] || length > self->shape[d] - start)
     {
-      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
-                   "narrow: range [%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT ") is outside "
-                   "dimension %u of size %" G_GINT64_FORMAT,
-                   start, start + length, d, self->shape[d]);
+      set_narrow_range_error (error, start, length, d, self->shape[d]);
       return NULL;
     }
   memcpy (shape, self->shape, sizeof shape);

@@ -305,6 +305,25 @@ test_narrow_copy (void)
                        "cp_tensor_narrow of a dimension that does not exist");
 }
 
+/* A start and length whose sum overflows int64 are refused without
+ * computing that sum. */
+static void
+test_narrow_extreme_range (void)
+{
+  const gint64 shape[] = { 4 };
+  g_autoptr(CpTensor) t = cp_tensor_new (CP_DTYPE_INT32, shape, 1, NULL);
+  g_autoptr(GError) error = NULL;
+
+  g_assert_null (cp_tensor_narrow (t, 0, G_MAXINT64, G_MAXINT64, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE, "CpTensor",
+                       "cp_tensor_narrow with a start and length whose sum overflows int64");
+  g_assert_nonnull (strstr (error->message, "start 9223372036854775807 with length 9223372036854775807"));
+  g_clear_error (&error);
+  g_assert_null (cp_tensor_narrow (t, 0, -1, G_MININT64, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE, "CpTensor",
+                       "cp_tensor_narrow with a negative start or length");
+}
+
 static void
 test_from_storage_out_of_range (void)
 {
@@ -420,6 +439,8 @@ main (int   argc,
   g_test_add_func ("/Cp/Tensor/equal/shape-dtype", test_equal_distinguishes_shape_and_dtype);
   g_test_add_func ("/Cp/Tensor/narrow/view", test_narrow_view);
   g_test_add_func ("/Cp/Tensor/narrow/copy", test_narrow_copy);
+  g_test_add_func ("/Cp/Tensor/narrow/extreme-range", test_narrow_extreme_range);
+  g_test_add_func ("/Cp/Tensor/from-bytes/empty", test_from_empty_bytes);
   g_test_add_func ("/Cp/Tensor/from-storage/out-of-range", test_from_storage_out_of_range);
   g_test_add_func ("/Cp/Tensor/to-device/host", test_to_device);
   g_test_add_func ("/Cp/Tensor/requires-grad/notify", test_requires_grad);
