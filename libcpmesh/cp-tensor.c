@@ -7,6 +7,7 @@
 
 #include <string.h>
 
+#include "cp-copy-private.h"
 #include "cp-dtype-private.h"
 #include "cp-enum-types.h"
 #include "cp-error.h"
@@ -894,9 +895,14 @@ cp_tensor_get_data_address (CpTensor *self)
 gpointer
 cp_tensor_get_data (CpTensor *self)
 {
+  guint8 *data;
+
   g_return_val_if_fail (CP_IS_TENSOR (self), NULL);
 
-  return (guint8 *) cp_storage_get_data (self->storage) + self->offset;
+  data = cp_storage_get_data (self->storage);
+
+  /* An empty GBytes has no data at all: there is nothing to offset. */
+  return data != NULL ? data + self->offset : NULL;
 }
 
 /**
@@ -1076,7 +1082,7 @@ cp_tensor_copy (CpTensor  *self,
   copy = _cp_tensor_new_uninit (self->dtype, self->shape, self->n_dims, error);
   if (copy == NULL)
     return NULL;
-  memcpy (cp_tensor_get_data (copy), cp_tensor_get_data (self), cp_tensor_get_nbytes (self));
+  _cp_copy (cp_tensor_get_data (copy), cp_tensor_get_data (self), cp_tensor_get_nbytes (self), FALSE);
   copy->requires_grad = self->requires_grad;
   return copy;
 }
@@ -1112,8 +1118,9 @@ cp_tensor_equal (CpTensor *self,
   return self->dtype == other->dtype &&
          _cp_tensor_same_shape (self, other) &&
          cp_tensor_get_device (self) == cp_tensor_get_device (other) &&
-         memcmp (cp_tensor_get_data (self), cp_tensor_get_data (other),
-                 cp_tensor_get_nbytes (self)) == 0;
+         (cp_tensor_get_nbytes (self) == 0 || /* empty data may be NULL */
+          memcmp (cp_tensor_get_data (self), cp_tensor_get_data (other),
+                  cp_tensor_get_nbytes (self)) == 0);
 }
 
 gboolean

@@ -130,6 +130,27 @@ test_from_bytes_no_copy (void)
   g_assert_nonnull (strstr (error->message, "needs 32 bytes, but 24 were given"));
 }
 
+/* An empty GBytes has no data pointer; an empty tensor over it is valid
+ * and compares equal to any other empty tensor of its shape. */
+static void
+test_from_empty_bytes (void)
+{
+  const gint64 shape[] = { 0, 3 };
+  g_autoptr(GBytes) bytes = g_bytes_new (NULL, 0);
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) t = cp_tensor_new_from_bytes (CP_DTYPE_FLOAT32, shape, 2, bytes, &error);
+  g_autoptr(CpTensor) other = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 2, NULL);
+  g_autoptr(CpTensor) copy = NULL;
+
+  g_assert_no_error (error);
+  g_assert_null (cp_tensor_get_data (t));
+  g_assert_cmpint (cp_tensor_get_numel (t), ==, 0);
+  g_assert_true (cp_tensor_equal (t, other));
+  copy = cp_tensor_copy (t, &error);
+  g_assert_no_error (error);
+  g_assert_true (cp_tensor_equal (copy, t));
+}
+
 static void
 count_release (gpointer user_data)
 {
