@@ -288,8 +288,9 @@ check_thd_bounds (const gint64  *bounds,
     }
   for (gsize i = 1; i < n_bounds; i++)
     {
-      gint64 length = bounds[i] - bounds[i - 1];
+      gint64 length;
 
+      /* Checked first: the length of a decreasing pair can overflow. */
       if (bounds[i] < bounds[i - 1])
         {
           g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
@@ -298,6 +299,7 @@ check_thd_bounds (const gint64  *bounds,
                        i, bounds[i], bounds[i - 1]);
           return FALSE;
         }
+      length = bounds[i] - bounds[i - 1];
       if (length % divisor != 0)
         {
           g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
@@ -535,7 +537,8 @@ _cp_layout_get_runs (CpLayout *self,
                      guint    *n_runs)
 {
   *n_runs = self->first_run[rank + 1] - self->first_run[rank];
-  return self->runs + self->first_run[rank];
+  /* An empty sequence has no runs at all, and no run table to point into. */
+  return *n_runs > 0 ? self->runs + self->first_run[rank] : NULL;
 }
 
 gint64

@@ -326,12 +326,48 @@ test_thd_single_rank_merges_runs (void)
   g_assert_cmpfloat (cp_layout_get_cost (layout, 0), ==, 31.0);
 }
 
+/* A sequence of length 0 is a valid layout with nothing on any rank: its
+ * indices, shards and gathers are all empty. */
+static void
+test_empty_sequence (void)
+{
+  const gint64 shape[] = { 3, 0 };
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpLayout) layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, 0, 2, &error);
+  g_autoptr(CpTensor) empty = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 2, NULL);
+  g_autoptr(CpTensor) restore = NULL;
+  g_autoptr(CpTensor) back = NULL;
+  CpTensor *pieces[2];
+
+  g_assert_no_error (error);
+  restore = cp_layout_get_restore_indices (layout);
+  g_assert_cmpint (cp_tensor_get_numel (restore), ==, 0);
+  for (int r = 0; r < 2; r++)
+    {
+      g_autoptr(CpTensor) indices = cp_layout_get_local_indices (layout, r);
+
+      g_assert_cmpint (cp_tensor_get_numel (indices), ==, 0);
+      g_assert_cmpfloat (cp_layout_get_cost (layout, r), ==, 0.0);
+      pieces[r] = cp_layout_shard (layout, empty, 1, r, &error);
+      g_assert_no_error (error);
+      g_assert_cmpint (cp_tensor_get_dim (pieces[r], 0), ==, 3);
+      g_assert_cmpint (cp_tensor_get_dim (pieces[r], 1), ==, 0);
+    }
+  back = cp_layout_unshard_pieces (layout, pieces, 2, 1, &error);
+  g_assert_no_error (error);
+  g_assert_true (cp_tensor_equal (back, empty));
+  g_assert_cmpfloat (cp_layout_get_imbalance (layout), ==, 1.0);
+  g_object_unref (pieces[0]);
+  g_object_unref (pieces[1]);
+}
+
 static void
 test_errors (void)
 {
   const gint64 bad_doc[] = { 0, 8, 14 };
   const gint64 decreasing[] = { 0, 8, 4 };
   const gint64 offset[] = { 4, 8 };
+  const gint64 plunging[] = { 0, G_GINT64_CONSTANT (1) << 62, G_MININT64 };
   g_autoptr(GError) error = NULL;
 
   g_assert_null (cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, 6, 2, &error));
@@ -355,6 +391,13 @@ test_errors (void)
   CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
                        "cp_layout_new_thd with a document not a multiple of 2·cp_size");
   g_assert_nonnull (strstr (error->message, "document 1 has padded length 6, not a multiple of 4"));
+  g_clear_error (&error);
+
+  /* The length of this pair overflows int64: it must never be computed. */
+  g_assert_null (cp_layout_new_thd (plunging, 3, 1, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_new_thd with bounds that fall by more than 2^63");
+  g_assert_nonnull (strstr (error->message, "decreases at entry 2"));
   g_clear_error (&error);
 
   g_assert_null (cp_layout_new_thd (decreasing, 3, 2, &error));
@@ -438,6 +481,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Layout/fingerprint/stable", test_fingerprint);
   g_test_add_func ("/Cp/Layout/thd/partition", test_thd_partition);
   g_test_add_func ("/Cp/Layout/thd/single-rank", test_thd_single_rank_merges_runs);
+  g_test_add_func ("/Cp/Layout/empty/sequence", test_empty_sequence);
   g_test_add_func ("/Cp/Layout/errors/construction", test_errors);
   g_test_add_func ("/Cp/Layout/errors/shard", test_shard_errors);
 
