@@ -1159,7 +1159,9 @@ _cp_tensor_split_at (CpTensor *self,
     before *= (gsize) self->shape[i];
   for (guint i = dim + 1; i < self->n_dims; i++)
     after *= (gsize) self->shape[i];
-  *outer = before;
+  /* An empty tensor moves nothing: no outer rows, so no copy loop walks
+   * the (possibly astronomical) product of its other dimensions. */
+  *outer = self->numel == 0 ? 0 : before;
   *length = self->shape[dim];
   *step_bytes = after;
 }

@@ -361,6 +361,36 @@ test_empty_sequence (void)
   g_object_unref (pieces[1]);
 }
 
+/* An empty tensor whose other dimensions multiply to 2^40 shards,
+ * unshards and narrows at once: there is nothing to copy. */
+static void
+test_empty_tensor_with_huge_rows (void)
+{
+  const gint64 shape[] = { G_GINT64_CONSTANT (1) << 40, 8, 0 };
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpLayout) layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, 8, 2, &error);
+  g_autoptr(CpTensor) empty = cp_tensor_new (CP_DTYPE_INT64, shape, 3, NULL);
+  g_autoptr(CpTensor) narrowed = NULL;
+  g_autoptr(CpTensor) back = NULL;
+  CpTensor *pieces[2];
+
+  g_assert_no_error (error);
+  for (int r = 0; r < 2; r++)
+    {
+      pieces[r] = cp_layout_shard (layout, empty, 1, r, &error);
+      g_assert_no_error (error);
+      g_assert_cmpint (cp_tensor_get_dim (pieces[r], 1), ==, 4);
+    }
+  back = cp_layout_unshard_pieces (layout, pieces, 2, 1, &error);
+  g_assert_no_error (error);
+  g_assert_true (cp_tensor_equal (back, empty));
+  narrowed = cp_tensor_narrow (empty, 1, 2, 3, &error);
+  g_assert_no_error (error);
+  g_assert_cmpint (cp_tensor_get_dim (narrowed, 1), ==, 3);
+  g_object_unref (pieces[0]);
+  g_object_unref (pieces[1]);
+}
+
 static void
 test_errors (void)
 {
@@ -482,6 +512,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Layout/thd/partition", test_thd_partition);
   g_test_add_func ("/Cp/Layout/thd/single-rank", test_thd_single_rank_merges_runs);
   g_test_add_func ("/Cp/Layout/empty/sequence", test_empty_sequence);
+  g_test_add_func ("/Cp/Layout/empty/huge-rows", test_empty_tensor_with_huge_rows);
   g_test_add_func ("/Cp/Layout/errors/construction", test_errors);
   g_test_add_func ("/Cp/Layout/errors/shard", test_shard_errors);
 
