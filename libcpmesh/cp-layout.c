@@ -189,6 +189,27 @@ layout_build (CpLoadBalance  balance,
   return self;
 }
 
+/* The first document that ends after @position: bounds are sorted, so
+ * a run's documents are found by bisection, not by a scan of them all. */
+static guint
+first_document_after (CpLayout *self,
+                      gint64    position)
+{
+  guint lo = 0;
+  guint hi = self->n_documents;
+
+  while (lo < hi)
+    {
+      guint mid = lo + (hi - lo) / 2;
+
+      if (self->bounds[mid + 1] > position)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+  return lo;
+}
+
 /* A run can be merged across a document boundary (C = 1, consecutive
  * documents), so the cost walks the documents a run overlaps. */
 static double
@@ -198,7 +219,8 @@ run_cost (CpLayout    *self,
   double total = 0.0;
   gint64 end = run->start + run->length;
 
-  for (guint d = 0; d < self->n_documents; d++)
+  for (guint d = first_document_after (self, run->start);
+       d < self->n_documents && self->bounds[d] < end; d++)
     {
       gint64 lo = MAX (run->start, self->bounds[d]);
       gint64 hi = MIN (end, self->bounds[d + 1]);

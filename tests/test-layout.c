@@ -391,6 +391,29 @@ test_empty_tensor_with_huge_rows (void)
   g_object_unref (pieces[1]);
 }
 
+/* 200 000 documents of length 4 over 2 ranks: each rank holds positions
+ * {0, 3} or {1, 2} of every document, a causal cost of 1 + 4 or 2 + 3.
+ * Runs merge across document boundaries here, and the cost must still
+ * count each document's part; building it must stay linear in the number
+ * of documents. */
+static void
+test_thd_many_documents (void)
+{
+  const guint n_docs = 200000;
+  g_autofree gint64 *bounds = g_new (gint64, n_docs + 1);
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpLayout) layout = NULL;
+
+  for (guint i = 0; i <= n_docs; i++)
+    bounds[i] = 4 * (gint64) i;
+  layout = cp_layout_new_thd (bounds, n_docs + 1, 2, &error);
+  g_assert_no_error (error);
+  g_assert_cmpuint (cp_layout_get_n_documents (layout), ==, n_docs);
+  g_assert_cmpfloat (cp_layout_get_cost (layout, 0), ==, 5.0 * n_docs);
+  g_assert_cmpfloat (cp_layout_get_cost (layout, 1), ==, 5.0 * n_docs);
+  g_assert_cmpint (cp_layout_get_local_len (layout, 0), ==, 2 * (gint64) n_docs);
+}
+
 static void
 test_errors (void)
 {
@@ -511,6 +534,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Layout/fingerprint/stable", test_fingerprint);
   g_test_add_func ("/Cp/Layout/thd/partition", test_thd_partition);
   g_test_add_func ("/Cp/Layout/thd/single-rank", test_thd_single_rank_merges_runs);
+  g_test_add_func ("/Cp/Layout/thd/many-documents", test_thd_many_documents);
   g_test_add_func ("/Cp/Layout/empty/sequence", test_empty_sequence);
   g_test_add_func ("/Cp/Layout/empty/huge-rows", test_empty_tensor_with_huge_rows);
   g_test_add_func ("/Cp/Layout/errors/construction", test_errors);
