@@ -326,6 +326,30 @@ test_thd_single_rank_merges_runs (void)
   g_assert_cmpfloat (cp_layout_get_cost (layout, 0), ==, 31.0);
 }
 
+/* Shards @full along @dim for both ranks of @layout and gathers the
+ * pieces back: the result must equal @full. */
+static void
+assert_two_rank_round_trip (CpLayout *layout,
+                            CpTensor *full,
+                            int       dim)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) back = NULL;
+  CpTensor *pieces[2];
+
+  for (int r = 0; r < 2; r++)
+    {
+      pieces[r] = cp_layout_shard (layout, full, dim, r, &error);
+      g_assert_no_error (error);
+      g_assert_cmpint (cp_tensor_get_dim (pieces[r], dim), ==, cp_layout_get_local_len (layout, r));
+    }
+  back = cp_layout_unshard_pieces (layout, pieces, 2, dim, &error);
+  g_assert_no_error (error);
+  g_assert_true (cp_tensor_equal (back, full));
+  g_object_unref (pieces[0]);
+  g_object_unref (pieces[1]);
+}
+
 /* A sequence of length 0 is a valid layout with nothing on any rank: its
  * indices, shards and gathers are all empty. */
 static void
@@ -336,8 +360,6 @@ test_empty_sequence (void)
   g_autoptr(CpLayout) layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, 0, 2, &error);
   g_autoptr(CpTensor) empty = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 2, NULL);
   g_autoptr(CpTensor) restore = NULL;
-  g_autoptr(CpTensor) back = NULL;
-  CpTensor *pieces[2];
 
   g_assert_no_error (error);
   restore = cp_layout_get_restore_indices (layout);
@@ -348,17 +370,9 @@ test_empty_sequence (void)
 
       g_assert_cmpint (cp_tensor_get_numel (indices), ==, 0);
       g_assert_cmpfloat (cp_layout_get_cost (layout, r), ==, 0.0);
-      pieces[r] = cp_layout_shard (layout, empty, 1, r, &error);
-      g_assert_no_error (error);
-      g_assert_cmpint (cp_tensor_get_dim (pieces[r], 0), ==, 3);
-      g_assert_cmpint (cp_tensor_get_dim (pieces[r], 1), ==, 0);
     }
-  back = cp_layout_unshard_pieces (layout, pieces, 2, 1, &error);
-  g_assert_no_error (error);
-  g_assert_true (cp_tensor_equal (back, empty));
   g_assert_cmpfloat (cp_layout_get_imbalance (layout), ==, 1.0);
-  g_object_unref (pieces[0]);
-  g_object_unref (pieces[1]);
+  assert_two_rank_round_trip (layout, empty, 1);
 }
 
 /* An empty tensor whose other dimensions multiply to 2^40 shards,
@@ -371,24 +385,12 @@ test_empty_tensor_with_huge_rows (void)
   g_autoptr(CpLayout) layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, 8, 2, &error);
   g_autoptr(CpTensor) empty = cp_tensor_new (CP_DTYPE_INT64, shape, 3, NULL);
   g_autoptr(CpTensor) narrowed = NULL;
-  g_autoptr(CpTensor) back = NULL;
-  CpTensor *pieces[2];
 
   g_assert_no_error (error);
-  for (int r = 0; r < 2; r++)
-    {
-      pieces[r] = cp_layout_shard (layout, empty, 1, r, &error);
-      g_assert_no_error (error);
-      g_assert_cmpint (cp_tensor_get_dim (pieces[r], 1), ==, 4);
-    }
-  back = cp_layout_unshard_pieces (layout, pieces, 2, 1, &error);
-  g_assert_no_error (error);
-  g_assert_true (cp_tensor_equal (back, empty));
+  assert_two_rank_round_trip (layout, empty, 1);
   narrowed = cp_tensor_narrow (empty, 1, 2, 3, &error);
   g_assert_no_error (error);
   g_assert_cmpint (cp_tensor_get_dim (narrowed, 1), ==, 3);
-  g_object_unref (pieces[0]);
-  g_object_unref (pieces[1]);
 }
 
 /* 200 000 documents of length 4 over 2 ranks: each rank holds positions
