@@ -156,8 +156,9 @@ describe_error_code (const GError *error)
 
 /* One write(2) per line on an O_APPEND descriptor: lines from rank
  * threads never interleave.  The first record of a test process empties
- * the file, so it holds one run's records; a GTest subprocess appends to
- * its parent's. */
+ * the file, so it holds one run's records; a GTest subprocess, or a
+ * process started with CP_RELIABILITY_APPEND=1 in its environment (a rank
+ * of a multi-process test), appends to its parent's. */
 static void
 append_record_line (const char *line)
 {
@@ -175,7 +176,7 @@ append_record_line (const char *line)
       g_autofree char *dir = g_path_get_dirname (path);
 
       g_assert_cmpint (g_mkdir_with_parents (dir, 0755), ==, 0);
-      if (!g_test_subprocess ())
+      if (!g_test_subprocess () && g_getenv ("CP_RELIABILITY_APPEND") == NULL)
         flags |= O_TRUNC;
       started = TRUE;
     }

@@ -47,7 +47,9 @@ void       cp_test_assert_values      (CpTensor       *tensor,
 /* Records, for doc/reliability.md, that the running test tried @what
  * against @subject and got @error.  The record is a JSON line appended to
  * the file named by $CP_RELIABILITY_LOG; without that variable nothing is
- * written. */
+ * written.  The first record of a test process empties the file; start
+ * helper processes that record too (ranks of a multi-process test) with
+ * CP_RELIABILITY_APPEND=1 so they add to it instead. */
 void       cp_test_record_error       (const char     *subject,
                                        const char     *what,
                                        const GError   *error);

@@ -64,7 +64,8 @@ function errorCodeName(error) {
 }
 
 // Appends a JSON line for doc/reliability.md to $CP_RELIABILITY_LOG, like
-// tests/python/reliability.py; the first record of the process empties it.
+// tests/python/reliability.py; the first record of the process empties it
+// unless CP_RELIABILITY_APPEND is set (a process recording for its parent).
 function recordError(subject, what, error) {
     const path = GLib.getenv('CP_RELIABILITY_LOG');
     if (!path)
@@ -76,7 +77,7 @@ function recordError(subject, what, error) {
     })}\n`;
     const file = Gio.File.new_for_path(path);
     GLib.mkdir_with_parents(GLib.path_get_dirname(path), 0o755);
-    const stream = recordsStarted
+    const stream = recordsStarted || GLib.getenv('CP_RELIABILITY_APPEND')
         ? file.append_to(Gio.FileCreateFlags.NONE, null)
         : file.replace(null, false, Gio.FileCreateFlags.NONE, null);
     recordsStarted = true;

@@ -5,7 +5,9 @@
 # Each record is a JSON line appended to the file named by
 # $CP_RELIABILITY_LOG (set per test by tests/meson.build); without that
 # variable nothing is written.  The first record of a process empties the
-# file, so it holds one run's records.
+# file, so it holds one run's records, unless CP_RELIABILITY_APPEND is set:
+# start processes that record on a test's behalf (ranks of a multi-process
+# test) with CP_RELIABILITY_APPEND=1.
 #
 # SPDX-License-Identifier: LGPL-2.1-or-later
 
@@ -37,7 +39,7 @@ def _append(record):
     with _lock:
         if not _started:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-        mode = 'a' if _started else 'w'
+        mode = 'a' if _started or os.environ.get('CP_RELIABILITY_APPEND') else 'w'
         _started = True
         with open(path, mode, encoding='utf-8') as out:
             out.write(line)
