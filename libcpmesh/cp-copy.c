@@ -112,6 +112,9 @@ _cp_copy (gpointer      dst,
           gsize         n,
           gboolean      streaming)
 {
+  /* Empty tensors may have no data pointer, which memcpy must not see. */
+  if (n == 0)
+    return;
 #ifdef HAVE_STREAMING_STORES
   if (streaming)
     {

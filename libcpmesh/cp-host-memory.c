@@ -12,6 +12,7 @@
 
 #include "cp-error.h"
 #include "cp-host-memory-private.h"
+#include "cp-sync-private.h"
 
 /* Below this size malloc's own arenas already reuse warm memory. */
 #define LARGE_BLOCK (1u << 20)
@@ -24,7 +25,7 @@ typedef struct
   gsize capacity;
 } Block;
 
-static GMutex cache_lock;
+static CpMutex cache_lock = CP_MUTEX_INIT;
 static GQueue cache_blocks = G_QUEUE_INIT; /* of Block*, oldest first */
 static gsize cache_bytes;
 static gsize cache_limit = G_MAXSIZE; /* G_MAXSIZE: not read yet */
@@ -54,7 +55,7 @@ cache_take (gsize capacity)
 {
   gpointer data = NULL;
 
-  g_mutex_lock (&cache_lock);
+  _cp_mutex_lock (&cache_lock);
   for (GList *l = cache_blocks.head; l != NULL; l = l->next)
     {
       Block *block = l->data;
@@ -68,7 +69,7 @@ cache_take (gsize capacity)
           break;
         }
     }
-  g_mutex_unlock (&cache_lock);
+  _cp_mutex_unlock (&cache_lock);
   return data;
 }
 
@@ -174,19 +175,19 @@ _cp_host_free (gpointer data,
   block->data = data;
   block->capacity = round_to_grain (size);
 
-  g_mutex_lock (&cache_lock);
+  _cp_mutex_lock (&cache_lock);
   if (cache_limit == G_MAXSIZE)
     cache_limit = read_cache_limit ();
   g_queue_push_tail (&cache_blocks, block);
   cache_bytes += block->capacity;
   cache_evict_locked ();
-  g_mutex_unlock (&cache_lock);
+  _cp_mutex_unlock (&cache_lock);
 }
 
 void
 _cp_host_cache_trim (void)
 {
-  g_mutex_lock (&cache_lock);
+  _cp_mutex_lock (&cache_lock);
   while (!g_queue_is_empty (&cache_blocks))
     {
       Block *block = g_queue_pop_head (&cache_blocks);
@@ -195,7 +196,7 @@ _cp_host_cache_trim (void)
       g_free (block);
     }
   cache_bytes = 0;
-  g_mutex_unlock (&cache_lock);
+  _cp_mutex_unlock (&cache_lock);
 }
 
 gsize
@@ -203,8 +204,8 @@ _cp_host_cache_bytes (void)
 {
   gsize bytes;
 
-  g_mutex_lock (&cache_lock);
+  _cp_mutex_lock (&cache_lock);
   bytes = cache_bytes;
-  g_mutex_unlock (&cache_lock);
+  _cp_mutex_unlock (&cache_lock);
   return bytes;
 }

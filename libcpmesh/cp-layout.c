@@ -189,22 +189,23 @@ layout_build (CpLoadBalance  balance,
   return self;
 }
 
-/* The first document that ends after @position: documents are sorted,
- * so a binary search keeps building a layout of many documents linear. */
+/* The first document that ends after @position: bounds are sorted, so
+ * a run's documents are found by bisection, not by a scan of them all. */
 static guint
-document_at (CpLayout *self,
-             gint64    position)
+first_document_after (CpLayout *self,
+                      gint64    position)
 {
-  guint lo = 0, hi = self->n_documents;
+  guint lo = 0;
+  guint hi = self->n_documents;
 
   while (lo < hi)
     {
       guint mid = lo + (hi - lo) / 2;
 
-      if (self->bounds[mid + 1] <= position)
-        lo = mid + 1;
-      else
+      if (self->bounds[mid + 1] > position)
         hi = mid;
+      else
+        lo = mid + 1;
     }
   return lo;
 }
@@ -218,7 +219,8 @@ run_cost (CpLayout    *self,
   double total = 0.0;
   gint64 end = run->start + run->length;
 
-  for (guint d = document_at (self, run->start); d < self->n_documents && self->bounds[d] < end; d++)
+  for (guint d = first_document_after (self, run->start);
+       d < self->n_documents && self->bounds[d] < end; d++)
     {
       gint64 lo = MAX (run->start, self->bounds[d]);
       gint64 hi = MIN (end, self->bounds[d + 1]);
@@ -308,8 +310,9 @@ check_thd_bounds (const gint64  *bounds,
     }
   for (gsize i = 1; i < n_bounds; i++)
     {
-      gint64 length = bounds[i] - bounds[i - 1];
+      gint64 length;
 
+      /* Checked first: the length of a decreasing pair can overflow. */
       if (bounds[i] < bounds[i - 1])
         {
           g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
@@ -318,6 +321,7 @@ check_thd_bounds (const gint64  *bounds,
                        i, bounds[i], bounds[i - 1]);
           return FALSE;
         }
+      length = bounds[i] - bounds[i - 1];
       if (length % divisor != 0)
         {
           g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
@@ -555,7 +559,8 @@ _cp_layout_get_runs (CpLayout *self,
                      guint    *n_runs)
 {
   *n_runs = self->first_run[rank + 1] - self->first_run[rank];
-  return self->runs + self->first_run[rank];
+  /* An empty sequence has no runs at all, and no run table to point into. */
+  return *n_runs > 0 ? self->runs + self->first_run[rank] : NULL;
 }
 
 gint64

@@ -7,6 +7,7 @@
 
 #include <string.h>
 
+#include "cp-copy-private.h"
 #include "cp-dtype-private.h"
 #include "cp-enum-types.h"
 #include "cp-error.h"
@@ -894,9 +895,14 @@ cp_tensor_get_data_address (CpTensor *self)
 gpointer
 cp_tensor_get_data (CpTensor *self)
 {
+  guint8 *data;
+
   g_return_val_if_fail (CP_IS_TENSOR (self), NULL);
 
-  return (guint8 *) cp_storage_get_data (self->storage) + self->offset;
+  data = cp_storage_get_data (self->storage);
+
+  /* An empty GBytes has no data at all: there is nothing to offset. */
+  return data != NULL ? data + self->offset : NULL;
 }
 
 /**
@@ -1076,7 +1082,7 @@ cp_tensor_copy (CpTensor  *self,
   copy = _cp_tensor_new_uninit (self->dtype, self->shape, self->n_dims, error);
   if (copy == NULL)
     return NULL;
-  memcpy (cp_tensor_get_data (copy), cp_tensor_get_data (self), cp_tensor_get_nbytes (self));
+  _cp_copy (cp_tensor_get_data (copy), cp_tensor_get_data (self), cp_tensor_get_nbytes (self), FALSE);
   copy->requires_grad = self->requires_grad;
   return copy;
 }
@@ -1112,8 +1118,9 @@ cp_tensor_equal (CpTensor *self,
   return self->dtype == other->dtype &&
          _cp_tensor_same_shape (self, other) &&
          cp_tensor_get_device (self) == cp_tensor_get_device (other) &&
-         memcmp (cp_tensor_get_data (self), cp_tensor_get_data (other),
-                 cp_tensor_get_nbytes (self)) == 0;
+         (cp_tensor_get_nbytes (self) == 0 || /* empty data may be NULL */
+          memcmp (cp_tensor_get_data (self), cp_tensor_get_data (other),
+                  cp_tensor_get_nbytes (self)) == 0);
 }
 
 gboolean
@@ -1152,7 +1159,9 @@ _cp_tensor_split_at (CpTensor *self,
     before *= (gsize) self->shape[i];
   for (guint i = dim + 1; i < self->n_dims; i++)
     after *= (gsize) self->shape[i];
-  *outer = before;
+  /* An empty tensor moves nothing: no outer rows, so no copy loop walks
+   * the (possibly astronomical) product of its other dimensions. */
+  *outer = self->numel == 0 ? 0 : before;
   *length = self->shape[dim];
   *step_bytes = after;
 }
@@ -1189,6 +1198,29 @@ copy_narrowed (CpTensor *self,
   run = (gsize) out->shape[dim] * step;
   for (gsize o = 0; o < outer; o++)
     memcpy (dst + o * run, src + (o * (gsize) length + (gsize) start) * step, run);
+}
+
+/* The message names the range as [start, end) when that end exists;
+ * extreme arguments would overflow it. */
+static void
+set_narrow_range_error (GError **error,
+                        gint64   start,
+                        gint64   length,
+                        guint    dim,
+                        gint64   size)
+{
+  gint64 end;
+
+  if (__builtin_add_overflow (start, length, &end))
+    g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
+                 "narrow: start %" G_GINT64_FORMAT " with length %" G_GINT64_FORMAT
+                 " is outside dimension %u of size %" G_GINT64_FORMAT,
+                 start, length, dim, size);
+  else
+    g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
+                 "narrow: range [%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT ") is outside "
+                 "dimension %u of size %" G_GINT64_FORMAT,
+                 start, end, dim, size);
 }
 
 /**
@@ -1233,10 +1265,7 @@ cp_tensor_narrow (CpTensor  *self,
     return NULL;
   if (start < 0 || length < 0 || start > self->shape[d] || length > self->shape[d] - start)
     {
-      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
-                   "narrow: range [%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT ") is outside "
-                   "dimension %u of size %" G_GINT64_FORMAT,
-                   start, start + length, d, self->shape[d]);
+      set_narrow_range_error (error, start, length, d, self->shape[d]);
       return NULL;
     }
   memcpy (shape, self->shape, sizeof shape);

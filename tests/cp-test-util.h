@@ -85,4 +85,23 @@ void       cp_test_assert_shape       (CpTensor       *tensor,
                           G_N_ELEMENTS (cp_test_shape_));                   \
   } G_STMT_END
 
+/* Records, for doc/reliability.md, that the running test tried @what
+ * against @subject and got @error.  The record is a JSON line appended to
+ * the file named by $CP_RELIABILITY_LOG; without that variable nothing is
+ * written.  The first record of a test process empties the file; start
+ * helper processes that record too (ranks of a multi-process test) with
+ * CP_RELIABILITY_APPEND=1 so they add to it instead. */
+void       cp_test_record_error       (const char     *subject,
+                                       const char     *what,
+                                       const GError   *error);
+
+/* Asserts that @error is (@domain, @code) and records the case.  Every
+ * bad-input or fault case a test checks goes through here, so the
+ * reliability table lists it. */
+#define CP_TEST_ASSERT_CASE(error, domain, code, subject, what)              \
+  G_STMT_START {                                                            \
+    g_assert_error ((error), (domain), (code));                             \
+    cp_test_record_error ((subject), (what), (error));                      \
+  } G_STMT_END
+
 G_END_DECLS

@@ -7,7 +7,7 @@
 
 #include "cpmesh-tool.h"
 
-static int
+static int G_GNUC_PRINTF (2, 0)
 vfail (int          status,
        const char  *format,
        va_list      args)

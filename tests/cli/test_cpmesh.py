@@ -5,16 +5,27 @@
 #
 # SPDX-License-Identifier: LGPL-2.1-or-later
 
+import os
 import re
 import subprocess
 import sys
 import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'python'))
+from reliability import record_outcome  # noqa: E402
 
 CPMESH = None
 
 
 def run(*args):
     return subprocess.run([CPMESH, *args], capture_output=True, text=True, timeout=60)
+
+
+def record_failure(test, what, result):
+    """Records a run of cpmesh that failed as it should, with its first
+    line of complaint, for doc/reliability.md."""
+    message = result.stderr.strip().splitlines()[0] if result.stderr.strip() else ''
+    record_outcome(test, 'cpmesh', what, 'exit status %d' % result.returncode, message)
 
 
 def expand(ranges):
@@ -61,6 +72,7 @@ class Help(unittest.TestCase):
         result = run()
         self.assertEqual(result.returncode, 2)
         self.assertIn("no command", result.stderr)
+        record_failure(self, "no command", result)
 
     def test_unknown_command_is_a_usage_error(self):
         for args in (["frobnicate"], ["bench", "frobnicate"]):
@@ -68,6 +80,7 @@ class Help(unittest.TestCase):
                 result = run(*args)
                 self.assertEqual(result.returncode, 2)
                 self.assertIn("unknown command “frobnicate”", result.stderr)
+                record_failure(self, "an unknown command or subcommand", result)
 
     def test_unknown_option_is_a_usage_error(self):
         for args in (["--frobnicate"], ["info", "--frobnicate"], ["layout", "--frobnicate"],
@@ -76,11 +89,13 @@ class Help(unittest.TestCase):
                 result = run(*args)
                 self.assertEqual(result.returncode, 2)
                 self.assertIn("--frobnicate", result.stderr)
+                record_failure(self, "an unknown option to any command", result)
 
     def test_stray_argument_is_a_usage_error(self):
         result = run("info", "extra")
         self.assertEqual(result.returncode, 2)
         self.assertIn("unexpected argument “extra”", result.stderr)
+        record_failure(self, "stray argument: info extra", result)
 
 
 class Info(unittest.TestCase):
@@ -152,28 +167,35 @@ class Layout(unittest.TestCase):
         self.assertEqual(result.stdout, "")
         self.assertRegex(result.stderr, r"\b6\b")
         self.assertRegex(result.stderr, r"multiple of 4\b")
+        record_failure(self, "layout --seq not a multiple of 2·cp", result)
 
     def test_thd_document_not_a_multiple(self):
         result = run("layout", "--cp", "4", "--thd", "0,8,12")
         self.assertEqual(result.returncode, 1)
         self.assertIn("document 1 has padded length 4, not a multiple of 8", result.stderr)
+        record_failure(self, "layout --thd with a document not a multiple of 2·cp", result)
 
     def test_bad_cp_size(self):
         result = run("layout", "--cp", "0", "--seq", "16")
         self.assertEqual(result.returncode, 1)
         self.assertIn("cp_size 0", result.stderr)
+        record_failure(self, "layout --cp 0", result)
 
     def test_usage_errors(self):
-        for args in (["--cp", "4"],
-                     ["--seq", "16", "--balance", "zigzag"],
-                     ["--cp", "2", "--thd", "0,x"],
-                     ["--cp", "2", "--thd", "0,8", "--balance", "contiguous"],
-                     ["--cp", "2", "--thd", "0,8", "--seq", "16"],
-                     ["--cp", "four"]):
+        for what, args in (("layout without --seq or --thd", ["--cp", "4"]),
+                           ("layout --balance with an unknown name",
+                            ["--seq", "16", "--balance", "zigzag"]),
+                           ("layout --thd with a bound that is not a number",
+                            ["--cp", "2", "--thd", "0,x"]),
+                           ("layout --thd with --balance contiguous",
+                            ["--cp", "2", "--thd", "0,8", "--balance", "contiguous"]),
+                           ("layout --thd with --seq", ["--cp", "2", "--thd", "0,8", "--seq", "16"]),
+                           ("layout --cp that is not a number", ["--cp", "four"])):
             with self.subTest(args=args):
                 result = run("layout", *args)
                 self.assertEqual(result.returncode, 2, result.stderr)
                 self.assertIn("cpmesh layout --help", result.stderr)
+                record_failure(self, what, result)
 
 
 class Demo(unittest.TestCase):
@@ -197,6 +219,7 @@ class Demo(unittest.TestCase):
         self.assertEqual(result.returncode, 1)
         self.assertIn("sequence length 4100", result.stderr)
         self.assertIn("multiple of 8", result.stderr)
+        record_failure(self, "demo --seq not a multiple of 2·ranks", result)
 
 
 class Bench(unittest.TestCase):
@@ -222,6 +245,7 @@ class Bench(unittest.TestCase):
     def test_bad_options(self):
         result = run("bench", "mesh", "--ranks", "0")
         self.assertEqual(result.returncode, 2)
+        record_failure(self, "bench mesh --ranks 0", result)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 // SPDX-License-Identifier: LGPL-2.1-or-later
 
 import * as CpMesh from '../../bindings/gjs/cpmesh.js';
-import {assertEqual, assertThrowsGError, assertTrue, run} from './harness.js';
+import {assertCase, assertEqual, assertTrue, run} from './harness.js';
 
 const {Cp} = CpMesh;
 const HEAD_TAIL = Cp.LoadBalance.HEAD_TAIL;
@@ -102,18 +102,22 @@ run([
 
     ['errors name the length and the divisor', () => {
         const domain = Cp.tensor_error_quark();
-        assertThrowsGError(domain, Cp.TensorError.SHAPE,
+        assertCase('CpLayout', 'cp_layout_new head-tail with a length not a multiple of 2·cp_size',
+            domain, Cp.TensorError.SHAPE,
             'sequence length 6 is not a non-negative multiple of 4',
             () => Cp.Layout.new(HEAD_TAIL, 6, 2));
-        assertThrowsGError(domain, Cp.TensorError.SHAPE,
+        assertCase('CpLayout', 'cp_layout_new_thd with a document not a multiple of 2·cp_size',
+            domain, Cp.TensorError.SHAPE,
             'document 1 has padded length 6, not a multiple of 4',
             () => Cp.Layout.new_thd([0, 4, 10], 2));
         const layout = Cp.Layout.new(HEAD_TAIL, 8, 2);
         const wrong = Cp.Tensor.new(Cp.DType.INT64, [2, 10]);
-        assertThrowsGError(domain, Cp.TensorError.SHAPE,
+        assertCase('CpLayout', 'cp_layout_shard of a tensor whose sequence length differs from the layout',
+            domain, Cp.TensorError.SHAPE,
             'dimension 1 of int64[2, 10] on host has length 10, the layout needs 8',
             () => layout.shard(wrong, 1, 0));
-        assertThrowsGError(domain, Cp.TensorError.SHAPE, '1 pieces were given for cp_size 2',
+        assertCase('CpLayout', 'cp_layout_unshard_pieces with fewer pieces than cp_size',
+            domain, Cp.TensorError.SHAPE, '1 pieces were given for cp_size 2',
             () => layout.unshard_pieces([Cp.Tensor.new(Cp.DType.INT64, [4])], 0));
     }],
 ]);

@@ -6,7 +6,7 @@ import GLib from 'gi://GLib';
 import System from 'system';
 
 import * as CpMesh from '../../bindings/gjs/cpmesh.js';
-import {assertEqual, assertThrowsGError, assertTrue, run} from './harness.js';
+import {assertCase, assertEqual, assertTrue, run} from './harness.js';
 
 const {Cp} = CpMesh;
 const SHAPE = Cp.TensorError.SHAPE;
@@ -103,15 +103,19 @@ run([
     }],
 
     ['errors carry a domain, a code and the values', () => {
-        assertThrowsGError(Cp.tensor_error_quark(), SHAPE, 'dimension 1 has negative size -1',
+        assertCase('CpTensor', 'cp_tensor_new with a dimension of negative size',
+            Cp.tensor_error_quark(), SHAPE, 'dimension 1 has negative size -1',
             () => Cp.Tensor.new(Cp.DType.FLOAT32, [2, -1]));
-        assertThrowsGError(Cp.tensor_error_quark(), SHAPE, 'at most 8 dimensions, 9 were given',
+        assertCase('CpTensor', 'cp_tensor_new with 9 dimensions (at most 8)',
+            Cp.tensor_error_quark(), SHAPE, 'at most 8 dimensions, 9 were given',
             () => Cp.Tensor.new(Cp.DType.FLOAT32, [1, 1, 1, 1, 1, 1, 1, 1, 1]));
         const bytes = new GLib.Bytes(new Uint8Array(24));
-        assertThrowsGError(Cp.tensor_error_quark(), SHAPE, 'needs 32 bytes, but 24 were given',
+        assertCase('CpTensor', 'cp_tensor_new_from_bytes with fewer bytes than the shape needs',
+            Cp.tensor_error_quark(), SHAPE, 'needs 32 bytes, but 24 were given',
             () => Cp.Tensor.new_from_bytes(Cp.DType.FLOAT32, [2, 4], bytes));
         const t = Cp.Tensor.new(Cp.DType.INT32, [2, 4]);
-        const e = assertThrowsGError(Cp.TensorError.quark(), Cp.TensorError.OUT_OF_RANGE,
+        const e = assertCase('CpTensor', 'cp_tensor_narrow past the end of the dimension',
+            Cp.TensorError.quark(), Cp.TensorError.OUT_OF_RANGE,
             '[3, 5) is outside dimension 1 of size 4', () => t.narrow(1, 3, 2));
         assertEqual(e.domain, Cp.tensor_error_quark(), 'domain');
     }],

@@ -10,7 +10,9 @@ import gi
 gi.require_version('Cp', '1')
 from gi.repository import Cp, GLib  # noqa: E402
 
-__all__ = ['Cp', 'GLib', 'run_ranks']
+from reliability import record_error, record_outcome  # noqa: E402
+
+__all__ = ['Cp', 'GLib', 'record_error', 'record_outcome', 'run_ranks']
 
 # Long enough for a loaded 2-core machine, short enough that a broken test
 # fails instead of stalling the suite.

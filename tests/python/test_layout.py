@@ -7,7 +7,7 @@ import unittest
 
 import numpy as np
 
-from cptest import Cp, GLib
+from cptest import Cp, GLib, record_error
 
 HEAD_TAIL = Cp.LoadBalance.HEAD_TAIL
 CONTIGUOUS = Cp.LoadBalance.CONTIGUOUS
@@ -171,37 +171,46 @@ class TestFingerprint(unittest.TestCase):
 
 class TestErrors(unittest.TestCase):
 
-    def assertShapeError(self, fragment, func, *args):
+    def assertShapeError(self, what, fragment, func, *args):
         with self.assertRaises(GLib.Error) as caught:
             func(*args)
         self.assertTrue(caught.exception.matches(Cp.tensor_error_quark(), Cp.TensorError.SHAPE))
         self.assertIn(fragment, caught.exception.message)
+        record_error(self, 'CpLayout', what, caught.exception)
 
     def test_indivisible_lengths(self):
-        self.assertShapeError('sequence length 6 is not a non-negative multiple of 4',
+        self.assertShapeError('cp_layout_new head-tail with a length not a multiple of 2·cp_size',
+                              'sequence length 6 is not a non-negative multiple of 4',
                               Cp.Layout.new, HEAD_TAIL, 6, 2)
-        self.assertShapeError('10', Cp.Layout.new, CONTIGUOUS, 10, 4)
-        self.assertShapeError('document 1 has padded length 6, not a multiple of 4',
+        self.assertShapeError('cp_layout_new contiguous with a length not a multiple of cp_size',
+                              '10', Cp.Layout.new, CONTIGUOUS, 10, 4)
+        self.assertShapeError('cp_layout_new_thd with a document not a multiple of 2·cp_size',
+                              'document 1 has padded length 6, not a multiple of 4',
                               Cp.Layout.new_thd, [0, 4, 10], 2)
-        self.assertShapeError('decreases', Cp.Layout.new_thd, [0, 8, 4], 2)
+        self.assertShapeError('cp_layout_new_thd with decreasing bounds',
+                              'decreases', Cp.Layout.new_thd, [0, 8, 4], 2)
 
     def test_bad_cp_size(self):
         with self.assertRaises(GLib.Error) as caught:
             Cp.Layout.new(HEAD_TAIL, 8, 0)
         self.assertTrue(caught.exception.matches(Cp.tensor_error_quark(), Cp.TensorError.OUT_OF_RANGE))
+        record_error(self, 'CpLayout', 'cp_layout_new with cp_size 0', caught.exception)
 
     def test_shard_of_the_wrong_length(self):
         layout = Cp.Layout.new(HEAD_TAIL, 8, 2)
         wrong = Cp.Tensor.new(Cp.DType.INT64, [2, 10])
-        self.assertShapeError('dimension 1 of int64[2, 10] on host has length 10, the layout needs 8',
+        self.assertShapeError('cp_layout_shard of a tensor whose sequence length differs from the layout',
+                              'dimension 1 of int64[2, 10] on host has length 10, the layout needs 8',
                               layout.shard, wrong, 1, 0)
 
     def test_unshard_pieces_mismatch(self):
         layout = Cp.Layout.new(HEAD_TAIL, 8, 2)
         piece = Cp.Tensor.new(Cp.DType.INT64, [4])
-        self.assertShapeError('1 pieces were given for cp_size 2',
+        self.assertShapeError('cp_layout_unshard_pieces with fewer pieces than cp_size',
+                              '1 pieces were given for cp_size 2',
                               layout.unshard_pieces, [piece], 0)
-        self.assertShapeError('piece 1', layout.unshard_pieces,
+        self.assertShapeError('cp_layout_unshard_pieces with a piece of the wrong shape',
+                              'piece 1', layout.unshard_pieces,
                               [piece, Cp.Tensor.new(Cp.DType.INT64, [3])], 0)
 
 

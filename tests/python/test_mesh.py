@@ -7,7 +7,7 @@ import unittest
 
 import numpy as np
 
-from cptest import Cp, GLib, run_ranks
+from cptest import Cp, GLib, record_error, run_ranks
 
 
 def group(size, name='cp'):
@@ -52,9 +52,13 @@ class TestProperties(unittest.TestCase):
             Cp.Mesh.new_local_group({'dp': 2, 'cp': 0})
         self.assertTrue(caught.exception.matches(Cp.mesh_error_quark(), Cp.MeshError.INVALID_TOPOLOGY))
         self.assertIn('size 0', caught.exception.message)
+        record_error(self, 'CpMesh', 'cp_mesh_new_local_group with a dimension of size 0',
+                     caught.exception)
         with self.assertRaises(GLib.Error) as caught:
             Cp.Mesh.new_local_group(['dp', 'dp'], [1, 2])
         self.assertIn('"dp"', caught.exception.message)
+        record_error(self, 'CpMesh', 'cp_mesh_new_local_group with a repeated dimension name',
+                     caught.exception)
 
     def test_timeout_property(self):
         m = group(1)[0]
@@ -174,6 +178,8 @@ class TestSubmesh(unittest.TestCase):
             m.get_submesh('tp')
         self.assertTrue(caught.exception.matches(Cp.mesh_error_quark(), Cp.MeshError.INVALID_TOPOLOGY))
         self.assertIn('no dimension "tp"; it has dp, cp', caught.exception.message)
+        record_error(self, 'CpMesh', 'cp_mesh_get_submesh of a dimension the mesh does not have',
+                     caught.exception)
 
 
 class TestFailures(unittest.TestCase):
@@ -196,6 +202,8 @@ class TestFailures(unittest.TestCase):
             self.assertIn('2 (mesh rank 2)', error.message)
             self.assertGreaterEqual(waited, 0.25)
             self.assertLess(waited, 10)
+            record_error(self, 'CpMesh', 'a collective one rank never joins, within the timeout',
+                         error)
 
     def _disagree(self, body):
         def guarded(m):
@@ -215,12 +223,14 @@ class TestFailures(unittest.TestCase):
         for e in self._disagree(body):
             self.assertTrue(e.matches(Cp.tensor_error_quark(), Cp.TensorError.SHAPE))
             self.assertIn('rank 0 passed int32[4], rank 1 passed int32[5]', e.message)
+            record_error(self, 'CpMesh', 'a collective whose ranks pass different shapes', e)
 
     def test_dtype_disagreement_fails_on_every_rank(self):
         def body(m):
             m.all_gather(Cp.Tensor.new(Cp.DType.INT32 if m.get_rank() == 0 else Cp.DType.INT64, [4]), 0)
         for e in self._disagree(body):
             self.assertTrue(e.matches(Cp.tensor_error_quark(), Cp.TensorError.DTYPE))
+            record_error(self, 'CpMesh', 'a collective whose ranks pass different dtypes', e)
 
     def test_operation_disagreement_fails_on_every_rank(self):
         def body(m):
@@ -232,6 +242,7 @@ class TestFailures(unittest.TestCase):
         for e in self._disagree(body):
             self.assertTrue(e.matches(Cp.mesh_error_quark(), Cp.MeshError.INVALID_TOPOLOGY))
             self.assertIn('rank 0 called all_gather, rank 1 called all_reduce', e.message)
+            record_error(self, 'CpMesh', 'ranks that call different collectives at the same step', e)
 
     def test_disagreement_leaves_the_tensor_untouched(self):
         def body(m):
@@ -282,8 +293,11 @@ class TestUnshard(unittest.TestCase):
             try:
                 m.unshard(Cp.Tensor.new(Cp.DType.FLOAT32, [3]), 0)
             except GLib.Error as e:
-                return e.matches(Cp.tensor_error_quark(), Cp.TensorError.SHAPE)
-        self.assertEqual(run_ranks(group(2), body), [True, True])
+                return e
+        for error in run_ranks(group(2), body):
+            self.assertTrue(error.matches(Cp.tensor_error_quark(), Cp.TensorError.SHAPE))
+            record_error(self, 'CpMesh', 'cp_mesh_unshard of a local length not divisible by 2',
+                         error)
 
 
 if __name__ == '__main__':

@@ -6,7 +6,7 @@ import unittest
 
 import numpy as np
 
-from cptest import Cp, GLib
+from cptest import Cp, GLib, record_error, record_outcome
 
 ALL_DTYPES = [Cp.DType.BOOL, Cp.DType.UINT8, Cp.DType.INT32, Cp.DType.INT64,
               Cp.DType.FLOAT16, Cp.DType.BFLOAT16, Cp.DType.FLOAT32, Cp.DType.FLOAT64]
@@ -14,7 +14,8 @@ ALL_DTYPES = [Cp.DType.BOOL, Cp.DType.UINT8, Cp.DType.INT32, Cp.DType.INT64,
 
 class TensorErrorMixin:
 
-    def assertTensorError(self, code, fragment, func, *args):
+    def assertTensorError(self, what, code, fragment, func, *args):
+        """func(*args) fails with code; the case is recorded as what."""
         with self.assertRaises(GLib.Error) as caught:
             func(*args)
         error = caught.exception
@@ -22,6 +23,13 @@ class TensorErrorMixin:
                         '%s is not %s' % (error, code))
         self.assertEqual(error.domain, 'cp-tensor-error-quark')
         self.assertIn(fragment, error.message)
+        record_error(self, 'CpTensor', what, error)
+
+    def assertRejected(self, what, exception, fragment, func, *args):
+        """The Python override refuses func(*args) with exception."""
+        with self.assertRaisesRegex(exception, fragment) as caught:
+            func(*args)
+        record_outcome(self, 'CpTensor', what, exception.__name__, str(caught.exception))
 
 
 class TestConstructors(unittest.TestCase):
@@ -166,56 +174,67 @@ class TestNarrow(unittest.TestCase):
 class TestErrors(TensorErrorMixin, unittest.TestCase):
 
     def test_bad_shapes(self):
-        self.assertTensorError(Cp.TensorError.SHAPE, 'dimension 1 has negative size -1',
+        self.assertTensorError('cp_tensor_new with a dimension of negative size',
+                               Cp.TensorError.SHAPE, 'dimension 1 has negative size -1',
                                Cp.Tensor.new, Cp.DType.FLOAT32, [2, -1])
-        self.assertTensorError(Cp.TensorError.SHAPE, 'at most 8 dimensions, 9 were given',
+        self.assertTensorError('cp_tensor_new with 9 dimensions (at most 8)',
+                               Cp.TensorError.SHAPE, 'at most 8 dimensions, 9 were given',
                                Cp.Tensor.new, Cp.DType.FLOAT32, [1] * 9)
-        self.assertTensorError(Cp.TensorError.SHAPE, 'overflows',
+        self.assertTensorError('cp_tensor_new whose element count × size overflows 64 bits',
+                               Cp.TensorError.SHAPE, 'overflows',
                                Cp.Tensor.new, Cp.DType.FLOAT64, [2 ** 40, 2 ** 40])
 
     def test_bytes_of_the_wrong_size(self):
         gbytes = GLib.Bytes.new(bytes(24))
-        self.assertTensorError(Cp.TensorError.SHAPE,
+        self.assertTensorError('cp_tensor_new_from_bytes with fewer bytes than the shape needs',
+                               Cp.TensorError.SHAPE,
                                'a float32 tensor of shape [2, 4] needs 32 bytes, but 24 were given',
                                Cp.Tensor.new_from_bytes, Cp.DType.FLOAT32, [2, 4], gbytes)
 
     def test_narrow_out_of_range(self):
         t = Cp.Tensor.new(Cp.DType.INT32, [2, 4])
-        self.assertTensorError(Cp.TensorError.OUT_OF_RANGE,
+        self.assertTensorError('cp_tensor_narrow past the end of the dimension',
+                               Cp.TensorError.OUT_OF_RANGE,
                                '[3, 5) is outside dimension 1 of size 4',
                                t.narrow, 1, 3, 2)
-        self.assertTensorError(Cp.TensorError.SHAPE, 'dimension 2 does not exist in int32[2, 4]',
+        self.assertTensorError('cp_tensor_narrow of a dimension that does not exist',
+                               Cp.TensorError.SHAPE, 'dimension 2 does not exist in int32[2, 4]',
                                t.narrow, 2, 0, 1)
 
     def test_arange_step_zero(self):
-        self.assertTensorError(Cp.TensorError.OUT_OF_RANGE, 'step must not be zero',
+        self.assertTensorError('cp_tensor_new_arange with step 0',
+                               Cp.TensorError.OUT_OF_RANGE, 'step must not be zero',
                                Cp.Tensor.new_arange, Cp.DType.INT32, 0, 4, 0)
 
     def test_to_cuda_without_cuda(self):
         t = Cp.Tensor.new(Cp.DType.FLOAT32, [2])
         self.assertIs(t.to_device(Cp.DeviceKind.HOST), t)
         if not Cp.HAS_CUDA:
-            self.assertTensorError(Cp.TensorError.DEVICE, 'no CUDA support',
+            self.assertTensorError('cp_tensor_to_device to CUDA in a build without CUDA',
+                                   Cp.TensorError.DEVICE, 'no CUDA support',
                                    t.to_device, Cp.DeviceKind.CUDA)
 
     def test_misaligned_numpy_memory(self):
         raw = np.zeros(17, dtype=np.uint8)
         shifted = raw[1:].view(np.float32)  # numpy allows an unaligned view
         self.assertFalse(shifted.flags.aligned)
-        self.assertTensorError(Cp.TensorError.MISALIGNED, 'float32 elements need 4-byte alignment',
+        self.assertTensorError('Tensor.from_numpy of an array not aligned to its element size',
+                               Cp.TensorError.MISALIGNED, 'float32 elements need 4-byte alignment',
                                Cp.Tensor.from_numpy, shifted)
 
     def test_override_rejects_arrays_it_cannot_share(self):
-        with self.assertRaisesRegex(ValueError, 'C-contiguous'):
-            Cp.Tensor.from_numpy(np.zeros((4, 4), dtype=np.float32)[:, 1])
+        self.assertRejected('Tensor.from_numpy of a strided (not C-contiguous) array',
+                            ValueError, 'C-contiguous',
+                            Cp.Tensor.from_numpy, np.zeros((4, 4), dtype=np.float32)[:, 1])
         frozen = np.zeros(4, dtype=np.float32)
         frozen.flags.writeable = False
-        with self.assertRaisesRegex(ValueError, 'writable'):
-            Cp.Tensor.from_numpy(frozen)
-        with self.assertRaisesRegex(TypeError, 'numpy.ndarray, not list'):
-            Cp.Tensor.from_numpy([1.0, 2.0])
-        with self.assertRaisesRegex(TypeError, 'int16 has no Cp.DType'):
-            Cp.Tensor.from_numpy(np.zeros(2, dtype=np.int16))
+        self.assertRejected('Tensor.from_numpy of a read-only array',
+                            ValueError, 'writable', Cp.Tensor.from_numpy, frozen)
+        self.assertRejected('Tensor.from_numpy of something that is not an array',
+                            TypeError, 'numpy.ndarray, not list', Cp.Tensor.from_numpy, [1.0, 2.0])
+        self.assertRejected('Tensor.from_numpy of a numpy dtype with no Cp.DType',
+                            TypeError, 'int16 has no Cp.DType',
+                            Cp.Tensor.from_numpy, np.zeros(2, dtype=np.int16))
 
 
 if __name__ == '__main__':
