@@ -18,4 +18,5 @@
 # include "cp-tensor.h"
 # include "cp-layout.h"
 # include "cp-mesh.h"
+# include "cp-attention.h"
 #undef CP_INSIDE
