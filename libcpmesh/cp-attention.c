@@ -1355,23 +1355,42 @@ agree (CpAttention  *self,
   return ok && compare_calls (all, comm->size, error);
 }
 
-/* Float32 operands: the tensor's own memory, or a converted copy. */
+/* A float32 tensor shaped like @tensor. */
+static CpTensor *
+float32_like (CpTensor *tensor,
+              gboolean  zeroed)
+{
+  const gint64 *shape = cp_tensor_get_shape (tensor, NULL);
+  guint n_dims = cp_tensor_get_n_dims (tensor);
+  CpTensor *copy = zeroed ? cp_tensor_new (CP_DTYPE_FLOAT32, shape, n_dims, NULL)
+                          : _cp_tensor_new_uninit (CP_DTYPE_FLOAT32, shape, n_dims, NULL);
+
+  g_assert (copy != NULL);  /* the same size as an existing tensor */
+  return copy;
+}
+
+/* Float32 operands: the tensor's own memory, or a converted copy.  Copies
+ * are tensors so that their memory comes from the host block cache: a
+ * fresh allocation of this size would spend more time faulting pages in
+ * than converting. */
 static float *
 as_float32 (CpTensor  *tensor,
-            float    **owned)
+            CpTensor **owned)
 {
   gsize n = (gsize) cp_tensor_get_numel (tensor);
   const guint16 *bf16;
+  float *values;
 
   *owned = NULL;
   if (cp_tensor_get_dtype (tensor) == CP_DTYPE_FLOAT32)
     return cp_tensor_get_data (tensor);
   g_assert (cp_tensor_get_dtype (tensor) == CP_DTYPE_BFLOAT16);
+  *owned = float32_like (tensor, FALSE);
   bf16 = cp_tensor_get_data (tensor);
-  *owned = g_new (float, MAX (n, 1));
+  values = cp_tensor_get_data (*owned);
   for (gsize i = 0; i < n; i++)
-    (*owned)[i] = _cp_bf16_to_float (bf16[i]);
-  return *owned;
+    values[i] = _cp_bf16_to_float (bf16[i]);
+  return values;
 }
 
 static void
@@ -1529,7 +1548,7 @@ forward_on (const Plan *plan,
             int         first_rank,
             int         n_ranks)
 {
-  g_autofree float *owned = NULL;
+  g_autoptr(CpTensor) owned = NULL;
   float *kv32 = as_float32 (kv, &owned);
   g_autoptr(GArray) runs = g_array_new (FALSE, FALSE, sizeof (CpAttnRun));
   CpAttnKeys keys;
@@ -1629,8 +1648,8 @@ forward_run (CpAttention  *self,
              GError      **error)
 {
   gsize n_rows = (gsize) plan->batch * plan->n_heads * (gsize) plan->local_len;
-  g_autofree float *q_owned = NULL;
-  g_autofree float *acc_owned = NULL;
+  g_autoptr(CpTensor) q_owned = NULL;
+  g_autoptr(CpTensor) acc_owned = NULL;
   g_autofree float *m = g_new (float, MAX (n_rows, 1));
   g_autofree float *l = g_new0 (float, MAX (n_rows, 1));
   float *acc = cp_tensor_get_data (out);
@@ -1639,7 +1658,10 @@ forward_run (CpAttention  *self,
 
   /* A float32 output accumulates in place. */
   if (plan->dtype != CP_DTYPE_FLOAT32)
-    acc = acc_owned = g_new0 (float, MAX (cp_tensor_get_numel (out), 1));
+    {
+      acc_owned = float32_like (out, TRUE);
+      acc = cp_tensor_get_data (acc_owned);
+    }
   for (gsize i = 0; i < n_rows; i++)
     m[i] = -INFINITY;
   fwd.q = view_of (plan, as_float32 (q, &q_owned), plan->n_heads, plan->local_len);
@@ -1754,7 +1776,7 @@ backward_on (const Plan        *plan,
              int                n_ranks,
              CpTensor          *dkv)
 {
-  g_autofree float *owned = NULL;
+  g_autoptr(CpTensor) owned = NULL;
   float *kv32 = as_float32 (kv, &owned);
   g_autoptr(GArray) runs = g_array_new (FALSE, FALSE, sizeof (CpAttnRun));
   g_autoptr(GArray) unused = g_array_new (FALSE, FALSE, sizeof (CpAttnRun));
@@ -1990,10 +2012,11 @@ backward_run (CpAttention  *self,
               Gradients    *result,
               GError      **error)
 {
-  g_autofree float *q_owned = NULL, *dout_owned = NULL, *out_owned = NULL;
+  g_autoptr(CpTensor) q_owned = NULL, dout_owned = NULL, out_owned = NULL;
   float *dout32 = as_float32 (dout, &dout_owned);
   g_autofree float *delta = row_deltas (plan, dout32, as_float32 (out, &out_owned));
-  g_autofree float *dq = g_new0 (float, MAX (cp_tensor_get_numel (q), 1));
+  g_autoptr(CpTensor) dq32 = float32_like (q, TRUE);
+  float *dq = cp_tensor_get_data (dq32);
   g_autoptr(CpTensor) dkv = new_kv_like (plan, CP_DTYPE_FLOAT32, plan->local_len, TRUE);
   gint64 kv_shape[4];
   guint kv_dims = operand_shape (plan, plan->n_kv_heads, kv_shape);
