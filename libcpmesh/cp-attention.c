@@ -1694,7 +1694,7 @@ forward_run (CpAttention  *self,
  * keys of every rank. Every rank of the mesh calls it at the same time
  * with its own pieces.
  *
- * Returns: %TRUE on success; %FALSE on every rank with
+ * Returns: (skip): %TRUE on success; %FALSE on every rank with
  *   %CP_ATTENTION_ERROR_SHAPE when shapes, dtypes, head counts or local
  *   lengths disagree with each other, with the layout or across ranks,
  *   %CP_ATTENTION_ERROR_UNSUPPORTED for other dtypes, head dimensions over
@@ -2066,7 +2066,7 @@ backward_run (CpAttention  *self,
  * mesh calls it at the same time. Padding positions get exactly zero
  * gradients.
  *
- * Returns: %TRUE on success; %FALSE on every rank with the errors of
+ * Returns: (skip): %TRUE on success; %FALSE on every rank with the errors of
  *   [method@Cp.Attention.forward], also when @dout, @out or @lse do not
  *   match
  *
