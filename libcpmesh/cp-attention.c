@@ -886,6 +886,7 @@ typedef struct
   gint64 local_len;
   int rank;
   int size;
+  CpAttnType type;          /* what the kernel multiplies */
   CpLayout *layout;
   gint64 bshd_bounds[2];
   const gint64 *bounds;     /* document bounds: n_docs + 1 */
@@ -1190,6 +1191,7 @@ fill_problem (CpAttention *self,
     .causal = self->options->causal,
     .scale = (float) scale,
     .n_threads = self->n_threads,
+    .type = plan->type,
     .n_docs = plan->n_docs,
     .real_end = (const gint64 *) plan->real_end->data,
     .q_runs = (const CpAttnRun *) plan->q_runs->data,
@@ -1240,6 +1242,10 @@ plan_build (CpAttention  *self,
   set_documents (self, plan);
   if (!fill_real_ends (self, plan, error))
     return FALSE;
+  /* bfloat16 is multiplied as such where the CPU does it in hardware,
+   * and converted to float32 once everywhere else. */
+  plan->type = plan->dtype == CP_DTYPE_BFLOAT16 && _cp_attn_gemm_has_bfloat16 ()
+    ? CP_ATTN_BFLOAT16 : CP_ATTN_FLOAT32;
   fill_problem (self, plan);
   return TRUE;
 }
@@ -1411,11 +1417,30 @@ store_float32 (CpTensor    *tensor,
     bf16[i] = _cp_float_to_bf16 (values[i]);
 }
 
+/* What the kernel reads of an input: its own memory when the kernel
+ * multiplies its dtype, a float32 copy otherwise. */
+static gpointer
+as_operand (const Plan  *plan,
+            CpTensor    *tensor,
+            CpTensor   **owned)
+{
+  *owned = NULL;
+  if (plan->type == CP_ATTN_BFLOAT16)
+    return cp_tensor_get_data (tensor);
+  return as_float32 (tensor, owned);
+}
+
+static gsize
+operand_size (const Plan *plan)
+{
+  return plan->type == CP_ATTN_BFLOAT16 ? 2 : sizeof (float);
+}
+
 /* A view of @data holding a query-like (@heads = H) or key-like operand
  * of @rows rows per head. */
 static CpAttnView
 view_of (const Plan *plan,
-         float      *data,
+         gpointer    data,
          int         heads,
          gint64      rows)
 {
@@ -1463,11 +1488,13 @@ pack_kv (const Plan *plan,
   return kv;
 }
 
-/* Keys of @n_ranks consecutive ranks from @first_rank, held in @kv32, a
- * float32 K/V pack of @n_ranks × the local length. */
+/* Keys of @n_ranks consecutive ranks from @first_rank, held in @kv, a K/V
+ * pack of @n_ranks × the local length with elements of @element_size
+ * bytes. */
 static void
 keys_init (const Plan *plan,
-           float      *kv32,
+           gpointer    kv,
+           gsize       element_size,
            int         first_rank,
            int         n_ranks,
            GArray     *runs,
@@ -1478,8 +1505,8 @@ keys_init (const Plan *plan,
 
   for (int i = 0; i < n_ranks; i++)
     append_rank_runs (plan, first_rank + i, plan->local_len * i, runs);
-  keys->k = view_of (plan, kv32, plan->n_kv_heads, rows);
-  keys->v = view_of (plan, kv32 + half, plan->n_kv_heads, rows);
+  keys->k = view_of (plan, kv, plan->n_kv_heads, rows);
+  keys->v = view_of (plan, (guint8 *) kv + half * element_size, plan->n_kv_heads, rows);
   keys->runs = (const CpAttnRun *) runs->data;
   keys->n_runs = runs->len;
 }
@@ -1549,11 +1576,11 @@ forward_on (const Plan *plan,
             int         n_ranks)
 {
   g_autoptr(CpTensor) owned = NULL;
-  float *kv32 = as_float32 (kv, &owned);
+  gpointer data = as_operand (plan, kv, &owned);
   g_autoptr(GArray) runs = g_array_new (FALSE, FALSE, sizeof (CpAttnRun));
   CpAttnKeys keys;
 
-  keys_init (plan, kv32, first_rank, n_ranks, runs, &keys);
+  keys_init (plan, data, operand_size (plan), first_rank, n_ranks, runs, &keys);
   _cp_attn_forward_block (&plan->problem, &fwd->q, &keys, &fwd->state);
 }
 
@@ -1626,7 +1653,7 @@ finish_forward (const Plan *plan,
     for (int h = 0; h < plan->n_heads; h++)
       for (gint64 i = 0; i < plan->local_len; i++, row++)
         {
-          float *acc = fwd->state.acc.data + b * fwd->state.acc.batch_stride +
+          float *acc = (float *) fwd->state.acc.data + b * fwd->state.acc.batch_stride +
                        h * fwd->state.acc.head_stride + (gsize) i * fwd->state.acc.row_stride;
           float l = fwd->state.l[row];
           float inverse = l > 0.0f ? 1.0f / l : 0.0f;
@@ -1664,7 +1691,7 @@ forward_run (CpAttention  *self,
     }
   for (gsize i = 0; i < n_rows; i++)
     m[i] = -INFINITY;
-  fwd.q = view_of (plan, as_float32 (q, &q_owned), plan->n_heads, plan->local_len);
+  fwd.q = view_of (plan, as_operand (plan, q, &q_owned), plan->n_heads, plan->local_len);
   fwd.state = (CpAttnState) { view_of (plan, acc, plan->n_heads, plan->local_len), m, l };
 
   if (plan->size == 1)
@@ -1743,15 +1770,27 @@ cp_attention_forward (CpAttention  *self,
 
 /* Backward. */
 
+static inline float
+load (CpDType       dtype,
+      gconstpointer data,
+      gsize         i)
+{
+  if (dtype == CP_DTYPE_FLOAT32)
+    return ((const float *) data)[i];
+  return _cp_bf16_to_float (((const guint16 *) data)[i]);
+}
+
 /* delta = rowsum (dout ∘ out), the softmax-gradient term of each row. */
 static float *
-row_deltas (const Plan  *plan,
-            const float *dout,
-            const float *out)
+row_deltas (const Plan *plan,
+            CpTensor   *dout,
+            CpTensor   *out)
 {
   gsize n_rows = (gsize) plan->batch * plan->n_heads * (gsize) plan->local_len;
   float *delta = g_new (float, MAX (n_rows, 1));
   CpAttnView view = view_of (plan, NULL, plan->n_heads, plan->local_len);
+  gconstpointer dout_data = cp_tensor_get_data (dout);
+  gconstpointer out_data = cp_tensor_get_data (out);
   gsize row = 0;
 
   for (int b = 0; b < plan->batch; b++)
@@ -1762,7 +1801,7 @@ row_deltas (const Plan  *plan,
           float sum = 0.0f;
 
           for (int j = 0; j < plan->head_dim; j++)
-            sum += dout[at + j] * out[at + j];
+            sum += load (plan->dtype, dout_data, at + j) * load (plan->dtype, out_data, at + j);
           delta[row] = sum;
         }
   return delta;
@@ -1777,13 +1816,13 @@ backward_on (const Plan        *plan,
              CpTensor          *dkv)
 {
   g_autoptr(CpTensor) owned = NULL;
-  float *kv32 = as_float32 (kv, &owned);
+  gpointer data = as_operand (plan, kv, &owned);
   g_autoptr(GArray) runs = g_array_new (FALSE, FALSE, sizeof (CpAttnRun));
   g_autoptr(GArray) unused = g_array_new (FALSE, FALSE, sizeof (CpAttnRun));
   CpAttnKeys keys, dkeys;
 
-  keys_init (plan, kv32, first_rank, n_ranks, runs, &keys);
-  keys_init (plan, cp_tensor_get_data (dkv), first_rank, n_ranks, unused, &dkeys);
+  keys_init (plan, data, operand_size (plan), first_rank, n_ranks, runs, &keys);
+  keys_init (plan, cp_tensor_get_data (dkv), sizeof (float), first_rank, n_ranks, unused, &dkeys);
   _cp_attn_backward_block (&plan->problem, grads, &keys, &dkeys.k, &dkeys.v);
 }
 
@@ -2012,17 +2051,16 @@ backward_run (CpAttention  *self,
               Gradients    *result,
               GError      **error)
 {
-  g_autoptr(CpTensor) q_owned = NULL, dout_owned = NULL, out_owned = NULL;
-  float *dout32 = as_float32 (dout, &dout_owned);
-  g_autofree float *delta = row_deltas (plan, dout32, as_float32 (out, &out_owned));
+  g_autoptr(CpTensor) q_owned = NULL, dout_owned = NULL;
+  g_autofree float *delta = row_deltas (plan, dout, out);
   g_autoptr(CpTensor) dq32 = float32_like (q, TRUE);
   float *dq = cp_tensor_get_data (dq32);
   g_autoptr(CpTensor) dkv = new_kv_like (plan, CP_DTYPE_FLOAT32, plan->local_len, TRUE);
   gint64 kv_shape[4];
   guint kv_dims = operand_shape (plan, plan->n_kv_heads, kv_shape);
   CpAttnGrads grads = {
-    .q = view_of (plan, as_float32 (q, &q_owned), plan->n_heads, plan->local_len),
-    .dout = view_of (plan, dout32, plan->n_heads, plan->local_len),
+    .q = view_of (plan, as_operand (plan, q, &q_owned), plan->n_heads, plan->local_len),
+    .dout = view_of (plan, as_operand (plan, dout, &dout_owned), plan->n_heads, plan->local_len),
     .lse = cp_tensor_get_data (lse),
     .delta = delta,
     .dq = view_of (plan, dq, plan->n_heads, plan->local_len),

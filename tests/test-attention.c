@@ -9,6 +9,11 @@
 
 #include "cp-test-util.h"
 
+#ifdef CP_TEST_FORCE_PRIMITIVES
+/* From the internal library: float32 through oneDNN matmul primitives. */
+void _cp_attn_gemm_force_primitives (gboolean force);
+#endif
+
 /* One attention problem: the global (padded) sequence, its documents and
  * real lengths, and how it is computed. */
 typedef struct
@@ -646,6 +651,9 @@ main (int   argc,
       char *argv[])
 {
   g_test_init (&argc, &argv, NULL);
+#ifdef CP_TEST_FORCE_PRIMITIVES
+  _cp_attn_gemm_force_primitives (TRUE);
+#endif
 
   g_test_add_func ("/Cp/Attention/bshd/float32/grid", test_bshd_float32_grid);
   g_test_add_func ("/Cp/Attention/bshd/float32/tiles", test_bshd_float32_tiles);

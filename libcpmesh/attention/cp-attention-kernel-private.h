@@ -7,13 +7,16 @@
 
 #include <glib.h>
 
+#include "cp-attention-gemm-private.h"
+
 G_BEGIN_DECLS
 
-/* The kernel works on float32 operands addressed as [batch][head][row][d]
- * with arbitrary strides, so [B, H, S, D] tensors and packed [T, H, D]
- * tensors are both views without copies.  Every matrix product goes
- * through oneDNN; softmax, masking and rescaling are the kernel's own
- * loops. */
+/* The kernel works on operands addressed as [batch][head][row][d] with
+ * arbitrary strides (in elements), so [B, H, S, D] tensors and packed
+ * [T, H, D] tensors are both views without copies.  Q, K, V and dout are
+ * float32 or bfloat16 (CpAttnProblem.type); outputs, accumulators and
+ * softmax statistics are float32.  Every matrix product goes through
+ * oneDNN; softmax, masking and rescaling are the kernel's own loops. */
 
 /* Query and key tiles never cross a run: a run is a stretch of rows whose
  * global positions are consecutive and lie in one document. */
@@ -27,7 +30,7 @@ typedef struct
 
 typedef struct
 {
-  float *data;
+  gpointer data;
   gsize batch_stride;
   gsize head_stride;
   gsize row_stride;
@@ -42,6 +45,7 @@ typedef struct
   gboolean causal;
   float scale;
   int n_threads;
+  CpAttnType type;      /* of Q, K, V and dout */
 
   /* Positions of document d of batch row b at or past
    * real_end[b * n_docs + d] are padding: never attended as keys, and as
@@ -55,8 +59,8 @@ typedef struct
   gint64 q_rows;
 } CpAttnProblem;
 
-/* One block of keys and values: the whole gathered sequence, or one
- * rank's shard during a ring step. */
+/* One block of keys and values (of the problem's type): the whole
+ * gathered sequence, or one rank's shard during a ring step. */
 typedef struct
 {
   CpAttnView k;
@@ -76,7 +80,8 @@ typedef struct
   float *l;
 } CpAttnState;
 
-/* What backward needs from the forward pass and the caller. */
+/* What backward needs from the forward pass and the caller: q and dout
+ * of the problem's type, the rest float32. */
 typedef struct
 {
   CpAttnView q;

@@ -12,6 +12,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include "cp-attention-kernel-private.h"
+#include "cp-dtype-private.h"
 
 /* Tiles of 128 queries × 128 keys: the shape at which oneDNN's sgemm runs
  * closest to its large-matrix speed on the machines measured (see
@@ -35,14 +36,43 @@ typedef struct
   gint64 length;
 } Tile;
 
-static inline float *
-view_row (const CpAttnView *view,
-          int               b,
-          int               h,
-          gint64            row)
+static inline gsize
+type_size (CpAttnType type)
 {
-  return view->data + (gsize) b * view->batch_stride + (gsize) h * view->head_stride +
-         (gsize) row * view->row_stride;
+  return type == CP_ATTN_BFLOAT16 ? 2 : 4;
+}
+
+static inline gpointer
+view_at (const CpAttnView *view,
+         gsize             element_size,
+         int               b,
+         int               h,
+         gint64            row)
+{
+  return (guint8 *) view->data + element_size * ((gsize) b * view->batch_stride +
+                                                 (gsize) h * view->head_stride +
+                                                 (gsize) row * view->row_stride);
+}
+
+/* A row of Q, K, V or dout. */
+static inline gconstpointer
+operand_row (const CpAttnProblem *p,
+             const CpAttnView    *view,
+             int                  b,
+             int                  h,
+             gint64               row)
+{
+  return view_at (view, type_size (p->type), b, h, row);
+}
+
+/* A row of a float32 output or accumulator. */
+static inline float *
+float_row (const CpAttnView *view,
+           int               b,
+           int               h,
+           gint64            row)
+{
+  return view_at (view, sizeof (float), b, h, row);
 }
 
 static inline gsize
@@ -69,28 +99,6 @@ clip_to_real (gint64 pos,
               gint64 end)
 {
   return CLAMP (end - pos, 0, length);
-}
-
-static void
-gemm (char         transa,
-      char         transb,
-      gint64       m,
-      gint64       n,
-      gint64       k,
-      float        alpha,
-      const float *a,
-      gsize        lda,
-      const float *b,
-      gsize        ldb,
-      float        beta,
-      float       *c,
-      gsize        ldc)
-{
-  dnnl_status_t status = dnnl_sgemm (transa, transb, m, n, k, alpha, a, (dnnl_dim_t) lda,
-                                     b, (dnnl_dim_t) ldb, beta, c, (dnnl_dim_t) ldc);
-
-  /* Only malformed arguments fail, which would be a bug here. */
-  g_assert (status == dnnl_success);
 }
 
 /* Cephes' expf: range reduction by ln 2 and a degree-6 polynomial, about
@@ -186,6 +194,24 @@ softmax_grad_row (const float *p,
     dp[j] = p[j] * (dp[j] - delta);
 }
 
+/* The probabilities (or score gradients) of a tile as a GEMM input: the
+ * float32 tile itself, or its bfloat16 rounding in @scratch, as flash
+ * attention rounds P before P·V. */
+static gconstpointer
+tile_operand (const CpAttnProblem *p,
+              const float         *tile,
+              gint64               rows,
+              gint64               cols,
+              guint16             *scratch)
+{
+  if (p->type == CP_ATTN_FLOAT32)
+    return tile;
+  for (gint64 i = 0; i < rows; i++)
+    for (gint64 j = 0; j < cols; j++)
+      scratch[i * TILE_K + j] = _cp_float_to_bf16 (tile[i * TILE_K + j]);
+  return scratch;
+}
+
 /* Hides the scores of keys after the query: the tile's query i sits at
  * key offset @diagonal + i. */
 static void
@@ -266,6 +292,40 @@ online_softmax (const CpAttnProblem *p,
     }
 }
 
+typedef struct
+{
+  float *scores;     /* TILE_Q × TILE_K: S, then P */
+  float *dp;         /* TILE_Q × TILE_K: dP, then dS */
+  guint16 *rounded;  /* TILE_Q × TILE_K: P or dS as a bfloat16 GEMM input */
+  float *dk;         /* TILE_K × head_dim */
+  float *dv;
+} Scratch;
+
+static void
+scratch_init (Scratch  *s,
+              int       head_dim,
+              gboolean  backward)
+{
+  gsize tile = (gsize) TILE_Q * TILE_K;
+  gsize rows = (gsize) TILE_K * head_dim;
+
+  s->scores = g_new (float, tile);
+  s->rounded = g_new (guint16, tile);
+  s->dp = backward ? g_new (float, tile) : NULL;
+  s->dk = backward ? g_new (float, rows) : NULL;
+  s->dv = backward ? g_new (float, rows) : NULL;
+}
+
+static void
+scratch_clear (Scratch *s)
+{
+  g_free (s->scores);
+  g_free (s->rounded);
+  g_free (s->dp);
+  g_free (s->dk);
+  g_free (s->dv);
+}
+
 static void
 forward_tile (const CpAttnProblem *p,
               const CpAttnView    *q,
@@ -274,15 +334,15 @@ forward_tile (const CpAttnProblem *p,
               int                  b,
               int                  h,
               const Tile          *tile,
-              float               *scores)
+              Scratch             *s)
 {
   const CpAttnRun *qrun = &p->q_runs[tile->run];
   gint64 qpos = qrun->pos + tile->offset;
   gint64 qrow = qrun->row + tile->offset;
   gint64 rows = clip_to_real (qpos, tile->length, real_end (p, b, qrun->doc));
   int hk = h / (p->n_heads / p->n_kv_heads);
-  const float *qdata = view_row (q, b, h, qrow);
-  float *acc = view_row (&state->acc, b, h, qrow);
+  gconstpointer qdata = operand_row (p, q, b, h, qrow);
+  float *acc = float_row (&state->acc, b, h, qrow);
   float *m = state->m + row_index (p, b, h, qrow);
   float *l = state->l + row_index (p, b, h, qrow);
 
@@ -300,15 +360,16 @@ forward_tile (const CpAttnProblem *p,
 
           if (!tile_visible (p, qpos, rows, krun->pos + k0, kn, &masked))
             break;  /* later key tiles are later positions */
-          gemm ('N', 'T', rows, kn, p->head_dim, p->scale, qdata, q->row_stride,
-                view_row (&keys->k, b, hk, krun->row + k0), keys->k.row_stride,
-                0.0f, scores, TILE_K);
+          _cp_attn_gemm (p->type, 'N', 'T', rows, kn, p->head_dim, p->scale, qdata, q->row_stride,
+                         operand_row (p, &keys->k, b, hk, krun->row + k0), keys->k.row_stride,
+                         0.0f, s->scores, TILE_K);
           if (masked)
-            mask_causal (scores, rows, kn, qpos - (krun->pos + k0));
-          online_softmax (p, scores, rows, kn, m, l, acc, state->acc.row_stride);
-          gemm ('N', 'N', rows, p->head_dim, kn, 1.0f, scores, TILE_K,
-                view_row (&keys->v, b, hk, krun->row + k0), keys->v.row_stride,
-                1.0f, acc, state->acc.row_stride);
+            mask_causal (s->scores, rows, kn, qpos - (krun->pos + k0));
+          online_softmax (p, s->scores, rows, kn, m, l, acc, state->acc.row_stride);
+          _cp_attn_gemm (p->type, 'N', 'N', rows, p->head_dim, kn, 1.0f,
+                         tile_operand (p, s->scores, rows, kn, s->rounded), TILE_K,
+                         operand_row (p, &keys->v, b, hk, krun->row + k0), keys->v.row_stride,
+                         1.0f, acc, state->acc.row_stride);
         }
     }
 }
@@ -334,8 +395,9 @@ _cp_attn_forward_block (const CpAttnProblem *p,
 
 #pragma omp parallel num_threads (p->n_threads)
   {
-    float *scores = g_malloc ((gsize) TILE_Q * TILE_K * sizeof (float));
+    Scratch s;
 
+    scratch_init (&s, p->head_dim, FALSE);
     pin_gemm_threads ();
     /* Tile costs differ under a causal mask: hand them out one by one.
      * Each tile's rows belong to one item, so the result does not depend
@@ -347,19 +409,11 @@ _cp_attn_forward_block (const CpAttnProblem *p,
         gint64 bh = item / n_tiles;
 
         forward_tile (p, q, keys, state, (int) (bh / p->n_heads), (int) (bh % p->n_heads),
-                      &g_array_index (tiles, Tile, t), scores);
+                      &g_array_index (tiles, Tile, t), &s);
       }
-    g_free (scores);
+    scratch_clear (&s);
   }
 }
-
-typedef struct
-{
-  float *scores;   /* TILE_Q × TILE_K: S, then P */
-  float *dp;       /* TILE_Q × TILE_K: dP, then dS */
-  float *dk;       /* TILE_K × head_dim */
-  float *dv;
-} Scratch;
 
 /* One (query tile, key tile) pair of one head: accumulates into the
  * key tile's dK, dV scratch and into the queries' dQ. */
@@ -380,31 +434,34 @@ backward_pair (const CpAttnProblem *p,
   gint64 qrow = qrun->row + qtile->offset;
   gint64 rows = clip_to_real (qpos, qtile->length, real_end (p, b, qrun->doc));
   int hk = h / (p->n_heads / p->n_kv_heads);
-  const float *qdata = view_row (&g->q, b, h, qrow);
-  const float *dout = view_row (&g->dout, b, h, qrow);
-  const float *kdata = view_row (&keys->k, b, hk, krun->row + k0);
-  const float *vdata = view_row (&keys->v, b, hk, krun->row + k0);
+  gconstpointer qdata = operand_row (p, &g->q, b, h, qrow);
+  gconstpointer dout = operand_row (p, &g->dout, b, h, qrow);
+  gconstpointer kdata = operand_row (p, &keys->k, b, hk, krun->row + k0);
+  gconstpointer vdata = operand_row (p, &keys->v, b, hk, krun->row + k0);
   gsize first = row_index (p, b, h, qrow);
+  gconstpointer ds;
   gboolean masked;
 
   if (qrun->doc != krun->doc || !tile_visible (p, qpos, rows, krun->pos + k0, kn, &masked))
     return;
-  gemm ('N', 'T', rows, kn, p->head_dim, p->scale, qdata, g->q.row_stride,
-        kdata, keys->k.row_stride, 0.0f, s->scores, TILE_K);
+  _cp_attn_gemm (p->type, 'N', 'T', rows, kn, p->head_dim, p->scale, qdata, g->q.row_stride,
+                 kdata, keys->k.row_stride, 0.0f, s->scores, TILE_K);
   if (masked)
     mask_causal (s->scores, rows, kn, qpos - (krun->pos + k0));
   for (gint64 i = 0; i < rows; i++)
     exp_shifted (s->scores + i * TILE_K, kn, g->lse[first + i]);
-  gemm ('T', 'N', kn, p->head_dim, rows, 1.0f, s->scores, TILE_K,
-        dout, g->dout.row_stride, 1.0f, s->dv, p->head_dim);
-  gemm ('N', 'T', rows, kn, p->head_dim, 1.0f, dout, g->dout.row_stride,
-        vdata, keys->v.row_stride, 0.0f, s->dp, TILE_K);
+  _cp_attn_gemm (p->type, 'T', 'N', kn, p->head_dim, rows, 1.0f,
+                 tile_operand (p, s->scores, rows, kn, s->rounded), TILE_K,
+                 dout, g->dout.row_stride, 1.0f, s->dv, p->head_dim);
+  _cp_attn_gemm (p->type, 'N', 'T', rows, kn, p->head_dim, 1.0f, dout, g->dout.row_stride,
+                 vdata, keys->v.row_stride, 0.0f, s->dp, TILE_K);
   for (gint64 i = 0; i < rows; i++)
     softmax_grad_row (s->scores + i * TILE_K, s->dp + i * TILE_K, kn, g->delta[first + i]);
-  gemm ('T', 'N', kn, p->head_dim, rows, p->scale, s->dp, TILE_K,
-        qdata, g->q.row_stride, 1.0f, s->dk, p->head_dim);
-  gemm ('N', 'N', rows, p->head_dim, kn, p->scale, s->dp, TILE_K,
-        kdata, keys->k.row_stride, 1.0f, view_row (&g->dq, b, h, qrow), g->dq.row_stride);
+  ds = tile_operand (p, s->dp, rows, kn, s->rounded);
+  _cp_attn_gemm (p->type, 'T', 'N', kn, p->head_dim, rows, p->scale, ds, TILE_K,
+                 qdata, g->q.row_stride, 1.0f, s->dk, p->head_dim);
+  _cp_attn_gemm (p->type, 'N', 'N', rows, p->head_dim, kn, p->scale, ds, TILE_K,
+                 kdata, keys->k.row_stride, 1.0f, float_row (&g->dq, b, h, qrow), g->dq.row_stride);
 }
 
 /* Everything of one batch row and one key/value head: the key tiles
@@ -440,8 +497,8 @@ backward_item (const CpAttnProblem *p,
           for (int h = hk * group; h < (hk + 1) * group; h++)
             for (guint t = 0; t < qtiles->len; t++)
               backward_pair (p, g, keys, b, h, &g_array_index (qtiles, Tile, t), krun, k0, kn, s);
-          add_rows (view_row (dk, b, hk, krun->row + k0), dk->row_stride, s->dk, kn, p->head_dim);
-          add_rows (view_row (dv, b, hk, krun->row + k0), dv->row_stride, s->dv, kn, p->head_dim);
+          add_rows (float_row (dk, b, hk, krun->row + k0), dk->row_stride, s->dk, kn, p->head_dim);
+          add_rows (float_row (dv, b, hk, krun->row + k0), dv->row_stride, s->dv, kn, p->head_dim);
         }
     }
 }
@@ -458,19 +515,15 @@ _cp_attn_backward_block (const CpAttnProblem *p,
 
 #pragma omp parallel num_threads (p->n_threads)
   {
-    gsize tile = (gsize) TILE_Q * TILE_K * sizeof (float);
-    gsize rows = (gsize) TILE_K * p->head_dim * sizeof (float);
-    Scratch s = { g_malloc (tile), g_malloc (tile), g_malloc (rows), g_malloc (rows) };
+    Scratch s;
 
+    scratch_init (&s, p->head_dim, TRUE);
     pin_gemm_threads ();
 #pragma omp for schedule (dynamic, 1)
     for (gint64 item = 0; item < n_items; item++)
       backward_item (p, g, keys, dk, dv, (int) (item / p->n_kv_heads),
                      (int) (item % p->n_kv_heads), qtiles, &s);
-    g_free (s.scores);
-    g_free (s.dp);
-    g_free (s.dk);
-    g_free (s.dv);
+    scratch_clear (&s);
   }
 }
 
