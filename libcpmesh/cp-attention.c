@@ -1862,8 +1862,9 @@ backward_gathered (CpAttention        *self,
 
   if (gathered == NULL)
     return FALSE;
-  partial = new_kv_like (plan, CP_DTYPE_FLOAT32, plan->local_len * plan->size, TRUE);
+  partial = new_kv_like (plan, CP_DTYPE_FLOAT32, plan->local_len * plan->size, FALSE);
   backward_on (plan, grads, gathered, 0, plan->size, partial);
+  g_clear_object (&gathered);  /* lowers the peak before the exchange */
   exchanged = cp_mesh_all_to_all (self->mesh, partial, kv_seq_dim (plan), error);
   if (exchanged == NULL)
     return FALSE;
@@ -1969,7 +1970,6 @@ ring_step (CpAttention        *self,
     }
   if (step > 0)
     transfer_post (self, &ring->partial_in, ring->partial[1], FALSE, TAG_DKV);
-  memset (cp_tensor_get_data (ring->partial[0]), 0, cp_tensor_get_nbytes (ring->partial[0]));
   backward_on (plan, grads, ring->kv[0], source, 1, ring->partial[0]);
   if (!ring_pass_partial (self, ring, step, error))
     return FALSE;
@@ -1997,7 +1997,7 @@ backward_ring (CpAttention        *self,
   gboolean ok = TRUE;
 
   for (guint i = 0; i < G_N_ELEMENTS (ring.partial); i++)
-    ring.partial[i] = new_kv_like (plan, CP_DTYPE_FLOAT32, plan->local_len, TRUE);
+    ring.partial[i] = new_kv_like (plan, CP_DTYPE_FLOAT32, plan->local_len, FALSE);
   for (int step = 0; ok && step < plan->size; step++)
     ok = ring_step (self, plan, grads, &ring, step, error);
   if (!ok)

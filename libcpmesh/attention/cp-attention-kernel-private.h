@@ -97,8 +97,9 @@ void  _cp_attn_forward_block  (const CpAttnProblem *problem,
                                const CpAttnKeys    *keys,
                                CpAttnState         *state);
 
-/* Accumulates dQ into @grads->dq and dK, dV of @keys into @dk and @dv
- * (float32, laid out like @keys), recomputing probabilities from lse. */
+/* Accumulates dQ into @grads->dq and writes dK, dV of @keys (every row,
+ * zeros for padding) into @dk and @dv (float32, laid out like @keys),
+ * recomputing probabilities from lse. */
 void  _cp_attn_backward_block (const CpAttnProblem *problem,
                                const CpAttnGrads   *grads,
                                const CpAttnKeys    *keys,

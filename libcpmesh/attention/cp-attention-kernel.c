@@ -171,16 +171,25 @@ scale_row (float  *row,
     row[j] *= factor;
 }
 
-VECTOR_CLONES static void
-add_rows (float       *dst,
-          gsize        dst_stride,
-          const float *src,
-          gint64       rows,
-          gint64       n)
+static void
+store_rows (float       *dst,
+            gsize        dst_stride,
+            const float *src,
+            gint64       rows,
+            gint64       n)
 {
   for (gint64 i = 0; i < rows; i++)
-    for (gint64 j = 0; j < n; j++)
-      dst[(gsize) i * dst_stride + j] += src[(gsize) i * (gsize) n + j];
+    memcpy (dst + (gsize) i * dst_stride, src + (gsize) i * (gsize) n, (gsize) n * sizeof (float));
+}
+
+static void
+zero_rows (float  *dst,
+           gsize   dst_stride,
+           gint64  rows,
+           gint64  n)
+{
+  for (gint64 i = 0; i < rows; i++)
+    memset (dst + (gsize) i * dst_stride, 0, (gsize) n * sizeof (float));
 }
 
 /* dS = P ∘ (dP − delta) for one row, in place in @dp. */
@@ -468,7 +477,8 @@ backward_pair (const CpAttnProblem *p,
  * outside, the heads sharing them and the query tiles inside.  The item
  * owns the dK, dV rows of its head and the dQ rows of its query heads,
  * so no two threads write the same row and the sums run in a fixed
- * order. */
+ * order.  Every dK, dV row of @keys is written exactly once, so the
+ * caller need not clear them. */
 static void
 backward_item (const CpAttnProblem *p,
                const CpAttnGrads   *g,
@@ -497,9 +507,12 @@ backward_item (const CpAttnProblem *p,
           for (int h = hk * group; h < (hk + 1) * group; h++)
             for (guint t = 0; t < qtiles->len; t++)
               backward_pair (p, g, keys, b, h, &g_array_index (qtiles, Tile, t), krun, k0, kn, s);
-          add_rows (float_row (dk, b, hk, krun->row + k0), dk->row_stride, s->dk, kn, p->head_dim);
-          add_rows (float_row (dv, b, hk, krun->row + k0), dv->row_stride, s->dv, kn, p->head_dim);
+          store_rows (float_row (dk, b, hk, krun->row + k0), dk->row_stride, s->dk, kn, p->head_dim);
+          store_rows (float_row (dv, b, hk, krun->row + k0), dv->row_stride, s->dv, kn, p->head_dim);
         }
+      /* Padding keys are never attended: their gradient is zero. */
+      zero_rows (float_row (dk, b, hk, krun->row + klen), dk->row_stride, krun->length - klen, p->head_dim);
+      zero_rows (float_row (dv, b, hk, krun->row + klen), dv->row_stride, krun->length - klen, p->head_dim);
     }
 }
 
