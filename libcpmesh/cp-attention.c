@@ -993,6 +993,12 @@ read_query (Plan      *plan,
   const gint64 *shape = cp_tensor_get_shape (q, NULL);
 
   plan->dtype = cp_tensor_get_dtype (q);
+  if (cp_tensor_get_device (q) != CP_DEVICE_KIND_HOST)
+    {
+      g_set_error (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_UNSUPPORTED,
+                   "q (%s) is not in host memory; CpAttention computes on the host", have);
+      return FALSE;
+    }
   if (plan->dtype != CP_DTYPE_FLOAT32 && plan->dtype != CP_DTYPE_BFLOAT16)
     {
       g_set_error (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_UNSUPPORTED,
@@ -1021,12 +1027,22 @@ read_query (Plan      *plan,
 static gboolean
 check_heads (CpAttention  *self,
              Plan         *plan,
+             CpTensor     *q,
              CpTensor     *k,
              GError      **error)
 {
   const CpAttentionOptions *options = self->options;
 
-  plan->n_kv_heads = cp_tensor_get_n_dims (k) >= 2 ? (int) MIN (cp_tensor_get_dim (k, 1), G_MAXINT) : 0;
+  if (cp_tensor_get_n_dims (k) != cp_tensor_get_n_dims (q))
+    {
+      g_autofree char *have = cp_tensor_describe (k);
+
+      g_set_error (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_SHAPE,
+                   "k is %s, it must be %s like q", have,
+                   plan->thd ? "[T, H_kv, D]" : "[B, H_kv, S, D]");
+      return FALSE;
+    }
+  plan->n_kv_heads = (int) MIN (cp_tensor_get_dim (k, 1), G_MAXINT);
   if (options->n_heads > 0 && options->n_heads != plan->n_heads)
     {
       g_set_error (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_SHAPE,
@@ -1235,7 +1251,7 @@ plan_build (CpAttention  *self,
   plan->rank = comm->index;
   plan->size = comm->size;
   if (!read_query (plan, q, error) ||
-      !check_heads (self, plan, k, error) ||
+      !check_heads (self, plan, q, k, error) ||
       !check_operands (plan, k, v, dout, out, lse, error) ||
       !choose_layout (self, plan, error))
     return FALSE;

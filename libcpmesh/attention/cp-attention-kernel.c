@@ -301,6 +301,35 @@ online_softmax (const CpAttnProblem *p,
     }
 }
 
+/* A query tile of one batch row, placed: its run, first global position
+ * and row, and how many of its rows are real (not padding). */
+typedef struct
+{
+  const CpAttnRun *run;
+  gint64 pos;
+  gint64 row;
+  gint64 rows;
+} Queries;
+
+static void
+place_queries (const CpAttnProblem *p,
+               int                  b,
+               const Tile          *tile,
+               Queries             *q)
+{
+  q->run = &p->q_runs[tile->run];
+  q->pos = q->run->pos + tile->offset;
+  q->row = q->run->row + tile->offset;
+  q->rows = clip_to_real (q->pos, tile->length, real_end (p, b, q->run->doc));
+}
+
+static inline int
+kv_head (const CpAttnProblem *p,
+         int                  h)
+{
+  return h / (p->n_heads / p->n_kv_heads);
+}
+
 typedef struct
 {
   float *scores;     /* TILE_Q × TILE_K: S, then P */
@@ -345,38 +374,38 @@ forward_tile (const CpAttnProblem *p,
               const Tile          *tile,
               Scratch             *s)
 {
-  const CpAttnRun *qrun = &p->q_runs[tile->run];
-  gint64 qpos = qrun->pos + tile->offset;
-  gint64 qrow = qrun->row + tile->offset;
-  gint64 rows = clip_to_real (qpos, tile->length, real_end (p, b, qrun->doc));
-  int hk = h / (p->n_heads / p->n_kv_heads);
-  gconstpointer qdata = operand_row (p, q, b, h, qrow);
-  float *acc = float_row (&state->acc, b, h, qrow);
-  float *m = state->m + row_index (p, b, h, qrow);
-  float *l = state->l + row_index (p, b, h, qrow);
+  int hk = kv_head (p, h);
+  Queries qt;
+  gconstpointer qdata;
+  float *acc, *m, *l;
 
+  place_queries (p, b, tile, &qt);
+  qdata = operand_row (p, q, b, h, qt.row);
+  acc = float_row (&state->acc, b, h, qt.row);
+  m = state->m + row_index (p, b, h, qt.row);
+  l = state->l + row_index (p, b, h, qt.row);
   for (guint r = 0; r < keys->n_runs; r++)
     {
       const CpAttnRun *krun = &keys->runs[r];
       gint64 klen = clip_to_real (krun->pos, krun->length, real_end (p, b, krun->doc));
 
-      if (krun->doc != qrun->doc)
+      if (krun->doc != qt.run->doc)
         continue;
       for (gint64 k0 = 0; k0 < klen; k0 += TILE_K)
         {
           gint64 kn = MIN (TILE_K, klen - k0);
           gboolean masked;
 
-          if (!tile_visible (p, qpos, rows, krun->pos + k0, kn, &masked))
+          if (!tile_visible (p, qt.pos, qt.rows, krun->pos + k0, kn, &masked))
             break;  /* later key tiles are later positions */
-          _cp_attn_gemm (p->type, 'N', 'T', rows, kn, p->head_dim, p->scale, qdata, q->row_stride,
+          _cp_attn_gemm (p->type, 'N', 'T', qt.rows, kn, p->head_dim, p->scale, qdata, q->row_stride,
                          operand_row (p, &keys->k, b, hk, krun->row + k0), keys->k.row_stride,
                          0.0f, s->scores, TILE_K);
           if (masked)
-            mask_causal (s->scores, rows, kn, qpos - (krun->pos + k0));
-          online_softmax (p, s->scores, rows, kn, m, l, acc, state->acc.row_stride);
-          _cp_attn_gemm (p->type, 'N', 'N', rows, p->head_dim, kn, 1.0f,
-                         tile_operand (p, s->scores, rows, kn, s->rounded), TILE_K,
+            mask_causal (s->scores, qt.rows, kn, qt.pos - (krun->pos + k0));
+          online_softmax (p, s->scores, qt.rows, kn, m, l, acc, state->acc.row_stride);
+          _cp_attn_gemm (p->type, 'N', 'N', qt.rows, p->head_dim, kn, 1.0f,
+                         tile_operand (p, s->scores, qt.rows, kn, s->rounded), TILE_K,
                          operand_row (p, &keys->v, b, hk, krun->row + k0), keys->v.row_stride,
                          1.0f, acc, state->acc.row_stride);
         }
@@ -438,25 +467,26 @@ backward_pair (const CpAttnProblem *p,
                gint64               kn,
                Scratch             *s)
 {
-  const CpAttnRun *qrun = &p->q_runs[qtile->run];
-  gint64 qpos = qrun->pos + qtile->offset;
-  gint64 qrow = qrun->row + qtile->offset;
-  gint64 rows = clip_to_real (qpos, qtile->length, real_end (p, b, qrun->doc));
-  int hk = h / (p->n_heads / p->n_kv_heads);
-  gconstpointer qdata = operand_row (p, &g->q, b, h, qrow);
-  gconstpointer dout = operand_row (p, &g->dout, b, h, qrow);
+  int hk = kv_head (p, h);
   gconstpointer kdata = operand_row (p, &keys->k, b, hk, krun->row + k0);
   gconstpointer vdata = operand_row (p, &keys->v, b, hk, krun->row + k0);
-  gsize first = row_index (p, b, h, qrow);
-  gconstpointer ds;
+  gconstpointer qdata, dout, ds;
   gboolean masked;
+  Queries qt;
+  gint64 rows;
+  gsize first;
 
-  if (qrun->doc != krun->doc || !tile_visible (p, qpos, rows, krun->pos + k0, kn, &masked))
+  place_queries (p, b, qtile, &qt);
+  rows = qt.rows;
+  if (qt.run->doc != krun->doc || !tile_visible (p, qt.pos, rows, krun->pos + k0, kn, &masked))
     return;
+  qdata = operand_row (p, &g->q, b, h, qt.row);
+  dout = operand_row (p, &g->dout, b, h, qt.row);
+  first = row_index (p, b, h, qt.row);
   _cp_attn_gemm (p->type, 'N', 'T', rows, kn, p->head_dim, p->scale, qdata, g->q.row_stride,
                  kdata, keys->k.row_stride, 0.0f, s->scores, TILE_K);
   if (masked)
-    mask_causal (s->scores, rows, kn, qpos - (krun->pos + k0));
+    mask_causal (s->scores, rows, kn, qt.pos - (krun->pos + k0));
   for (gint64 i = 0; i < rows; i++)
     exp_shifted (s->scores + i * TILE_K, kn, g->lse[first + i]);
   _cp_attn_gemm (p->type, 'T', 'N', kn, p->head_dim, rows, 1.0f,
@@ -470,7 +500,7 @@ backward_pair (const CpAttnProblem *p,
   _cp_attn_gemm (p->type, 'T', 'N', kn, p->head_dim, rows, p->scale, ds, TILE_K,
                  qdata, g->q.row_stride, 1.0f, s->dk, p->head_dim);
   _cp_attn_gemm (p->type, 'N', 'N', rows, p->head_dim, kn, p->scale, ds, TILE_K,
-                 kdata, keys->k.row_stride, 1.0f, float_row (&g->dq, b, h, qrow), g->dq.row_stride);
+                 kdata, keys->k.row_stride, 1.0f, float_row (&g->dq, b, h, qt.row), g->dq.row_stride);
 }
 
 /* Everything of one batch row and one key/value head: the key tiles
