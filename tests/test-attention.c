@@ -582,6 +582,20 @@ test_bshd_float32_tiles (void)
 }
 
 static void
+test_bshd_head_dims (void)
+{
+  int dims[] = { 1, 40, 256 };
+
+  g_test_summary ("Head dimensions from 1 to the largest supported, 256");
+  for (guint i = 0; i < G_N_ELEMENTS (dims); i++)
+    {
+      Config c = bshd (2, i % 2 ? CP_ROTATE_METHOD_ALLTOALL : CP_ROTATE_METHOD_ALLGATHER, TRUE, 2, dims[i]);
+
+      check_config (&c);
+    }
+}
+
+static void
 test_bshd_bfloat16 (void)
 {
   int sizes[] = { 1, 4 };
@@ -657,6 +671,7 @@ main (int   argc,
 
   g_test_add_func ("/Cp/Attention/bshd/float32/grid", test_bshd_float32_grid);
   g_test_add_func ("/Cp/Attention/bshd/float32/tiles", test_bshd_float32_tiles);
+  g_test_add_func ("/Cp/Attention/bshd/float32/head-dims", test_bshd_head_dims);
   g_test_add_func ("/Cp/Attention/bshd/bfloat16", test_bshd_bfloat16);
   g_test_add_func ("/Cp/Attention/thd/float32", test_thd);
   g_test_add_func ("/Cp/Attention/thd/bfloat16", test_thd_bfloat16);
