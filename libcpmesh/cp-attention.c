@@ -370,11 +370,13 @@ cp_attention_options_get_n_threads (const CpAttentionOptions *self)
  * cp_attention_options_set_n_threads:
  * @self: options
  * @n_threads: threads per rank, or 0 (the default) for the processors of
- *   the machine divided by the ranks that share this process
+ *   the machine divided by the ranks that share them
  *
  * Sets how many threads each rank computes with. The ranks of an
  * in-process mesh are already threads, so the automatic count divides the
- * processors among them rather than oversubscribing the machine.
+ * processors among them rather than oversubscribing the machine; ranks in
+ * processes of their own divide them by the launcher's
+ * `LOCAL_WORLD_SIZE` (or `OMPI_COMM_WORLD_LOCAL_SIZE`) when it is set.
  *
  * Since: 1.0
  */
@@ -705,13 +707,26 @@ attention_comm (CpAttention *self)
   return _cp_mesh_get_comm (self->mesh);
 }
 
-/* The ranks of an in-process mesh are threads of this process. */
+/* The ranks that share this machine's processors: the ranks of an
+ * in-process mesh are threads of this process; ranks in processes of
+ * their own count as the launcher's local world size (torchrun, Open MPI). */
 static int
 ranks_in_process (CpAttention *self)
 {
   CpTransport *transport = attention_comm (self)->transport;
+  const char *names[] = { "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE" };
 
-  return g_strcmp0 (transport->ops->name, "local") == 0 ? transport->world_size : 1;
+  if (g_strcmp0 (transport->ops->name, "local") == 0)
+    return transport->world_size;
+  for (guint i = 0; i < G_N_ELEMENTS (names); i++)
+    {
+      guint64 value;
+
+      if (g_getenv (names[i]) != NULL &&
+          g_ascii_string_to_unsigned (g_getenv (names[i]), 10, 1, G_MAXINT, &value, NULL))
+        return (int) value;
+    }
+  return 1;
 }
 
 static gboolean
