@@ -10,6 +10,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -196,11 +197,25 @@ time_attention (CpAttention  *attention,
   return TRUE;
 }
 
+/* A baseline GFLOP/s figure measured next to an attention run. */
+typedef double (*BaselineFunc) (int reps);
+
+typedef struct
+{
+  Timing timing;
+  double baseline;   /* GFLOP/s, the mean of right before and right after */
+} Sample;
+
+/* Times @reps forward+backward runs after an uncounted one that faults
+ * the buffers in.  With @baseline, the matmul is measured right before and
+ * after every run, so that each run has a baseline taken under the same
+ * load: the machine is shared and its speed drifts. */
 static gboolean
 single_rank (CpDType       dtype,
              gint64        s,
              int           reps,
-             Timing       *best,
+             BaselineFunc  baseline,
+             Sample       *samples,
              GError      **error)
 {
   const char *names[] = { "cp", NULL };
@@ -213,25 +228,40 @@ single_rank (CpDType       dtype,
   g_autoptr(CpTensor) dout = random_tensor (dtype, 1, 16, s, 128, 4);
   gboolean ok = meshes != NULL;
 
-  *best = (Timing) { INFINITY, INFINITY, INFINITY };
   if (ok)
     attention = cp_attention_new (meshes->data, NULL, error);
   ok = attention != NULL;
-  /* The first run faults its buffers in and is not counted. */
-  for (int r = 0; ok && r < reps + 1; r++)
+  for (int r = -1; ok && r < reps; r++)
     {
-      Timing t;
+      double before = baseline && r >= 0 ? baseline (1) : 0.0;
       double cpu = process_cpu_s ();
+      Timing t;
 
       ok = time_attention (attention, q, k, v, dout, &t, error);
-      if (r == 0)
+      if (r < 0)
         continue;
-      best->forward_s = MIN (best->forward_s, t.forward_s);
-      best->backward_s = MIN (best->backward_s, t.backward_s);
-      best->cpu_s = MIN (best->cpu_s, process_cpu_s () - cpu);
+      t.cpu_s = process_cpu_s () - cpu;
+      samples[r] = (Sample) { t, baseline ? (before + baseline (1)) / 2 : 0.0 };
     }
   g_list_free_full (meshes, g_object_unref);
   return ok;
+}
+
+static int
+compare_doubles (gconstpointer a,
+                 gconstpointer b)
+{
+  double x = *(const double *) a, y = *(const double *) b;
+
+  return (x > y) - (x < y);
+}
+
+static double
+median (double *values,
+        int     n)
+{
+  qsort (values, n, sizeof (double), compare_doubles);
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
 /* Times PyTorch computing the same causal attention as matmul + mask +
@@ -276,23 +306,38 @@ torch_available (void)
                        NULL, NULL, NULL, NULL, &status, NULL) && status == 0;
 }
 
+/* Prints the best times and the median of each run's ratio to its own
+ * baseline. */
 static void
 print_single_rank (CpDType       dtype,
                    gint64        s,
-                   const Timing *t,
-                   double        matmul,
+                   const Sample *samples,
+                   int           n,
                    double        torch)
 {
   double fwd = forward_flops (s, 16, 128);
-  double fwd_gflops = fwd / t->forward_s / 1e9;
-  double both_gflops = 3.5 * fwd / (t->forward_s + t->backward_s) / 1e9;
+  g_autofree double *fwd_ratio = g_new (double, n);
+  g_autofree double *both_ratio = g_new (double, n);
+  g_autofree double *baseline = g_new (double, n);
+  double best_fwd = INFINITY, best_both = INFINITY;
   char torch_text[32] = "-";
 
+  for (int r = 0; r < n; r++)
+    {
+      double both = samples[r].timing.forward_s + samples[r].timing.backward_s;
+
+      fwd_ratio[r] = fwd / samples[r].timing.forward_s / 1e9 / samples[r].baseline;
+      both_ratio[r] = 3.5 * fwd / both / 1e9 / samples[r].baseline;
+      baseline[r] = samples[r].baseline;
+      best_fwd = MIN (best_fwd, samples[r].timing.forward_s);
+      best_both = MIN (best_both, both);
+    }
   if (torch > 0)
     g_snprintf (torch_text, sizeof torch_text, "%.1f", torch);
-  printf ("| %-8s | %6" G_GINT64_FORMAT " | %8.2f | %7.1f | %5.2f | %8.2f | %7.1f | %5.2f | %7.1f | %s |\n",
-          cp_dtype_get_name (dtype), s, t->forward_s, fwd_gflops, fwd_gflops / matmul,
-          t->forward_s + t->backward_s, both_gflops, both_gflops / matmul, matmul, torch_text);
+  printf ("| %-8s | %6" G_GINT64_FORMAT " | %6.2f | %8.1f | %7.2f | %6.2f | %8.1f | %7.2f | %6.1f | %14s |\n",
+          cp_dtype_get_name (dtype), s, best_fwd, fwd / best_fwd / 1e9, median (fwd_ratio, n),
+          best_both, 3.5 * fwd / best_both / 1e9, median (both_ratio, n), median (baseline, n),
+          torch_text);
 }
 
 /* The C-rank run: every rank times its own thread's CPU. */
@@ -391,12 +436,15 @@ bench_cp (const BenchOptions  *options,
   gint64 s = options->cp_seq_len;
   int c = options->cp_size;
   CpTensor *inputs[4];
-  Timing single;
+  g_autofree Sample *samples = g_new0 (Sample, options->reps);
+  Timing single = { INFINITY, INFINITY, INFINITY };
   gboolean ok;
 
   for (int i = 0; i < 4; i++)
     inputs[i] = random_tensor (CP_DTYPE_FLOAT32, 1, 16, s, 128, 10 + i);
-  ok = single_rank (CP_DTYPE_FLOAT32, s, options->reps, &single, error);
+  ok = single_rank (CP_DTYPE_FLOAT32, s, options->reps, NULL, samples, error);
+  for (int r = 0; ok && r < options->reps; r++)
+    single.cpu_s = MIN (single.cpu_s, samples[r].timing.cpu_s);
   printf ("\nC = %d ranks in one process, float32, causal, B=1 H=16 D=128 S=%" G_GINT64_FORMAT
           ", forward+backward\n\n", c, s);
   printf ("| method    | wall s | rank CPU s (min..max) | imbalance max/mean | CPU s | CPU vs 1 rank (%.2f s) |\n",
@@ -460,8 +508,10 @@ bench_single (const BenchOptions  *options,
           native16 ? "bfloat16 GEMMs (compared with the bfloat16 matmul)"
                    : "converted to float32 (compared with the float32 matmul)");
   printf ("PyTorch reference: %s\n\n", torch ? "python3-torch found" : "skipped (python3 cannot import torch)");
-  printf ("| dtype    |      S |  fwd s | fwd GF/s | ×matmul | f+b s | f+b GF/s | ×matmul | matmul | torch fwd GF/s |\n");
-  printf ("|----------|--------|--------|----------|---------|-------|----------|---------|--------|----------------|\n");
+  printf ("Best time of %d runs; ×matmul is the median over the runs of each run's GFLOP/s over\n"
+          "the matmul measured right before and after it.\n\n", options->reps);
+  printf ("| dtype    |      S |  fwd s | fwd GF/s | ×matmul |  f+b s | f+b GF/s | ×matmul | matmul | torch fwd GF/s |\n");
+  printf ("|----------|--------|--------|----------|---------|--------|----------|---------|--------|----------------|\n");
   for (int i = 0; i < options->n_seq_lens; i++)
     for (int dt = 0; dt < 2; dt++)
       {
@@ -469,18 +519,13 @@ bench_single (const BenchOptions  *options,
         /* Without a bfloat16 matmul the bfloat16 path computes in float32,
          * so that is its baseline. */
         gboolean use16 = dtype == CP_DTYPE_BFLOAT16 && native16;
+        g_autofree Sample *samples = g_new0 (Sample, options->reps);
         gint64 s = options->seq_lens[i];
-        double before, matmul;
-        Timing t;
 
-        /* The machine's speed drifts (other work, clocks): the baseline is
-         * measured right before and right after each case. */
-        before = use16 ? matmul_bfloat16_gflops (options->reps) : matmul_float32_gflops (options->reps);
-        if (!single_rank (dtype, s, options->reps, &t, error))
+        if (!single_rank (dtype, s, options->reps,
+                          use16 ? matmul_bfloat16_gflops : matmul_float32_gflops, samples, error))
           return FALSE;
-        matmul = (before + (use16 ? matmul_bfloat16_gflops (options->reps)
-                                  : matmul_float32_gflops (options->reps))) / 2;
-        print_single_rank (dtype, s, &t, matmul, torch ? torch_gflops (dtype, s) : 0.0);
+        print_single_rank (dtype, s, samples, options->reps, torch ? torch_gflops (dtype, s) : 0.0);
         fflush (stdout);
       }
   return TRUE;
@@ -493,12 +538,12 @@ parse_options (int            argc,
                GError       **error)
 {
   g_autofree char *seq = NULL;
-  int reps = 2, cp_size = 4;
+  int reps = 3, cp_size = 4;
   gint64 cp_seq_len = 4096;
   gboolean skip_torch = FALSE;
   GOptionEntry entries[] = {
     { "seq", 0, 0, G_OPTION_ARG_STRING, &seq, "Sequence lengths, comma separated (4096,16384)", "S,..." },
-    { "reps", 0, 0, G_OPTION_ARG_INT, &reps, "Repetitions; the best is reported (2)", "N" },
+    { "reps", 0, 0, G_OPTION_ARG_INT, &reps, "Counted runs of each case (3)", "N" },
     { "cp", 0, 0, G_OPTION_ARG_INT, &cp_size, "Ranks of the CP run (4; below 2 skips it)", "C" },
     { "cp-seq", 0, 0, G_OPTION_ARG_INT64, &cp_seq_len, "Sequence length of the CP run (4096)", "S" },
     { "no-torch", 0, 0, G_OPTION_ARG_NONE, &skip_torch, "Do not look for PyTorch", NULL },
