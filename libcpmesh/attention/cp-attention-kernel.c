@@ -421,6 +421,58 @@ pin_gemm_threads (void)
   omp_set_num_threads (1);
 }
 
+/* One work item, given a thread's scratch. */
+typedef void (*ItemFunc) (gint64    item,
+                          Scratch  *scratch,
+                          gpointer  data);
+
+/* Runs @n_items items over the problem's threads.  Item costs differ
+ * under a causal mask, so they are handed out one by one; every item owns
+ * the rows it writes, so the result does not depend on the schedule. */
+static void
+run_items (const CpAttnProblem *p,
+           gint64               n_items,
+           gboolean             backward,
+           ItemFunc             func,
+           gpointer             data)
+{
+#pragma omp parallel num_threads (p->n_threads)
+  {
+    Scratch s;
+
+    scratch_init (&s, p->head_dim, backward);
+    pin_gemm_threads ();
+#pragma omp for schedule (dynamic, 1)
+    for (gint64 item = 0; item < n_items; item++)
+      func (item, &s, data);
+    scratch_clear (&s);
+  }
+}
+
+typedef struct
+{
+  const CpAttnProblem *p;
+  const CpAttnView *q;
+  const CpAttnKeys *keys;
+  CpAttnState *state;
+  GArray *tiles;
+} ForwardItems;
+
+/* Item i: query tile i mod n_tiles of (batch, head) i / n_tiles, so that
+ * threads working at the same time share the head's keys in cache. */
+static void
+forward_item (gint64    item,
+              Scratch  *s,
+              gpointer  data)
+{
+  ForwardItems *f = data;
+  gint64 n_tiles = f->tiles->len;
+  gint64 bh = item / n_tiles;
+
+  forward_tile (f->p, f->q, f->keys, f->state, (int) (bh / f->p->n_heads),
+                (int) (bh % f->p->n_heads), &g_array_index (f->tiles, Tile, item % n_tiles), s);
+}
+
 void
 _cp_attn_forward_block (const CpAttnProblem *p,
                         const CpAttnView    *q,
@@ -428,29 +480,9 @@ _cp_attn_forward_block (const CpAttnProblem *p,
                         CpAttnState         *state)
 {
   g_autoptr(GArray) tiles = split_runs (p->q_runs, p->n_q_runs, TILE_Q);
-  gint64 n_tiles = tiles->len;
-  gint64 n_items = (gint64) p->batch * p->n_heads * n_tiles;
+  ForwardItems items = { p, q, keys, state, tiles };
 
-#pragma omp parallel num_threads (p->n_threads)
-  {
-    Scratch s;
-
-    scratch_init (&s, p->head_dim, FALSE);
-    pin_gemm_threads ();
-    /* Tile costs differ under a causal mask: hand them out one by one.
-     * Each tile's rows belong to one item, so the result does not depend
-     * on the schedule. */
-#pragma omp for schedule (dynamic, 1)
-    for (gint64 item = 0; item < n_items; item++)
-      {
-        gint64 t = item % n_tiles;
-        gint64 bh = item / n_tiles;
-
-        forward_tile (p, q, keys, state, (int) (bh / p->n_heads), (int) (bh % p->n_heads),
-                      &g_array_index (tiles, Tile, t), &s);
-      }
-    scratch_clear (&s);
-  }
+  run_items (p, (gint64) p->batch * p->n_heads * tiles->len, FALSE, forward_item, &items);
 }
 
 /* One (query tile, key tile) pair of one head: accumulates into the
@@ -546,6 +578,27 @@ backward_item (const CpAttnProblem *p,
     }
 }
 
+typedef struct
+{
+  const CpAttnProblem *p;
+  const CpAttnGrads *g;
+  const CpAttnKeys *keys;
+  const CpAttnView *dk;
+  const CpAttnView *dv;
+  GArray *qtiles;
+} BackwardItems;
+
+static void
+backward_run_item (gint64    item,
+                   Scratch  *s,
+                   gpointer  data)
+{
+  BackwardItems *w = data;
+
+  backward_item (w->p, w->g, w->keys, w->dk, w->dv, (int) (item / w->p->n_kv_heads),
+                 (int) (item % w->p->n_kv_heads), w->qtiles, s);
+}
+
 void
 _cp_attn_backward_block (const CpAttnProblem *p,
                          const CpAttnGrads   *g,
@@ -554,20 +607,9 @@ _cp_attn_backward_block (const CpAttnProblem *p,
                          const CpAttnView    *dv)
 {
   g_autoptr(GArray) qtiles = split_runs (p->q_runs, p->n_q_runs, TILE_Q);
-  gint64 n_items = (gint64) p->batch * p->n_kv_heads;
+  BackwardItems items = { p, g, keys, dk, dv, qtiles };
 
-#pragma omp parallel num_threads (p->n_threads)
-  {
-    Scratch s;
-
-    scratch_init (&s, p->head_dim, TRUE);
-    pin_gemm_threads ();
-#pragma omp for schedule (dynamic, 1)
-    for (gint64 item = 0; item < n_items; item++)
-      backward_item (p, g, keys, dk, dv, (int) (item / p->n_kv_heads),
-                     (int) (item % p->n_kv_heads), qtiles, &s);
-    scratch_clear (&s);
-  }
+  run_items (p, (gint64) p->batch * p->n_kv_heads, TRUE, backward_run_item, &items);
 }
 
 int
