@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "cp-error.h"
 #include "cp-host-memory-private.h"
@@ -30,14 +31,32 @@ static GQueue cache_blocks = G_QUEUE_INIT; /* of Block*, oldest first */
 static gsize cache_bytes;
 static gsize cache_limit = G_MAXSIZE; /* G_MAXSIZE: not read yet */
 
+/* A quarter of physical memory, at least 1 GiB: enough for the working
+ * set of a training step (an all-gather backward keeps C times the local
+ * K/V), bounded so that idle cached pages never crowd out the rest of the
+ * machine.  PyTorch's caching allocator keeps everything until asked. */
+static guint64
+default_cache_mib (void)
+{
+  long pages = sysconf (_SC_PHYS_PAGES);
+  long page_size = sysconf (_SC_PAGESIZE);
+  guint64 quarter = pages > 0 && page_size > 0 ? ((guint64) pages * (guint64) page_size) >> 22 : 0;
+
+  return MAX (quarter, 1024);
+}
+
 static gsize
 read_cache_limit (void)
 {
   const char *env = g_getenv ("CPMESH_HOST_CACHE_MB");
-  guint64 mib = 1024;
+  guint64 mib = default_cache_mib ();
 
   if (env != NULL && !g_ascii_string_to_unsigned (env, 10, 0, 1 << 20, &mib, NULL))
-    g_warning ("CPMESH_HOST_CACHE_MB=%s is not a number of mebibytes; using 1024", env);
+    {
+      mib = default_cache_mib ();
+      g_warning ("CPMESH_HOST_CACHE_MB=%s is not a number of mebibytes; using %" G_GUINT64_FORMAT,
+                 env, mib);
+    }
   return (gsize) mib << 20;
 }
 

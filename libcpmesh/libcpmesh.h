@@ -22,4 +22,5 @@
 # include "cp-batch-options.h"
 # include "cp-thd-options.h"
 # include "cp-batch.h"
+# include "cp-attention.h"
 #undef CP_INSIDE

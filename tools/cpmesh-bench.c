@@ -14,6 +14,7 @@ static const CpmeshCommand bench_commands[] = {
   { "mesh", "In-process all_gather and all_reduce against memcpy", cpmesh_bench_mesh },
   { "batch", "Prepare, enter and exit of a batch on 4 ranks against memcpy", cpmesh_bench_batch },
   { "thd", "THD conversion and partition on 4 ranks against memcpy", cpmesh_bench_thd },
+  { "attention", "Causal attention forward and backward against oneDNN matmul", cpmesh_bench_attention },
 };
 
 /* meson test fills every malloc'd block with a byte pattern, which turns

@@ -43,5 +43,7 @@ int       cpmesh_bench_batch         (int              argc,
                                       char           **argv);
 int       cpmesh_bench_thd           (int              argc,
                                       char           **argv);
+int       cpmesh_bench_attention     (int              argc,
+                                      char           **argv);
 
 G_END_DECLS
