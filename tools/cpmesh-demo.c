@@ -3,40 +3,56 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <math.h>
+#include <string.h>
+
 #include "cpmesh-tool.h"
 
-/* A run of the demo is a batch of buffers and a list of stages that every
- * rank runs in order on its own thread.  Each stage reads what the earlier
- * ones left in DemoRank; new work (batch preparation, attention) is a new
- * stage in the table and, where it needs one, a new buffer. */
+/* Every rank of an in-process mesh loads the same training batch (token
+ * ids, labels, and the query, key, value and output-gradient tensors of one
+ * attention layer), prepares it — padding the sequence to a multiple of 2·C
+ * — enters the context, which shards every buffer in place, runs
+ * context-parallel attention forward and backward on its local positions,
+ * exits, and gathers the results back.  The gathered ids must equal the
+ * padded originals bit for bit, and the gathered attention output and
+ * gradients must match single-rank attention on the full sequence.
+ *
+ * Each stage is a function of DemoRank in a table; every rank runs the
+ * table in order on its own thread and its time per stage is printed. */
 
 typedef struct
 {
   int n_ranks;
   gint64 batch;
   gint64 seq_len;
-  gint64 hidden;
+  gint64 heads;
+  gint64 head_dim;
+  char *rotate;
   int timeout_ms;
 } DemoOptions;
 
-typedef struct
-{
-  const char *name;
-  CpDType dtype;
-  int seq_dim;
-  CpTensor *full;        /* the original: read-only while the ranks run */
-} DemoBuffer;
+/* The attention buffers, [B, H, S, D] with the sequence on axis 2. */
+enum { Q, K, V, DOUT, N_QKV };
+static const char *qkv_names[N_QKV] = { "q", "k", "v", "dout" };
 
-enum { HIDDEN_STATES, INPUT_IDS, N_BUFFERS };
+/* What the ranks compare against, computed once before they start. */
+enum { OUT, DQ, DK, DV, N_RESULTS };
+static const char *result_names[N_RESULTS] = { "out", "dq", "dk", "dv" };
 
-/* Token ids start here, so that a piece of zeros never passes for ids. */
+/* Token ids start here, so that padding zeros never pass for ids. */
 #define FIRST_ID 100000
 
 typedef struct
 {
   DemoOptions *options;
-  DemoBuffer buffers[N_BUFFERS];
+  CpRotateMethod rotate;
+  gint64 padded_len;
   CpLayout *layout;
+  CpTensor *input_ids;           /* [B, S]: what every rank loads */
+  CpTensor *labels;
+  CpTensor *qkv[N_QKV];
+  CpTensor *padded_ids;          /* [B, S_pad]: what gathering must give */
+  CpTensor *reference[N_RESULTS];
 } Demo;
 
 typedef struct
@@ -44,88 +60,142 @@ typedef struct
   Demo *demo;
   CpMesh *mesh;
   int rank;
-  CpTensor *local[N_BUFFERS];
-  CpTensor *restored[N_BUFFERS];
-  double *seconds;       /* per stage */
-  int failed_stage;      /* -1 while every stage succeeded */
+  CpBatch *batch;
+  CpContext *context;
+  CpAttention *attention;
+  CpTensor *results[N_RESULTS];  /* local, then gathered */
+  CpTensor *lse;
+  CpTensor *gathered_ids;
+  double max_error[N_RESULTS];
+  double *seconds;
+  int failed_stage;
   GError *error;
 } DemoRank;
 
 typedef gboolean (*DemoStageFunc) (DemoRank  *self,
                                    GError   **error);
 
-/* Each rank takes its own positions out of the full batch, as a data
- * loader that reads the whole batch on every rank does. */
-static gboolean
-stage_shard (DemoRank  *self,
-             GError   **error)
+static CpAttentionOptions *
+attention_options (Demo *demo)
 {
-  for (int b = 0; b < N_BUFFERS; b++)
-    {
-      DemoBuffer *buffer = &self->demo->buffers[b];
+  CpAttentionOptions *options = cp_attention_options_new ();
+  g_autofree gint64 *seq_lens = g_new (gint64, demo->options->batch);
 
-      self->local[b] = cp_layout_shard (self->demo->layout, buffer->full, buffer->seq_dim,
-                                        self->rank, error);
-      if (self->local[b] == NULL)
-        return FALSE;
-    }
-  return TRUE;
+  /* The padded tail is masked out by the real length, not by its values. */
+  for (gint64 b = 0; b < demo->options->batch; b++)
+    seq_lens[b] = demo->options->seq_len;
+  cp_attention_options_set_causal (options, TRUE);
+  cp_attention_options_set_rotate_method (options, demo->rotate);
+  cp_attention_options_set_seq_lens (options, seq_lens, (gsize) demo->options->batch);
+  return options;
 }
 
-/* All-gather in rank order, then undo the head-tail permutation. */
+/* Prepare pads the sequence of every registered buffer, attention inputs
+ * included (extra buffers on axis 2), and returns the context. */
 static gboolean
-stage_unshard (DemoRank  *self,
+stage_prepare (DemoRank  *self,
                GError   **error)
 {
-  for (int b = 0; b < N_BUFFERS; b++)
+  g_autoptr(CpBatchOptions) options = cp_batch_options_new ();
+
+  cp_batch_options_set_rotate_method (options, self->demo->rotate);
+  for (int i = 0; i < N_QKV; i++)
+    cp_batch_options_add_extra_buffer (options, qkv_names[i], 2);
+  self->context = cp_batch_prepare (self->batch, self->mesh, options, error);
+  return self->context != NULL;
+}
+
+static gboolean
+stage_enter (DemoRank  *self,
+             GError   **error)
+{
+  return cp_context_enter (self->context, error);
+}
+
+static gboolean
+stage_attention (DemoRank  *self,
+                 GError   **error)
+{
+  g_autoptr(CpAttentionOptions) options = attention_options (self->demo);
+  CpTensor *qkv[N_QKV];
+
+  for (int i = 0; i < N_QKV; i++)
+    qkv[i] = cp_batch_get (self->batch, qkv_names[i]);
+  self->attention = cp_attention_new (self->mesh, options, error);
+  return self->attention != NULL &&
+         cp_attention_forward (self->attention, qkv[Q], qkv[K], qkv[V],
+                               &self->results[OUT], &self->lse, error) &&
+         cp_attention_backward (self->attention, qkv[DOUT], qkv[Q], qkv[K], qkv[V],
+                                self->results[OUT], self->lse, &self->results[DQ],
+                                &self->results[DK], &self->results[DV], error);
+}
+
+static gboolean
+stage_exit (DemoRank  *self,
+            GError   **error)
+{
+  return cp_context_exit (self->context, error);
+}
+
+/* Exit restores position ids only: the ids stay local, as in training. */
+static gboolean
+stage_gather (DemoRank  *self,
+              GError   **error)
+{
+  self->gathered_ids = cp_mesh_unshard (self->mesh, cp_batch_get (self->batch, "input_ids"),
+                                        1, error);
+  if (self->gathered_ids == NULL)
+    return FALSE;
+  for (int i = 0; i < N_RESULTS; i++)
     {
-      self->restored[b] = cp_mesh_unshard (self->mesh, self->local[b],
-                                           self->demo->buffers[b].seq_dim, error);
-      if (self->restored[b] == NULL)
+      CpTensor *full = cp_mesh_unshard (self->mesh, self->results[i], 2, error);
+
+      if (full == NULL)
         return FALSE;
+      g_object_unref (self->results[i]);
+      self->results[i] = full;
     }
   return TRUE;
 }
 
-/* The ids encode their global position, so the local piece shows whether
- * this rank holds exactly the positions the layout printed. */
-static gboolean
-check_local_ids (DemoRank  *self,
-                 GError   **error)
+static double
+max_abs_difference (CpTensor *a,
+                    CpTensor *b)
 {
-  g_autoptr(CpTensor) positions = cp_layout_get_local_indices (self->demo->layout, self->rank);
-  const gint64 *position = cp_tensor_get_data (positions);
-  const gint64 *ids = cp_tensor_get_data (self->local[INPUT_IDS]);
-  gint64 local_len = cp_tensor_get_numel (positions);
-  gint64 seq_len = self->demo->options->seq_len;
+  const float *x = cp_tensor_get_data (a);
+  const float *y = cp_tensor_get_data (b);
+  double worst = 0.0;
 
-  for (gint64 row = 0; row < self->demo->options->batch; row++)
-    for (gint64 j = 0; j < local_len; j++)
-      if (ids[row * local_len + j] != FIRST_ID + row * seq_len + position[j])
-        {
-          g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_FAILED,
-                       "input_ids: local position %" G_GINT64_FORMAT " of row %" G_GINT64_FORMAT
-                       " holds id %" G_GINT64_FORMAT ", not that of global position %"
-                       G_GINT64_FORMAT, j, row, ids[row * local_len + j], position[j]);
-          return FALSE;
-        }
-  return TRUE;
+  for (gint64 i = 0; i < cp_tensor_get_numel (a); i++)
+    worst = MAX (worst, fabs ((double) x[i] - (double) y[i]));
+  return worst;
 }
+
+/* float32 through the same blocked kernel on 1 and C ranks: only the
+ * order of the partial sums differs. */
+#define TOLERANCE 1e-4
 
 static gboolean
 stage_verify (DemoRank  *self,
               GError   **error)
 {
-  if (!check_local_ids (self, error))
-    return FALSE;
-  for (int b = 0; b < N_BUFFERS; b++)
-    if (!cp_tensor_equal (self->restored[b], self->demo->buffers[b].full))
-      {
-        g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_FAILED,
-                     "%s: the unsharded tensor differs from the original",
-                     self->demo->buffers[b].name);
-        return FALSE;
-      }
+  if (!cp_tensor_equal (self->gathered_ids, self->demo->padded_ids))
+    {
+      g_set_error_literal (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_FAILED,
+                           "input_ids: the gathered ids differ from the padded batch");
+      return FALSE;
+    }
+  for (int i = 0; i < N_RESULTS; i++)
+    {
+      self->max_error[i] = max_abs_difference (self->results[i], self->demo->reference[i]);
+      if (!(self->max_error[i] <= TOLERANCE))
+        {
+          g_set_error (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_FAILED,
+                       "%s differs from single-rank attention by %.3g (tolerance %.0e)",
+                       result_names[i], self->max_error[i], TOLERANCE);
+          return FALSE;
+        }
+    }
   return TRUE;
 }
 
@@ -134,14 +204,17 @@ static const struct
   const char *name;
   DemoStageFunc run;
 } stages[] = {
-  { "shard", stage_shard },
-  { "unshard", stage_unshard },
+  { "prepare", stage_prepare },
+  { "enter", stage_enter },
+  { "attention", stage_attention },
+  { "exit", stage_exit },
+  { "gather", stage_gather },
   { "verify", stage_verify },
 };
 
 /* A rank that fails stops there; its peers' next collective then fails
- * too, with the mesh's timeout at worst.  The ranks start together, so
- * that the first collective's time is not the other threads' start-up. */
+ * too, within the mesh's timeout.  The ranks start together, so that the
+ * first collective's time is not the other threads' start-up. */
 static void
 rank_main (CpMesh   *mesh,
            gpointer  data)
@@ -169,16 +242,31 @@ rank_main (CpMesh   *mesh,
 static void
 demo_rank_free (DemoRank *self)
 {
-  for (int b = 0; b < N_BUFFERS; b++)
-    {
-      g_clear_object (&self->local[b]);
-      g_clear_object (&self->restored[b]);
-    }
+  for (int i = 0; i < N_RESULTS; i++)
+    g_clear_object (&self->results[i]);
+  g_clear_object (&self->lse);
+  g_clear_object (&self->gathered_ids);
+  g_clear_object (&self->attention);
+  g_clear_object (&self->context);
+  g_clear_object (&self->batch);
   g_free (self->seconds);
   g_clear_error (&self->error);
   g_free (self);
 }
 
+static void
+load_copy (CpBatch    *batch,
+           const char *key,
+           CpTensor   *source)
+{
+  g_autoptr(CpTensor) copy = cp_tensor_copy (source, NULL);
+
+  g_assert (copy != NULL);
+  cp_batch_set (batch, key, copy);
+}
+
+/* Every rank loads its own copy of the whole batch, as every process of a
+ * real job reads the same batch from its data loader. */
 static DemoRank *
 demo_rank_new (Demo   *demo,
                CpMesh *mesh)
@@ -190,63 +278,129 @@ demo_rank_new (Demo   *demo,
   self->rank = cp_mesh_get_rank (mesh);
   self->seconds = g_new0 (double, G_N_ELEMENTS (stages));
   self->failed_stage = -1;
+  self->batch = cp_batch_new ();
+  load_copy (self->batch, "input_ids", demo->input_ids);
+  load_copy (self->batch, "labels", demo->labels);
+  for (int i = 0; i < N_QKV; i++)
+    load_copy (self->batch, qkv_names[i], demo->qkv[i]);
   return self;
 }
 
-/* Element i of a buffer holds i (offset for ids): a known pattern that
- * arange writes without an element loop here. */
+/* Values in [-1, 1) from a fixed linear congruential sequence: the same
+ * inputs on every run and every machine. */
 static CpTensor *
-new_pattern (CpDType        dtype,
-             const gint64  *shape,
-             guint          n_dims,
-             gint64         first,
-             GError       **error)
+new_random (const gint64 *shape,
+            guint         n_dims,
+            guint32       seed,
+            GError      **error)
 {
-  guint64 numel = 1;
-  g_autoptr(CpTensor) flat = NULL;
+  CpTensor *tensor = cp_tensor_new (CP_DTYPE_FLOAT32, shape, n_dims, error);
+  float *data;
 
-  for (guint d = 0; d < n_dims; d++)
-    if (!g_uint64_checked_mul (&numel, numel, (guint64) shape[d]) ||
-        numel > (guint64) (G_MAXINT64 - first))
-      {
-        g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
-                     "a %s buffer of this shape has more elements than fit in 64 bits",
-                     cp_dtype_get_name (dtype));
-        return NULL;
-      }
-  flat = cp_tensor_new_arange (dtype, first, first + (gint64) numel, 1, error);
+  if (tensor == NULL)
+    return NULL;
+  data = cp_tensor_get_data (tensor);
+  for (gint64 i = 0; i < cp_tensor_get_numel (tensor); i++)
+    {
+      seed = seed * 1664525u + 1013904223u;
+      data[i] = (float) (seed >> 8) / (float) (1 << 23) - 1.0f;
+    }
+  return tensor;
+}
+
+/* A [B, S] int64 view of first, first + 1, … */
+static CpTensor *
+new_sequence_ids (const gint64  *shape,
+                  gint64         first,
+                  GError       **error)
+{
+  g_autoptr(CpTensor) flat = cp_tensor_new_arange (CP_DTYPE_INT64, first,
+                                                   first + shape[0] * shape[1], 1, error);
+
   if (flat == NULL)
     return NULL;
-  return cp_tensor_new_from_storage (dtype, shape, n_dims, cp_tensor_get_storage (flat),
-                                     cp_tensor_get_storage_offset (flat), error);
+  return cp_tensor_new_from_storage (CP_DTYPE_INT64, shape, 2, cp_tensor_get_storage (flat), 0,
+                                     error);
+}
+
+static gboolean
+make_batch (Demo     *demo,
+            GError  **error)
+{
+  DemoOptions *o = demo->options;
+  gint64 ids_shape[] = { o->batch, o->seq_len };
+  gint64 qkv_shape[] = { o->batch, o->heads, o->seq_len, o->head_dim };
+
+  demo->input_ids = new_sequence_ids (ids_shape, FIRST_ID, error);
+  if (demo->input_ids == NULL)
+    return FALSE;
+  demo->labels = new_sequence_ids (ids_shape, 1, error);
+  if (demo->labels == NULL)
+    return FALSE;
+  for (int i = 0; i < N_QKV; i++)
+    if ((demo->qkv[i] = new_random (qkv_shape, 4, 17u + (guint32) i, error)) == NULL)
+      return FALSE;
+  return TRUE;
+}
+
+/* Single-rank attention on the full sequence, padded as prepare pads it. */
+static gboolean
+compute_reference (Demo     *demo,
+                   GError  **error)
+{
+  g_autoptr(GList) meshes = cpmesh_local_group (1, (guint) demo->options->timeout_ms, error);
+  g_autoptr(CpAttentionOptions) options = attention_options (demo);
+  g_autoptr(CpAttention) attention = NULL;
+  g_autoptr(CpTensor) lse = NULL;
+  CpTensor *padded[N_QKV] = { NULL };
+  gboolean ok = FALSE;
+
+  if (meshes == NULL)
+    return FALSE;
+  attention = cp_attention_new (meshes->data, options, error);
+  for (int i = 0; attention != NULL && i < N_QKV; i++)
+    if ((padded[i] = cpmesh_pad_sequence (demo->qkv[i], 2, demo->padded_len, 0.0, error)) == NULL)
+      goto out;
+  ok = attention != NULL &&
+       cp_attention_forward (attention, padded[Q], padded[K], padded[V],
+                             &demo->reference[OUT], &lse, error) &&
+       cp_attention_backward (attention, padded[DOUT], padded[Q], padded[K], padded[V],
+                              demo->reference[OUT], lse, &demo->reference[DQ],
+                              &demo->reference[DK], &demo->reference[DV], error);
+out:
+  for (int i = 0; i < N_QKV; i++)
+    g_clear_object (&padded[i]);
+  g_list_free_full (g_steal_pointer (&meshes), g_object_unref);
+  return ok;
 }
 
 static gboolean
 demo_init (Demo     *demo,
            GError  **error)
 {
-  DemoOptions *options = demo->options;
-  gint64 hidden_shape[] = { options->batch, options->seq_len, options->hidden };
-  gint64 ids_shape[] = { options->batch, options->seq_len };
+  gint64 divisor = 2 * (gint64) demo->options->n_ranks;
 
-  demo->layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, options->seq_len, options->n_ranks, error);
-  if (demo->layout == NULL)
+  demo->padded_len = (demo->options->seq_len + divisor - 1) / divisor * divisor;
+  demo->layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, demo->padded_len,
+                                demo->options->n_ranks, error);
+  if (demo->layout == NULL || !make_batch (demo, error))
     return FALSE;
-  demo->buffers[HIDDEN_STATES] = (DemoBuffer) { "hidden_states", CP_DTYPE_FLOAT32, 1, NULL };
-  demo->buffers[INPUT_IDS] = (DemoBuffer) { "input_ids", CP_DTYPE_INT64, 1, NULL };
-  demo->buffers[HIDDEN_STATES].full = new_pattern (CP_DTYPE_FLOAT32, hidden_shape, 3, 0, error);
-  if (demo->buffers[HIDDEN_STATES].full == NULL)
-    return FALSE;
-  demo->buffers[INPUT_IDS].full = new_pattern (CP_DTYPE_INT64, ids_shape, 2, FIRST_ID, error);
-  return demo->buffers[INPUT_IDS].full != NULL;
+  demo->padded_ids = cpmesh_pad_sequence (demo->input_ids, 1, demo->padded_len, 0.0, error);
+  return demo->padded_ids != NULL && compute_reference (demo, error);
 }
 
 static void
 demo_clear (Demo *demo)
 {
-  for (int b = 0; b < N_BUFFERS; b++)
-    g_clear_object (&demo->buffers[b].full);
+  g_clear_object (&demo->input_ids);
+  g_clear_object (&demo->labels);
+  g_clear_object (&demo->padded_ids);
+  for (int i = 0; i < N_QKV; i++)
+    g_clear_object (&demo->qkv[i]);
+  for (int i = 0; i < N_RESULTS; i++)
+    g_clear_object (&demo->reference[i]);
   g_clear_pointer (&demo->layout, cp_layout_unref);
+  g_clear_pointer (&demo->options->rotate, g_free);
 }
 
 G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (Demo, demo_clear)
@@ -254,23 +408,21 @@ G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (Demo, demo_clear)
 static void
 print_plan (Demo *demo)
 {
-  g_autoptr(CpLayout) contiguous = cp_layout_new (CP_LOAD_BALANCE_CONTIGUOUS, demo->options->seq_len,
-                                                  demo->options->n_ranks, NULL);
+  DemoOptions *o = demo->options;
+  g_autoptr(CpLayout) contiguous = cp_layout_new (CP_LOAD_BALANCE_CONTIGUOUS, demo->padded_len,
+                                                  o->n_ranks, NULL);
 
-  g_print ("cpmesh demo: %d ranks on threads of one process, head-tail layout\n",
-           demo->options->n_ranks);
-  g_print ("batch:\n");
-  for (int b = 0; b < N_BUFFERS; b++)
-    {
-      g_autofree char *description = cp_tensor_describe (demo->buffers[b].full);
-
-      g_print ("  %-14s %s, sequence dim %d\n", demo->buffers[b].name, description,
-               demo->buffers[b].seq_dim);
-    }
-  g_print ("layout: %" G_GINT64_FORMAT " positions, causal-cost imbalance %.2f "
-           "(contiguous would be %.2f)\n", demo->options->seq_len,
-           cp_layout_get_imbalance (demo->layout), cp_layout_get_imbalance (contiguous));
-  for (int r = 0; r < demo->options->n_ranks; r++)
+  g_print ("cpmesh demo: %d ranks on threads of one process, head-tail layout, %s rotation\n",
+           o->n_ranks, o->rotate);
+  g_print ("batch: input_ids and labels int64[%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT "]; "
+           "q, k, v, dout float32[%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT ", %" G_GINT64_FORMAT
+           ", %" G_GINT64_FORMAT "]\n", o->batch, o->seq_len, o->batch, o->heads, o->seq_len,
+           o->head_dim);
+  g_print ("layout: %" G_GINT64_FORMAT " positions padded to %" G_GINT64_FORMAT
+           ", causal-cost imbalance %.2f (contiguous would be %.2f)\n", o->seq_len,
+           demo->padded_len, cp_layout_get_imbalance (demo->layout),
+           cp_layout_get_imbalance (contiguous));
+  for (int r = 0; r < o->n_ranks; r++)
     {
       g_autofree char *positions = cpmesh_format_positions (demo->layout, r);
 
@@ -284,13 +436,26 @@ print_rank (DemoRank *rank)
   g_print ("%4d", rank->rank);
   for (gsize s = 0; s < G_N_ELEMENTS (stages); s++)
     if (rank->failed_stage < 0 || (int) s < rank->failed_stage)
-      g_print ("  %10.3f", rank->seconds[s] * 1e3);
+      g_print ("  %9.3f", rank->seconds[s] * 1e3);
     else
-      g_print ("  %10s", "-");
+      g_print ("  %9s", "-");
   if (rank->failed_stage < 0)
     g_print ("  ok\n");
   else
     g_print ("  FAILED in %s: %s\n", stages[rank->failed_stage].name, rank->error->message);
+}
+
+static void
+print_errors (GPtrArray *ranks)
+{
+  double worst[N_RESULTS] = { 0 };
+
+  for (guint r = 0; r < ranks->len; r++)
+    for (int i = 0; i < N_RESULTS; i++)
+      worst[i] = MAX (worst[i], ((DemoRank *) g_ptr_array_index (ranks, r))->max_error[i]);
+  g_print ("max |error| against single-rank attention on the full sequence:");
+  for (int i = 0; i < N_RESULTS; i++)
+    g_print (" %s %.2e%s", result_names[i], worst[i], i + 1 < N_RESULTS ? "," : "\n");
 }
 
 /* Prints the per-rank table and the verdict; returns whether all passed. */
@@ -301,8 +466,8 @@ print_results (GPtrArray *ranks)
 
   g_print ("rank");
   for (gsize s = 0; s < G_N_ELEMENTS (stages); s++)
-    g_print ("  %7s ms", stages[s].name);
-  g_print ("\n");
+    g_print ("  %9s", stages[s].name);
+  g_print ("  (ms)\n");
   for (guint r = 0; r < ranks->len; r++)
     {
       DemoRank *rank = g_ptr_array_index (ranks, r);
@@ -311,11 +476,14 @@ print_results (GPtrArray *ranks)
       failed += rank->failed_stage >= 0;
     }
   if (failed > 0)
-    g_print ("FAIL: %u of %u ranks failed\n", failed, ranks->len);
-  else
-    g_print ("PASS: all %u ranks sharded %d buffers and gathered them back bit-exactly\n",
-             ranks->len, N_BUFFERS);
-  return failed == 0;
+    {
+      g_print ("FAIL: %u of %u ranks failed\n", failed, ranks->len);
+      return FALSE;
+    }
+  print_errors (ranks);
+  g_print ("PASS: all %u ranks ran attention on their shards, matched single-rank attention "
+           "within %.0e and gathered the batch back bit-exactly\n", ranks->len, TOLERANCE);
+  return TRUE;
 }
 
 static int
@@ -338,13 +506,25 @@ run_ranks (Demo *demo)
 }
 
 static gboolean
-check_options (DemoOptions *options)
+check_options (Demo *demo)
 {
-  if (options->n_ranks < 1 || options->batch < 1 || options->seq_len < 1 ||
-      options->hidden < 1 || options->timeout_ms < 1)
+  DemoOptions *o = demo->options;
+
+  if (o->n_ranks < 1 || o->batch < 1 || o->seq_len < 1 || o->heads < 1 || o->head_dim < 1 ||
+      o->timeout_ms < 1)
     {
-      cpmesh_fail (CPMESH_EXIT_USAGE, "--ranks, --batch, --seq, --hidden and --timeout-ms "
-                   "must be positive");
+      cpmesh_fail (CPMESH_EXIT_USAGE, "--ranks, --batch, --seq, --heads, --head-dim and "
+                   "--timeout-ms must be positive");
+      return FALSE;
+    }
+  if (g_strcmp0 (o->rotate, "allgather") == 0)
+    demo->rotate = CP_ROTATE_METHOD_ALLGATHER;
+  else if (g_strcmp0 (o->rotate, "alltoall") == 0)
+    demo->rotate = CP_ROTATE_METHOD_ALLTOALL;
+  else
+    {
+      cpmesh_fail (CPMESH_EXIT_USAGE, "--rotate must be allgather or alltoall, not \"%s\"",
+                   o->rotate);
       return FALSE;
     }
   return TRUE;
@@ -354,27 +534,35 @@ int
 cpmesh_demo (int    argc,
              char **argv)
 {
-  DemoOptions options = { .n_ranks = 4, .batch = 2, .seq_len = 4096, .hidden = 64,
-                          .timeout_ms = 10000 };
+  DemoOptions options = { .n_ranks = 4, .batch = 1, .seq_len = 4090, .heads = 4,
+                          .head_dim = 64, .timeout_ms = 60000 };
   const GOptionEntry entries[] = {
     { "ranks", 'n', 0, G_OPTION_ARG_INT, &options.n_ranks, "Ranks, one thread each (default 4)", "N" },
-    { "batch", 'b', 0, G_OPTION_ARG_INT64, &options.batch, "Sequences in the batch (default 2)", "B" },
+    { "batch", 'b', 0, G_OPTION_ARG_INT64, &options.batch, "Sequences in the batch (default 1)", "B" },
     { "seq", 's', 0, G_OPTION_ARG_INT64, &options.seq_len,
-      "Sequence length, a multiple of 2·N (default 4096)", "S" },
-    { "hidden", 'H', 0, G_OPTION_ARG_INT64, &options.hidden, "Hidden size (default 64)", "H" },
+      "Sequence length, padded to a multiple of 2·N (default 4090)", "S" },
+    { "heads", 'H', 0, G_OPTION_ARG_INT64, &options.heads, "Attention heads (default 4)", "H" },
+    { "head-dim", 'D', 0, G_OPTION_ARG_INT64, &options.head_dim, "Head dimension (default 64)", "D" },
+    { "rotate", 'r', 0, G_OPTION_ARG_STRING, &options.rotate,
+      "How K/V move: allgather or alltoall (the ring; default allgather)", "METHOD" },
     { "timeout-ms", 0, 0, G_OPTION_ARG_INT, &options.timeout_ms,
-      "How long a rank waits for its peers (default 10000)", "MS" },
+      "How long a rank waits for its peers (default 60000)", "MS" },
     G_OPTION_ENTRY_NULL
   };
   g_auto(Demo) demo = { &options };
   g_autoptr(GError) error = NULL;
 
-  if (!cpmesh_parse_options ("Run ranks as threads of one process: every rank shards a batch "
-                             "(float32 hidden states and int64 token ids) with the head-tail "
-                             "layout, all-gathers it back with cp_mesh_unshard and checks it "
-                             "bit-exactly against the original. Exits 0 only when every rank "
-                             "passes.", entries, argc, argv) ||
-      !check_options (&options))
+  if (!cpmesh_parse_options ("Run ranks as threads of one process: every rank loads the same "
+                             "batch, prepares it, enters the context (which shards every buffer "
+                             "in place), runs causal context-parallel attention forward and "
+                             "backward, exits, and gathers the results back. Checks the ids "
+                             "bit-exactly and the attention output and gradients against "
+                             "single-rank attention on the full sequence. Exits 0 only when "
+                             "every rank passes.", entries, argc, argv))
+    return CPMESH_EXIT_USAGE;
+  if (options.rotate == NULL)
+    options.rotate = g_strdup ("allgather");
+  if (!check_options (&demo))
     return CPMESH_EXIT_USAGE;
   if (!demo_init (&demo, &error))
     return cpmesh_fail_error (error);

@@ -91,4 +91,11 @@ void         cpmesh_run_ranks          (GList                *meshes,
 
 double       cpmesh_now_seconds        (void);
 
+/* A copy of @tensor right-padded with @value along @dim to @length. */
+CpTensor    *cpmesh_pad_sequence       (CpTensor             *tensor,
+                                        int                   dim,
+                                        gint64                length,
+                                        double                value,
+                                        GError              **error);
+
 G_END_DECLS

@@ -4,6 +4,7 @@
  */
 
 #include <stdio.h>
+#include <string.h>
 
 #include "cpmesh-tool.h"
 
@@ -228,4 +229,37 @@ double
 cpmesh_now_seconds (void)
 {
   return (double) g_get_monotonic_time () / G_USEC_PER_SEC;
+}
+
+CpTensor *
+cpmesh_pad_sequence (CpTensor  *tensor,
+                     int        dim,
+                     gint64     length,
+                     double     value,
+                     GError   **error)
+{
+  guint n_dims;
+  const gint64 *shape = cp_tensor_get_shape (tensor, &n_dims);
+  gint64 padded_shape[CP_TENSOR_MAX_DIMS];
+  gsize outer = 1;
+  gsize row = cp_dtype_get_size (cp_tensor_get_dtype (tensor));
+  CpTensor *padded;
+
+  g_assert ((guint) dim < n_dims && length >= shape[dim]);
+  memcpy (padded_shape, shape, n_dims * sizeof (gint64));
+  padded_shape[dim] = length;
+  padded = cp_tensor_new_full (cp_tensor_get_dtype (tensor), padded_shape, n_dims, value, error);
+  if (padded == NULL)
+    return NULL;
+  for (int d = 0; d < dim; d++)
+    outer *= (gsize) shape[d];
+  for (guint d = (guint) dim + 1; d < n_dims; d++)
+    row *= (gsize) shape[d];
+  /* Each outer block copies its shape[dim] rows to the front of its
+   * length rows. */
+  for (gsize o = 0; o < outer; o++)
+    memcpy ((guint8 *) cp_tensor_get_data (padded) + o * (gsize) length * row,
+            (const guint8 *) cp_tensor_get_data (tensor) + o * (gsize) shape[dim] * row,
+            (gsize) shape[dim] * row);
+  return padded;
 }

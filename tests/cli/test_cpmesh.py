@@ -202,24 +202,29 @@ class Demo(unittest.TestCase):
     def test_demo_passes(self):
         result = run("demo")
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertIn("4090 positions padded to 4096", result.stdout)
         self.assertIn("rank 0: 0-511 3584-4095", result.stdout)
         self.assertIn("rank 3: 1536-2559", result.stdout)
+        self.assertRegex(result.stdout, r"max \|error\| against single-rank attention on the "
+                         r"full sequence: out \S+, dq \S+, dk \S+, dv \S+\n")
         self.assertRegex(result.stdout, r"\nPASS: all 4 ranks .* bit-exactly\n$")
         for rank in range(4):
-            self.assertRegex(result.stdout, r"\n\s+%d(\s+\d+\.\d+){3}\s+ok\n" % rank)
+            self.assertRegex(result.stdout, r"\n\s+%d(\s+\d+\.\d+){6}\s+ok\n" % rank)
 
-    def test_demo_other_sizes(self):
-        result = run("demo", "--ranks", "3", "--batch", "1", "--seq", "12", "--hidden", "5")
+    def test_demo_ring_and_other_sizes(self):
+        result = run("demo", "--ranks", "3", "--batch", "2", "--seq", "10", "--heads", "2",
+                     "--head-dim", "8", "--rotate", "alltoall")
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertIn("10 positions padded to 12", result.stdout)
         self.assertIn("rank 2: 4-7", result.stdout)
+        self.assertIn("alltoall rotation", result.stdout)
         self.assertIn("PASS: all 3 ranks", result.stdout)
 
-    def test_demo_bad_length_fails(self):
-        result = run("demo", "--seq", "4100")
-        self.assertEqual(result.returncode, 1)
-        self.assertIn("sequence length 4100", result.stderr)
-        self.assertIn("multiple of 8", result.stderr)
-        record_failure(self, "demo --seq not a multiple of 2·ranks", result)
+    def test_demo_bad_rotate_method(self):
+        result = run("demo", "--rotate", "addtoall")
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("--rotate must be allgather or alltoall, not \"addtoall\"", result.stderr)
+        record_failure(self, "demo --rotate names no rotate method", result)
 
 
 class Bench(unittest.TestCase):
