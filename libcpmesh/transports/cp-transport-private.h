@@ -5,6 +5,8 @@
 
 #pragma once
 
+#include <gio/gio.h>
+
 #include "cp-tensor.h"
 #include "cp-types.h"
 
@@ -109,7 +111,19 @@ struct _CpTransportOps
                                 CpRequest     *request,
                                 gint64         deadline,
                                 GError       **error);
+
+  /* Optional: makes progress without blocking, unless another thread is
+   * inside the transport, so that lost peers are noticed while the
+   * program is idle. */
+  void       (*poll)           (CpTransport   *transport);
 };
+
+/* Told that the transport lost the process of world rank @rank.  Called
+ * from whichever thread noticed, inside the transport: it must only
+ * schedule work, never call back into the mesh. */
+typedef void (*CpPeerLostFunc) (int          rank,
+                                const char  *reason,
+                                gpointer     user_data);
 
 struct _CpTransport
 {
@@ -117,6 +131,11 @@ struct _CpTransport
   gatomicrefcount ref_count;
   int rank;
   int world_size;
+
+  GMutex peer_lost_lock;
+  CpPeerLostFunc peer_lost_func;
+  gpointer peer_lost_data;
+  GDestroyNotify peer_lost_destroy;
 };
 
 struct _CpComm
@@ -133,6 +152,14 @@ void         _cp_transport_init  (CpTransport          *transport,
                                   const CpTransportOps *ops,
                                   int                   rank,
                                   int                   world_size);
+
+void         _cp_transport_set_peer_lost_func (CpTransport    *transport,
+                                              CpPeerLostFunc  func,
+                                              gpointer        user_data,
+                                              GDestroyNotify  destroy);
+void         _cp_transport_report_peer_lost   (CpTransport    *transport,
+                                              int             rank,
+                                              const char     *reason);
 
 void         _cp_comm_init       (CpComm       *comm,
                                   CpTransport  *transport,
@@ -169,5 +196,12 @@ char        *_cp_message_describe (const CpMessage *message);
 /* The in-process backend: @world_size transports, one per rank, that
  * share memory. */
 CpTransport **_cp_transport_local_new_group (int world_size);
+
+/* The UCX backend: joins this process to the mesh @config describes, as
+ * its rank, within its timeout.  Only built when CP_HAS_UCX. */
+typedef struct _CpMeshConfig CpMeshConfig;
+CpTransport  *_cp_transport_ucx_connect     (const CpMeshConfig  *config,
+                                             GCancellable        *cancellable,
+                                             GError             **error);
 
 G_END_DECLS
