@@ -15,21 +15,22 @@
 
 /* Rank 0 listens with UCP's listener, on an ephemeral port that the gate
  * on the rendezvous port tells token holders (cp-ucx-gate.c).  For each
- * connection it sends a
- * fresh random challenge; the joiner answers with its rank, world size,
- * mesh shape, version, worker address and an HMAC-SHA256 keyed with the
- * shared token over both nonces and its rank, so the token never crosses
- * the wire and an answer cannot be replayed on another connection.  Rank 0
- * answers with a verdict — an error the joiner reports as its own, or an
- * HMAC proving rank 0 holds the token too — and keeps listening.  Once
- * every rank joined, it sends each the table of all worker addresses.
+ * connection it sends a fresh random challenge; the joiner answers with
+ * its rank, world size, mesh shape, version, worker address and an
+ * HMAC-SHA256 keyed with the shared token over both nonces, its rank and
+ * world size, so the token never crosses the wire and an answer cannot be
+ * replayed on another connection.  Rank 0 answers with a verdict — an
+ * error the joiner reports as its own, or an HMAC proving rank 0 holds the
+ * token too — and keeps listening.  Once every rank joined, it sends each
+ * the table of all worker addresses.
  *
  * Messages are UCP active messages carrying a serialized GVariant; a
  * message of the wrong type or size is treated like any other bad
  * answer, so garbage never reaches past the parser. */
 
 #define PROTOCOL_VERSION 1
-#define AM_ID 0x4350
+/* UCP keeps a table of handlers indexed by id: keep it small. */
+#define AM_ID 7
 #define NONCE_SIZE CP_UCX_NONCE_SIZE
 #define MAC_SIZE CP_UCX_MAC_SIZE
 #define MAX_MESSAGE_BYTES (64 << 20)
@@ -130,6 +131,7 @@ on_message (void                       *arg,
 {
   CpUcxRendezvous *self = arg;
   Message *message;
+
   if (header_length != sizeof (guint32) || length > MAX_MESSAGE_BYTES ||
       (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV))
     return UCS_OK;
@@ -591,14 +593,17 @@ handle_inbox (CpUcxRendezvous *self)
     }
 }
 
+/* "ranks 1, 3 never joined" */
 static char *
-list_missing (CpUcxRendezvous *self)
+describe_missing (CpUcxRendezvous *self)
 {
-  GString *text = g_string_new (NULL);
+  GString *text = g_string_new ("ranks ");
 
   for (int r = 1; r < self->config->world_size; r++)
     if (self->addresses[r] == NULL)
-      g_string_append_printf (text, "%s%d", text->len ? ", " : "", r);
+      g_string_append_printf (text, "%d, ", r);
+  g_string_truncate (text, text->len - 2);
+  g_string_append (text, " never joined");
   return g_string_free (text, FALSE);
 }
 
@@ -624,12 +629,9 @@ wait_for_ranks (CpUcxRendezvous  *self,
       g_mutex_unlock (&self->worker->lock);
       if (self->n_joined == self->config->world_size - 1)
         break;
-      missing = list_missing (self);
-      if (!check_waiting (self, deadline, cancellable, "ranks never joined", error))
-        {
-          g_prefix_error (error, "ranks %s: ", missing);
-          return FALSE;
-        }
+      missing = describe_missing (self);
+      if (!check_waiting (self, deadline, cancellable, missing, error))
+        return FALSE;
       _cp_ucx_idle (&idle);
     }
   return TRUE;
