@@ -5,9 +5,10 @@
  * Joins the mesh the environment describes (cp_mesh_new_from_env) and
  * plays SCENARIO:
  *
- *   collectives  every collective and point-to-point case, each compared
- *                bit for bit with the in-process backend running the same
- *                inputs on threads
+ *   collectives  every collective and point-to-point case (and, where
+ *                libcpmesh has CpBatch, a batch's prepare, enter and
+ *                exit), each compared bit for bit with the in-process
+ *                backend running the same inputs on threads
  *   join         joins, then a barrier
  *   gather-loop  all_gathers until one fails, then reports how long the
  *                failing call and the teardown took
@@ -172,6 +173,54 @@ step_submeshes (CpMesh   *mesh,
   g_assert_no_error (error);
   return out;
 }
+
+#ifdef CP_TYPE_BATCH
+/* Appends @tensor's elements, as int64, to @values. */
+static void
+append_values (GArray   *values,
+               CpTensor *tensor)
+{
+  for (gint64 i = 0; i < cp_tensor_get_numel (tensor); i++)
+    {
+      gint64 v = (gint64) cp_tensor_get_value (tensor, i);
+
+      g_array_append_val (values, v);
+    }
+}
+
+/* A batch prepared, entered and exited over the mesh's cp group: the
+ * local pieces after enter and position_ids after exit, one row. */
+static CpTensor *
+step_batch (CpMesh   *mesh,
+            gpointer  data)
+{
+  const Case *c = data;
+  const gint64 shape[] = { 2, 13 };
+  g_autoptr(CpBatch) batch = cp_batch_new ();
+  g_autoptr(CpTensor) ids = make_input (CP_DTYPE_INT64, shape, 2, 0, c->seed);
+  g_autoptr(CpTensor) labels = make_input (CP_DTYPE_INT64, shape, 2, 0, c->seed + 1);
+  g_autoptr(CpContext) context = NULL;
+  g_autoptr(GArray) values = g_array_new (FALSE, FALSE, sizeof (gint64));
+  g_autoptr(GError) error = NULL;
+  gint64 length;
+
+  cp_batch_set (batch, "input_ids", ids);
+  cp_batch_set (batch, "labels", labels);
+  context = cp_batch_prepare (batch, mesh, NULL, &error);
+  g_assert_no_error (error);
+  g_assert_true (cp_context_enter (context, &error));
+  g_assert_no_error (error);
+  append_values (values, cp_batch_get (batch, "input_ids"));
+  append_values (values, cp_batch_get (batch, "labels"));
+  append_values (values, cp_batch_get (batch, "position_ids"));
+  g_assert_true (cp_context_exit (context, &error));
+  g_assert_no_error (error);
+  append_values (values, cp_batch_get (batch, "position_ids"));
+  length = values->len;
+  return cp_tensor_new_from_bytes (CP_DTYPE_INT64, &length, 1,
+                                   g_bytes_new (values->data, values->len * sizeof (gint64)), NULL);
+}
+#endif
 
 typedef struct
 {
@@ -354,6 +403,10 @@ play_collectives (CpMesh *mesh)
     }
   if (cp_mesh_get_dim_size (mesh, "dp") == 2)
     check_step (mesh, "submeshes", step_submeshes, (Case) { CP_DTYPE_FLOAT32, { 33 }, 1, 0, 3 });
+#ifdef CP_TYPE_BATCH
+  /* Built where CpBatch exists: prepare, enter and exit over UCX. */
+  check_step (mesh, "batch", step_batch, (Case) { CP_DTYPE_INT64, { 0 }, 0, 0, 4 });
+#endif
   printf ("OK\n");
 }
 
