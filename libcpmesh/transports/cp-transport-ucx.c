@@ -560,6 +560,33 @@ descriptors_free (CpCollective **descs,
   g_free (descs);
 }
 
+/* Parses what every other member sent into @descs; @inbox holds one
+ * DESCRIPTOR_MAX slot per member, @ops the receive of each before its
+ * send. */
+static gboolean
+unpack_descriptors (UcxComm        *comm,
+                    const guint8   *inbox,
+                    const CpUcxOp  *ops,
+                    CpCollective  **descs,
+                    const char     *what,
+                    GError        **error)
+{
+  for (int r = 0, i = 0; r < comm->parent.size; r++)
+    {
+      if (r == comm->parent.index)
+        continue;
+      descs[r] = g_new0 (CpCollective, 1);
+      if (!unpack_descriptor (inbox + (gsize) r * DESCRIPTOR_MAX, ops[i].info.length, descs[r]))
+        {
+          g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
+                       "%s: communicator rank %d sent a malformed descriptor", what, r);
+          return FALSE;
+        }
+      i += 2;
+    }
+  return TRUE;
+}
+
 /* Sends this rank's descriptor to every other member and returns all of
  * them in communicator order. */
 static CpCollective **
@@ -592,26 +619,11 @@ exchange_descriptors (UcxComm        *comm,
       }
   unlock (self);
   descs[me] = coll;
-  if (!wait_ops (self, ops, n_ops, what, deadline, NULL, error))
-    {
-      descriptors_free (descs, n, me);
-      return NULL;
-    }
-  for (int r = 0, i = 0; r < n; r++)
-    {
-      if (r == me)
-        continue;
-      descs[r] = g_new0 (CpCollective, 1);
-      if (!unpack_descriptor (inbox + (gsize) r * DESCRIPTOR_MAX, ops[i].info.length, descs[r]))
-        {
-          g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
-                       "%s: communicator rank %d sent a malformed descriptor", what, r);
-          descriptors_free (descs, n, me);
-          return NULL;
-        }
-      i += 2;
-    }
-  return descs;
+  if (wait_ops (self, ops, n_ops, what, deadline, NULL, error) &&
+      unpack_descriptors (comm, inbox, ops, descs, what, error))
+    return descs;
+  descriptors_free (descs, n, me);
+  return NULL;
 }
 
 /* ---- collectives ---- */

@@ -466,27 +466,22 @@ same_dims (const CpMeshConfig  *config,
   return same;
 }
 
-/* Checks a HELLO and says why it is refused, or returns ACCEPTED. */
+/* The version and the proof of the token; ACCEPTED or why not. */
 static int
-judge (CpUcxRendezvous  *self,
-       Joiner           *joiner,
-       GVariant         *hello,
-       int               rank,
-       char            **why)
+check_proof (CpUcxRendezvous  *self,
+             Joiner           *joiner,
+             GVariant         *hello,
+             int               rank,
+             char            **why)
 {
-  const CpMeshConfig *config = self->config;
-  g_autoptr(GVariant) names = g_variant_get_child_value (hello, 4);
-  g_autoptr(GVariant) sizes = g_variant_get_child_value (hello, 5);
   g_autoptr(GVariant) nonce = g_variant_get_child_value (hello, 6);
   g_autoptr(GVariant) mac = g_variant_get_child_value (hello, 7);
-  g_autofree char *theirs = NULL;
-  g_autofree char *ours = NULL;
+  gsize length = 0;
+  const guint8 *their_nonce = g_variant_get_fixed_array (nonce, &length, 1);
   const char *version = NULL;
   guint32 protocol = 0;
-  int world = 0;
   guint8 expected[MAC_SIZE];
-  gsize nonce_length = 0;
-  const guint8 *their_nonce = g_variant_get_fixed_array (nonce, &nonce_length, 1);
+  int world = 0;
 
   g_variant_get_child (hello, 0, "u", &protocol);
   g_variant_get_child (hello, 1, "&s", &version);
@@ -497,35 +492,54 @@ judge (CpUcxRendezvous  *self,
                               "(libcpmesh %s)", protocol, version, PROTOCOL_VERSION, PACKAGE_VERSION);
       return CP_MESH_ERROR_UNSUPPORTED;
     }
-  if (nonce_length == NONCE_SIZE)
-    compute_mac (config->token, "cpmesh join", joiner->nonce, their_nonce, rank, world, expected);
-  if (nonce_length != NONCE_SIZE || !mac_matches (expected, mac))
-    {
-      *why = g_strdup ("it did not prove it holds the mesh token (CPMESH_TOKEN)");
-      return CP_MESH_ERROR_AUTH;
-    }
+  if (length == NONCE_SIZE)
+    compute_mac (self->config->token, "cpmesh join", joiner->nonce, their_nonce, rank, world, expected);
+  if (length == NONCE_SIZE && mac_matches (expected, mac))
+    return ACCEPTED;
+  *why = g_strdup ("it did not prove it holds the mesh token (CPMESH_TOKEN)");
+  return CP_MESH_ERROR_AUTH;
+}
+
+/* Where the joiner fits in the mesh; ACCEPTED or why it does not. */
+static int
+check_place (CpUcxRendezvous  *self,
+             GVariant         *hello,
+             int               rank,
+             char            **why)
+{
+  const CpMeshConfig *config = self->config;
+  g_autoptr(GVariant) names = g_variant_get_child_value (hello, 4);
+  g_autoptr(GVariant) sizes = g_variant_get_child_value (hello, 5);
+  g_autofree char *theirs = NULL;
+  g_autofree char *ours = NULL;
+  int world = 0;
+
+  g_variant_get_child (hello, 3, "i", &world);
   if (world != config->world_size)
-    {
-      *why = g_strdup_printf ("it was started with world size %d, rank 0 with %d", world, config->world_size);
-      return CP_MESH_ERROR_INVALID_TOPOLOGY;
-    }
-  if (rank < 1 || rank >= world)
-    {
-      *why = g_strdup_printf ("rank %d is outside [1, %d); rank 0 is the listener", rank, world);
-      return CP_MESH_ERROR_INVALID_TOPOLOGY;
-    }
-  if (self->addresses[rank] != NULL)
-    {
-      *why = g_strdup_printf ("rank %d has already joined", rank);
-      return CP_MESH_ERROR_INVALID_TOPOLOGY;
-    }
-  if (!same_dims (config, names, sizes, &theirs))
+    *why = g_strdup_printf ("it was started with world size %d, rank 0 with %d", world, config->world_size);
+  else if (rank < 1 || rank >= world)
+    *why = g_strdup_printf ("rank %d is outside [1, %d); rank 0 is the listener", rank, world);
+  else if (self->addresses[rank] != NULL)
+    *why = g_strdup_printf ("rank %d has already joined", rank);
+  else if (!same_dims (config, names, sizes, &theirs))
     {
       ours = describe_dims ((const char * const *) config->dim_names, config->dim_sizes, config->n_dims);
       *why = g_strdup_printf ("its mesh dimensions are %s, rank 0's are %s", theirs, ours);
-      return CP_MESH_ERROR_INVALID_TOPOLOGY;
     }
-  return ACCEPTED;
+  return *why == NULL ? ACCEPTED : CP_MESH_ERROR_INVALID_TOPOLOGY;
+}
+
+/* Checks a HELLO and says why it is refused, or returns ACCEPTED. */
+static int
+judge (CpUcxRendezvous  *self,
+       Joiner           *joiner,
+       GVariant         *hello,
+       int               rank,
+       char            **why)
+{
+  int code = check_proof (self, joiner, hello, rank, why);
+
+  return code != ACCEPTED ? code : check_place (self, hello, rank, why);
 }
 
 static GVariant *
