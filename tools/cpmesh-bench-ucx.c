@@ -102,56 +102,72 @@ max_over_ranks (CpMesh *mesh,
   return cp_tensor_get_value (value, 0);
 }
 
-/* Seconds per call, the slowest rank's. */
-static double
-time_all_gather (CpMesh  *mesh,
-                 gsize    size,
-                 GError **error)
+typedef struct
 {
-  int n = cp_mesh_get_world_size (mesh);
-  const gint64 shape[] = { (gint64) (size / 4) };
-  const gint64 out_shape[] = { shape[0] * n };
-  g_autoptr(CpTensor) mine = cp_tensor_new_full (CP_DTYPE_FLOAT32, shape, 1, 1.0, error);
-  g_autoptr(CpTensor) out = mine ? cp_tensor_new (CP_DTYPE_FLOAT32, out_shape, 1, error) : NULL;
-  guint iterations = iterations_for (size);
+  CpTensor *piece;      /* this rank's S bytes */
+  CpTensor *gathered;   /* the reused all_gather output, N·S bytes */
+} Buffers;
+
+typedef gboolean (*CallFunc) (CpMesh   *mesh,
+                              Buffers  *buffers,
+                              GError  **error);
+
+static gboolean
+call_all_gather (CpMesh   *mesh,
+                 Buffers  *buffers,
+                 GError  **error)
+{
+  return cp_mesh_all_gather_into (mesh, buffers->piece, 0, buffers->gathered, error);
+}
+
+static gboolean
+call_all_reduce (CpMesh   *mesh,
+                 Buffers  *buffers,
+                 GError  **error)
+{
+  return cp_mesh_all_reduce (mesh, buffers->piece, CP_REDUCE_OP_SUM, error);
+}
+
+/* Seconds per call after two warm-up calls, the slowest rank's. */
+static double
+time_calls (CpMesh    *mesh,
+            CallFunc   call,
+            Buffers   *buffers,
+            guint      iterations,
+            GError   **error)
+{
   gint64 started = 0;
 
-  if (out == NULL)
-    return -1;
   for (guint i = 0; i < iterations + 2; i++)
     {
       if (i == 2 && !cp_mesh_barrier (mesh, error))
         return -1;
       if (i == 2)
         started = g_get_monotonic_time ();
-      if (!cp_mesh_all_gather_into (mesh, mine, 0, out, error))
+      if (!call (mesh, buffers, error))
         return -1;
     }
   return max_over_ranks (mesh, (g_get_monotonic_time () - started) / 1e6 / iterations);
 }
 
-static double
-time_all_reduce (CpMesh  *mesh,
-                 gsize    size,
-                 GError **error)
+static gboolean
+time_size (CpMesh   *mesh,
+           gsize     size,
+           double   *gather,
+           double   *reduce,
+           GError  **error)
 {
   const gint64 shape[] = { (gint64) (size / 4) };
-  g_autoptr(CpTensor) tensor = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 1, error);
-  guint iterations = iterations_for (size);
-  gint64 started = 0;
+  const gint64 gathered_shape[] = { shape[0] * cp_mesh_get_world_size (mesh) };
+  g_autoptr(CpTensor) piece = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 1, error);
+  g_autoptr(CpTensor) gathered = piece ? cp_tensor_new (CP_DTYPE_FLOAT32, gathered_shape, 1, error) : NULL;
+  Buffers buffers = { piece, gathered };
 
-  if (tensor == NULL)
-    return -1;
-  for (guint i = 0; i < iterations + 2; i++)
-    {
-      if (i == 2 && !cp_mesh_barrier (mesh, error))
-        return -1;
-      if (i == 2)
-        started = g_get_monotonic_time ();
-      if (!cp_mesh_all_reduce (mesh, tensor, CP_REDUCE_OP_SUM, error))
-        return -1;
-    }
-  return max_over_ranks (mesh, (g_get_monotonic_time () - started) / 1e6 / iterations);
+  if (gathered == NULL)
+    return FALSE;
+  *gather = time_calls (mesh, call_all_gather, &buffers, iterations_for (size), error);
+  *reduce = *gather < 0 ? -1 : time_calls (mesh, call_all_reduce, &buffers, iterations_for (size), error);
+  return *reduce >= 0;
 }
 
 static int
@@ -161,10 +177,9 @@ run_timing_rank (CpMesh *mesh)
 
   for (guint s = 0; s < G_N_ELEMENTS (sizes); s++)
     {
-      double gather = time_all_gather (mesh, sizes[s], &error);
-      double reduce = gather < 0 ? -1 : time_all_reduce (mesh, sizes[s], &error);
+      double gather = -1, reduce = -1;
 
-      if (reduce < 0)
+      if (!time_size (mesh, sizes[s], &gather, &reduce, &error))
         {
           g_printerr ("rank %d: %s\n", cp_mesh_get_rank (mesh), error ? error->message : "failed");
           return 1;

@@ -515,26 +515,13 @@ take_envelope (LocalComm *self,
   return NULL;
 }
 
-static gboolean
-messages_match (const CpMessage *sent,
-                const CpMessage *expected)
-{
-  return sent->dtype == expected->dtype && sent->n_dims == expected->n_dims &&
-         sent->nbytes == expected->nbytes &&
-         memcmp (sent->shape, expected->shape, sent->n_dims * sizeof (gint64)) == 0;
-}
-
 static void
 set_mismatch (GError         **error,
               const Envelope  *envelope,
               const CpMessage *expected)
 {
-  g_autofree char *sent = _cp_message_describe (envelope->message);
-  g_autofree char *want = _cp_message_describe (expected);
-
-  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
-               "rank %d sent %s with tag %" G_GUINT64_FORMAT " but rank %d expected %s",
-               envelope->src, sent, envelope->tag, envelope->dst, want);
+  _cp_message_set_mismatch (error, envelope->message, envelope->src, envelope->tag, envelope->dst,
+                            expected);
 }
 
 static gboolean
@@ -563,7 +550,7 @@ wait_recv (LocalComm  *self,
       return FALSE;
     }
 
-  if (messages_match (envelope->message, request->message))
+  if (_cp_message_matches (envelope->message, request->message))
     memcpy (request->message->data, envelope->message->data, envelope->message->nbytes);
   else
     {

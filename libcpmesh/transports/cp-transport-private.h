@@ -193,6 +193,19 @@ const char  *_cp_collective_name (CpCollKind kind);
 /* "float32[4, 8]" */
 char        *_cp_message_describe (const CpMessage *message);
 
+/* Whether a message sent as @sent fits a receive expecting @expected. */
+gboolean     _cp_message_matches  (const CpMessage *sent,
+                                   const CpMessage *expected);
+
+/* "rank 0 sent int32[4] with tag 4 but rank 1 expected int32[5]", as
+ * %CP_TENSOR_ERROR_SHAPE; both sides of a mismatch report it. */
+void         _cp_message_set_mismatch (GError          **error,
+                                       const CpMessage  *sent,
+                                       int               src,
+                                       guint64           tag,
+                                       int               dst,
+                                       const CpMessage  *expected);
+
 /* The in-process backend: @world_size transports, one per rank, that
  * share memory. */
 CpTransport **_cp_transport_local_new_group (int world_size);

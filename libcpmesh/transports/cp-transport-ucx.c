@@ -695,8 +695,18 @@ no_region (void)
   return (Region) { NULL, 0, 0, 0 };
 }
 
-/* All-gather: send is [outer][block] and goes whole to every member;
- * recv is [outer][n][block], and slot r of it comes from r. */
+/* Piece r of a [outer][n][block] buffer: @outer chunks, n blocks apart. */
+static Region
+piece_of (gconstpointer       buffer,
+          const CpCollective *coll,
+          int                 n,
+          int                 r)
+{
+  return (Region) { (guint8 *) buffer + (gsize) r * coll->block, coll->block,
+                    (gsize) n * coll->block, coll->outer };
+}
+
+/* All-gather: send is [outer][block] and goes whole to every member. */
 static Region
 gather_send (CpCollective *coll,
              int           n,
@@ -707,35 +717,7 @@ gather_send (CpCollective *coll,
   return contiguous (coll->send, coll->outer * coll->block);
 }
 
-static Region
-gather_slot (CpCollective *coll,
-             int           n,
-             int           me,
-             int           r,
-             gpointer      user_data)
-{
-  return (Region) { (guint8 *) coll->recv + (gsize) r * coll->block, coll->block,
-                    (gsize) n * coll->block, coll->outer };
-}
-
-static gboolean
-run_all_gather (UcxComm       *comm,
-                CpCollective  *coll,
-                guint          sequence,
-                gint64         deadline,
-                GError       **error)
-{
-  int n = comm->parent.size, me = comm->parent.index;
-  Region slot = gather_slot (coll, n, me, me, NULL);
-  Region mine = { (guint8 *) coll->send, coll->block, coll->block, coll->outer };
-
-  copy_region (&slot, &mine);
-  return exchange_regions (comm, coll, sequence, PHASE_DATA, gather_send, gather_slot, NULL,
-                           deadline, error);
-}
-
-/* All-to-all: send and recv are [outer][n][block]; piece r of send goes to
- * r, and slot r of recv comes from r. */
+/* All-to-all: send is [outer][n][block]; piece r goes to r. */
 static Region
 scatter_piece (CpCollective *coll,
                int           n,
@@ -743,23 +725,35 @@ scatter_piece (CpCollective *coll,
                int           r,
                gpointer      user_data)
 {
-  return (Region) { (guint8 *) coll->send + (gsize) r * coll->block, coll->block,
-                    (gsize) n * coll->block, coll->outer };
+  return piece_of (coll->send, coll, n, r);
 }
 
-static gboolean
-run_all_to_all (UcxComm       *comm,
-                CpCollective  *coll,
-                guint          sequence,
-                gint64         deadline,
-                GError       **error)
+/* Both: recv is [outer][n][block], and piece r of it comes from r. */
+static Region
+gathered_piece (CpCollective *coll,
+                int           n,
+                int           me,
+                int           r,
+                gpointer      user_data)
 {
-  int n = comm->parent.size, me = comm->parent.index;
-  Region slot = gather_slot (coll, n, me, me, NULL);
-  Region piece = scatter_piece (coll, n, me, me, NULL);
+  return piece_of (coll->recv, coll, n, r);
+}
 
-  copy_region (&slot, &piece);
-  return exchange_regions (comm, coll, sequence, PHASE_DATA, scatter_piece, gather_slot, NULL,
+/* Copies this member's own piece of recv from @own, then exchanges the
+ * others'. */
+static gboolean
+run_pieces (UcxComm       *comm,
+            CpCollective  *coll,
+            guint          sequence,
+            const Region  *own,
+            RegionFunc     send_to,
+            gint64         deadline,
+            GError       **error)
+{
+  Region slot = piece_of (coll->recv, coll, comm->parent.size, comm->parent.index);
+
+  copy_region (&slot, own);
+  return exchange_regions (comm, coll, sequence, PHASE_DATA, send_to, gathered_piece, NULL,
                            deadline, error);
 }
 
@@ -943,14 +937,18 @@ run_data_phase (UcxComm       *comm,
                 gint64         deadline,
                 GError       **error)
 {
+  Region own;
+
   switch (coll->kind)
     {
     case CP_COLL_BARRIER:
       return TRUE;
     case CP_COLL_ALL_GATHER:
-      return run_all_gather (comm, coll, sequence, deadline, error);
+      own = (Region) { (guint8 *) coll->send, coll->block, coll->block, coll->outer };
+      return run_pieces (comm, coll, sequence, &own, gather_send, deadline, error);
     case CP_COLL_ALL_TO_ALL:
-      return run_all_to_all (comm, coll, sequence, deadline, error);
+      own = piece_of (coll->send, coll, comm->parent.size, comm->parent.index);
+      return run_pieces (comm, coll, sequence, &own, scatter_piece, deadline, error);
     case CP_COLL_ALL_REDUCE:
       return run_all_reduce (comm, coll, sequence, deadline, error);
     case CP_COLL_BROADCAST:
@@ -1011,31 +1009,6 @@ message_from_wire (CpMessage         *message,
   message->n_dims = MIN (wire->n_dims, CP_TENSOR_MAX_DIMS);
   message->nbytes = wire->nbytes;
   memcpy (message->shape, wire->shape, message->n_dims * sizeof (gint64));
-}
-
-static gboolean
-messages_match (const CpMessage *sent,
-                const CpMessage *expected)
-{
-  return sent->dtype == expected->dtype && sent->n_dims == expected->n_dims &&
-         sent->nbytes == expected->nbytes &&
-         memcmp (sent->shape, expected->shape, sent->n_dims * sizeof (gint64)) == 0;
-}
-
-static void
-set_mismatch (GError          **error,
-              const CpMessage  *sent,
-              int               src,
-              int               dst,
-              guint64           tag,
-              const CpMessage  *expected)
-{
-  g_autofree char *what_sent = _cp_message_describe (sent);
-  g_autofree char *what_expected = _cp_message_describe (expected);
-
-  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
-               "rank %d sent %s with tag %" G_GUINT64_FORMAT " but rank %d expected %s",
-               src, what_sent, tag, dst, what_expected);
 }
 
 static CpRequest *
@@ -1102,7 +1075,8 @@ wait_send (UcxComm    *comm,
   if (request->ack.accepted)
     return TRUE;
   message_from_wire (&expected, &request->ack.expected);
-  set_mismatch (error, request->sent, comm->parent.index, request->peer, request->tag, &expected);
+  _cp_message_set_mismatch (error, request->sent, comm->parent.index, request->tag, request->peer,
+                            &expected);
   return FALSE;
 }
 
@@ -1121,7 +1095,7 @@ wait_recv (UcxComm    *comm,
   if (!wait_ops (self, &request->ops[P2P_HEADER], 1, "recv", deadline, NULL, error))
     return FALSE;
   message_from_wire (&sent, &request->header);
-  accepted = messages_match (&sent, request->message);
+  accepted = _cp_message_matches (&sent, request->message);
   request->ack.accepted = accepted;
   wire_from_message (&request->ack.expected, request->message);
   data = accepted ? contiguous (request->message->data, request->message->nbytes)
@@ -1135,7 +1109,7 @@ wait_recv (UcxComm    *comm,
     return FALSE;
   if (accepted)
     return TRUE;
-  set_mismatch (error, &sent, request->peer, me, request->tag, request->message);
+  _cp_message_set_mismatch (error, &sent, request->peer, request->tag, me, request->message);
   return FALSE;
 }
 

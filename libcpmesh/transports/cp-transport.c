@@ -328,3 +328,28 @@ _cp_message_describe (const CpMessage *message)
 
   return g_strdup_printf ("%s%s", cp_dtype_get_name (message->dtype), shape);
 }
+
+gboolean
+_cp_message_matches (const CpMessage *sent,
+                     const CpMessage *expected)
+{
+  return sent->dtype == expected->dtype && sent->n_dims == expected->n_dims &&
+         sent->nbytes == expected->nbytes &&
+         memcmp (sent->shape, expected->shape, sent->n_dims * sizeof (gint64)) == 0;
+}
+
+void
+_cp_message_set_mismatch (GError          **error,
+                          const CpMessage  *sent,
+                          int               src,
+                          guint64           tag,
+                          int               dst,
+                          const CpMessage  *expected)
+{
+  g_autofree char *what_sent = _cp_message_describe (sent);
+  g_autofree char *what_expected = _cp_message_describe (expected);
+
+  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+               "rank %d sent %s with tag %" G_GUINT64_FORMAT " but rank %d expected %s",
+               src, what_sent, tag, dst, what_expected);
+}
