@@ -113,18 +113,6 @@ local_transport_free (CpTransport *transport)
   g_free (self);
 }
 
-static char *
-comm_key (const char *label,
-          const int  *members,
-          int         n)
-{
-  GString *key = g_string_new (label);
-
-  for (int i = 0; i < n; i++)
-    g_string_append_printf (key, "%c%d", i == 0 ? ':' : ',', members[i]);
-  return g_string_free (key, FALSE);
-}
-
 static SharedComm *
 shared_comm_new (char      *key,
                  const int *members,
@@ -163,7 +151,7 @@ local_comm_new (CpTransport  *transport,
 {
   LocalGroup *group = ((LocalTransport *) transport)->group;
   LocalComm *self = g_new0 (LocalComm, 1);
-  char *key = comm_key (label, members, n_members);
+  char *key = _cp_comm_key (label, members, n_members);
 
   _cp_comm_init (&self->parent, transport, members, n_members, my_index);
   self->group = group_ref (group);

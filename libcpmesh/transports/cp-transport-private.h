@@ -167,6 +167,10 @@ void         _cp_comm_init       (CpComm       *comm,
                                   int           n_members,
                                   int           my_index);
 void         _cp_comm_clear      (CpComm       *comm);
+/* "label:0,2,4": names a communicator the same way on every member. */
+char        *_cp_comm_key        (const char   *label,
+                                  const int    *members,
+                                  int           n);
 void         _cp_comm_free       (CpComm       *comm);
 
 /* Decides, identically on every rank, whether the descriptors of one

@@ -408,18 +408,6 @@ check_usable (UcxTransport  *self,
 
 /* ---- communicators ---- */
 
-static char *
-comm_key (const char *label,
-          const int  *members,
-          int         n)
-{
-  GString *key = g_string_new (label);
-
-  for (int i = 0; i < n; i++)
-    g_string_append_printf (key, "%c%d", i == 0 ? ':' : ',', members[i]);
-  return g_string_free (key, FALSE);
-}
-
 /* The same on every member: 18 bits of a SHA-256 of the key, never 0. */
 static guint32
 comm_id (const char *key)
@@ -469,7 +457,7 @@ ucx_comm_new (CpTransport  *transport,
 
   _cp_comm_init (&comm->parent, transport, members, n_members, my_index);
   comm->transport = self;
-  comm->key = comm_key (label, members, n_members);
+  comm->key = _cp_comm_key (label, members, n_members);
   comm->id = comm_id (comm->key);
   lock (self);
   ok = check_id_free (self, comm, error);

@@ -90,6 +90,18 @@ _cp_comm_init (CpComm      *comm,
   comm->members = g_memdup2 (members, (gsize) n_members * sizeof (int));
 }
 
+char *
+_cp_comm_key (const char *label,
+              const int  *members,
+              int         n)
+{
+  GString *key = g_string_new (label);
+
+  for (int i = 0; i < n; i++)
+    g_string_append_printf (key, "%c%d", i == 0 ? ':' : ',', members[i]);
+  return g_string_free (key, FALSE);
+}
+
 void
 _cp_comm_clear (CpComm *comm)
 {
