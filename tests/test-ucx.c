@@ -534,6 +534,7 @@ test_rank_lost (void)
   line = find_line (group.ranks[0], "LOST");
   g_assert_nonnull (line);
   g_assert_cmpint (sscanf (line, "LOST %d %" G_GINT64_FORMAT, &rank, &after_ms), ==, 2);
+  g_test_message ("rank 0: %s", line);
   g_assert_cmpint (rank, ==, 1);
   g_assert_cmpint (after_ms, <=, TIMEOUT_MS);
   group_clear (&group);

@@ -13,9 +13,10 @@
 #include "cp-ucx-private.h"
 
 /* Every rank has one UCP worker and one endpoint to every other rank, all
- * with peer failure handling.  Data moves as tagged messages: the
- * measurements in doc/mesh-ucx.md show UCX 1.13 keeps their speed with
- * failure handling on, while RMA puts fall off the shared-memory path.
+ * with peer failure handling.  Data moves as tagged messages, which with
+ * failure handling on keep the shared-memory path (cp-ucx-worker.c asks
+ * shared memory to check its peers) while RMA puts fall off it; the
+ * measurements are in doc/mesh-ucx.md.
  *
  * A collective first exchanges every rank's descriptor, so that all ranks
  * reach the same verdict from the same inputs (the agreement contract of
