@@ -267,31 +267,33 @@ start_close (CpUcxEndpoint *endpoint)
   return UCS_PTR_IS_PTR (request) ? request : NULL;
 }
 
-/* Progresses until @request completed or @deadline; with the lock held
- * between rounds.  Returns %FALSE when it is still in flight. */
-static gboolean
-finish_request (CpUcxWorker *self,
-                void        *request,
-                gint64       deadline)
+/* Progresses until every request of @requests completed or @deadline,
+ * then releases them to UCX, which frees any still in flight once done. */
+static void
+finish_requests (CpUcxWorker  *self,
+                 void        **requests,
+                 guint         n,
+                 gint64        deadline)
 {
   guint idle = 0;
-  gboolean done = request == NULL;
+  gboolean done = FALSE;
 
   while (!done)
     {
       g_mutex_lock (&self->lock);
       ucp_worker_progress (self->worker);
-      done = ucp_request_check_status (request) != UCS_INPROGRESS;
+      done = TRUE;
+      for (guint i = 0; i < n; i++)
+        done &= requests[i] == NULL || ucp_request_check_status (requests[i]) != UCS_INPROGRESS;
       g_mutex_unlock (&self->lock);
       if (done || g_get_monotonic_time () >= deadline)
         break;
       _cp_ucx_idle (&idle);
     }
   g_mutex_lock (&self->lock);
-  if (request != NULL)
-    ucp_request_free (request);
+  for (guint i = 0; i < n; i++)
+    g_clear_pointer (&requests[i], ucp_request_free);
   g_mutex_unlock (&self->lock);
-  return done;
 }
 
 /* Waits, until @deadline at most, for what was sent to reach the peers. */
@@ -305,7 +307,8 @@ flush_worker (CpUcxWorker *self,
   g_mutex_lock (&self->lock);
   request = ucp_worker_flush_nbx (self->worker, &param);
   g_mutex_unlock (&self->lock);
-  finish_request (self, UCS_PTR_IS_PTR (request) ? request : NULL, deadline);
+  if (UCS_PTR_IS_PTR (request))
+    finish_requests (self, &request, 1, deadline);
 }
 
 void
@@ -315,18 +318,16 @@ _cp_ucx_close_endpoints (CpUcxWorker    *self,
                          gboolean        graceful,
                          gint64          deadline)
 {
+  g_autofree void **requests = g_new0 (void *, MAX (n, 1));
+
   if (graceful)
     flush_worker (self, deadline);
+  g_mutex_lock (&self->lock);
   for (guint i = 0; i < n; i++)
-    {
-      void *request = NULL;
-
-      g_mutex_lock (&self->lock);
-      if (endpoints[i] != NULL && endpoints[i]->ep != NULL)
-        request = start_close (endpoints[i]);
-      g_mutex_unlock (&self->lock);
-      finish_request (self, request, g_get_monotonic_time () + G_TIME_SPAN_SECOND);
-    }
+    if (endpoints[i] != NULL && endpoints[i]->ep != NULL)
+      requests[i] = start_close (endpoints[i]);
+  g_mutex_unlock (&self->lock);
+  finish_requests (self, requests, n, g_get_monotonic_time () + G_TIME_SPAN_SECOND);
 }
 
 void
