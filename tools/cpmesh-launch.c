@@ -209,12 +209,19 @@ rank_exited (GObject      *source,
   check_finished (launch);
 }
 
+/* SIGINT or SIGTERM to the launcher: the ranks get SIGTERM, and the
+ * launcher exits as if it had been killed by the signal it got. */
 static gboolean
-on_signal (gpointer user_data)
+on_interrupt (gpointer user_data)
 {
-  Launch *launch = user_data;
+  stop_all (user_data, 128 + SIGINT);
+  return G_SOURCE_CONTINUE;
+}
 
-  stop_all (launch, 128 + SIGTERM);
+static gboolean
+on_terminate (gpointer user_data)
+{
+  stop_all (user_data, 128 + SIGTERM);
   return G_SOURCE_CONTINUE;
 }
 
@@ -298,8 +305,8 @@ run (int                  n,
 {
   Launch launch = { g_main_loop_new (NULL, FALSE), g_new0 (Rank, n), n, 0, FALSE, grace_ms, 0, 0 };
   g_autoptr(GError) error = NULL;
-  guint sigint = g_unix_signal_add (SIGINT, on_signal, &launch);
-  guint sigterm = g_unix_signal_add (SIGTERM, on_signal, &launch);
+  guint sigint = g_unix_signal_add (SIGINT, on_interrupt, &launch);
+  guint sigterm = g_unix_signal_add (SIGTERM, on_terminate, &launch);
   int status;
 
   if (!start_ranks (&launch, command, port, &error))
