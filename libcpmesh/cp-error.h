@@ -111,6 +111,8 @@ typedef enum
  * @CP_BATCH_ERROR_INVALID_SEQ_LENS: sequence lengths are negative,
  *   decreasing or do not fit the row
  * @CP_BATCH_ERROR_UNSUPPORTED_FORMAT: the requested format is not supported
+ * @CP_BATCH_ERROR_INVALID_OPTION: an option holds a value outside its range,
+ *   for example an unknown rotate method
  *
  * Errors of the [error@Cp.BatchError] domain.
  *
@@ -124,6 +126,7 @@ typedef enum
   CP_BATCH_ERROR_INDIVISIBLE,
   CP_BATCH_ERROR_INVALID_SEQ_LENS,
   CP_BATCH_ERROR_UNSUPPORTED_FORMAT,
+  CP_BATCH_ERROR_INVALID_OPTION,
 } CpBatchError;
 
 /**

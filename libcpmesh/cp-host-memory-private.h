@@ -12,8 +12,8 @@ G_BEGIN_DECLS
 /* Host allocations for tensor storage: 64-byte aligned, and large blocks
  * are recycled through a bounded cache, because copying into freshly
  * faulted pages runs at a tenth of the speed of copying into warm ones.
- * The cache holds at most CPMESH_HOST_CACHE_MB mebibytes (default 1024;
- * 0 turns it off). */
+ * The cache holds at most CPMESH_HOST_CACHE_MB mebibytes (default a
+ * quarter of physical memory, at least 1024; 0 turns it off). */
 gpointer _cp_host_alloc       (gsize     size,
                                gboolean  zeroed,
                                GError  **error);

@@ -9,9 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "cp-error.h"
 #include "cp-host-memory-private.h"
+#include "cp-sync-private.h"
 
 /* Below this size malloc's own arenas already reuse warm memory. */
 #define LARGE_BLOCK (1u << 20)
@@ -24,19 +26,37 @@ typedef struct
   gsize capacity;
 } Block;
 
-static GMutex cache_lock;
+static CpMutex cache_lock = CP_MUTEX_INIT;
 static GQueue cache_blocks = G_QUEUE_INIT; /* of Block*, oldest first */
 static gsize cache_bytes;
 static gsize cache_limit = G_MAXSIZE; /* G_MAXSIZE: not read yet */
+
+/* A quarter of physical memory, at least 1 GiB: enough for the working
+ * set of a training step (an all-gather backward keeps C times the local
+ * K/V), bounded so that idle cached pages never crowd out the rest of the
+ * machine.  PyTorch's caching allocator keeps everything until asked. */
+static guint64
+default_cache_mib (void)
+{
+  long pages = sysconf (_SC_PHYS_PAGES);
+  long page_size = sysconf (_SC_PAGESIZE);
+  guint64 quarter = pages > 0 && page_size > 0 ? ((guint64) pages * (guint64) page_size) >> 22 : 0;
+
+  return MAX (quarter, 1024);
+}
 
 static gsize
 read_cache_limit (void)
 {
   const char *env = g_getenv ("CPMESH_HOST_CACHE_MB");
-  guint64 mib = 1024;
+  guint64 mib = default_cache_mib ();
 
   if (env != NULL && !g_ascii_string_to_unsigned (env, 10, 0, 1 << 20, &mib, NULL))
-    g_warning ("CPMESH_HOST_CACHE_MB=%s is not a number of mebibytes; using 1024", env);
+    {
+      mib = default_cache_mib ();
+      g_warning ("CPMESH_HOST_CACHE_MB=%s is not a number of mebibytes; using %" G_GUINT64_FORMAT,
+                 env, mib);
+    }
   return (gsize) mib << 20;
 }
 
@@ -54,7 +74,7 @@ cache_take (gsize capacity)
 {
   gpointer data = NULL;
 
-  g_mutex_lock (&cache_lock);
+  _cp_mutex_lock (&cache_lock);
   for (GList *l = cache_blocks.head; l != NULL; l = l->next)
     {
       Block *block = l->data;
@@ -68,7 +88,7 @@ cache_take (gsize capacity)
           break;
         }
     }
-  g_mutex_unlock (&cache_lock);
+  _cp_mutex_unlock (&cache_lock);
   return data;
 }
 
@@ -174,19 +194,19 @@ _cp_host_free (gpointer data,
   block->data = data;
   block->capacity = round_to_grain (size);
 
-  g_mutex_lock (&cache_lock);
+  _cp_mutex_lock (&cache_lock);
   if (cache_limit == G_MAXSIZE)
     cache_limit = read_cache_limit ();
   g_queue_push_tail (&cache_blocks, block);
   cache_bytes += block->capacity;
   cache_evict_locked ();
-  g_mutex_unlock (&cache_lock);
+  _cp_mutex_unlock (&cache_lock);
 }
 
 void
 _cp_host_cache_trim (void)
 {
-  g_mutex_lock (&cache_lock);
+  _cp_mutex_lock (&cache_lock);
   while (!g_queue_is_empty (&cache_blocks))
     {
       Block *block = g_queue_pop_head (&cache_blocks);
@@ -195,7 +215,7 @@ _cp_host_cache_trim (void)
       g_free (block);
     }
   cache_bytes = 0;
-  g_mutex_unlock (&cache_lock);
+  _cp_mutex_unlock (&cache_lock);
 }
 
 gsize
@@ -203,8 +223,8 @@ _cp_host_cache_bytes (void)
 {
   gsize bytes;
 
-  g_mutex_lock (&cache_lock);
+  _cp_mutex_lock (&cache_lock);
   bytes = cache_bytes;
-  g_mutex_unlock (&cache_lock);
+  _cp_mutex_unlock (&cache_lock);
   return bytes;
 }

@@ -7,6 +7,7 @@
 
 #include <string.h>
 
+#include "cp-copy-private.h"
 #include "cp-error.h"
 #include "cp-layout-private.h"
 #include "cp-tensor-private.h"
@@ -188,6 +189,27 @@ layout_build (CpLoadBalance  balance,
   return self;
 }
 
+/* The first document that ends after @position: bounds are sorted, so
+ * a run's documents are found by bisection, not by a scan of them all. */
+static guint
+first_document_after (CpLayout *self,
+                      gint64    position)
+{
+  guint lo = 0;
+  guint hi = self->n_documents;
+
+  while (lo < hi)
+    {
+      guint mid = lo + (hi - lo) / 2;
+
+      if (self->bounds[mid + 1] > position)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+  return lo;
+}
+
 /* A run can be merged across a document boundary (C = 1, consecutive
  * documents), so the cost walks the documents a run overlaps. */
 static double
@@ -197,7 +219,8 @@ run_cost (CpLayout    *self,
   double total = 0.0;
   gint64 end = run->start + run->length;
 
-  for (guint d = 0; d < self->n_documents; d++)
+  for (guint d = first_document_after (self, run->start);
+       d < self->n_documents && self->bounds[d] < end; d++)
     {
       gint64 lo = MAX (run->start, self->bounds[d]);
       gint64 hi = MIN (end, self->bounds[d + 1]);
@@ -287,8 +310,9 @@ check_thd_bounds (const gint64  *bounds,
     }
   for (gsize i = 1; i < n_bounds; i++)
     {
-      gint64 length = bounds[i] - bounds[i - 1];
+      gint64 length;
 
+      /* Checked first: the length of a decreasing pair can overflow. */
       if (bounds[i] < bounds[i - 1])
         {
           g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
@@ -297,6 +321,7 @@ check_thd_bounds (const gint64  *bounds,
                        i, bounds[i], bounds[i - 1]);
           return FALSE;
         }
+      length = bounds[i] - bounds[i - 1];
       if (length % divisor != 0)
         {
           g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
@@ -534,7 +559,8 @@ _cp_layout_get_runs (CpLayout *self,
                      guint    *n_runs)
 {
   *n_runs = self->first_run[rank + 1] - self->first_run[rank];
-  return self->runs + self->first_run[rank];
+  /* An empty sequence has no runs at all, and no run table to point into. */
+  return *n_runs > 0 ? self->runs + self->first_run[rank] : NULL;
 }
 
 gint64
@@ -690,6 +716,25 @@ cp_layout_fingerprint (CpLayout *self)
 }
 
 /**
+ * cp_layout_dup_fingerprint_hex:
+ * @self: a layout
+ *
+ * Gets [method@Cp.Layout.fingerprint] as 16 lower-case hexadecimal digits,
+ * for languages whose numbers cannot hold 64 bits exactly (JavaScript).
+ *
+ * Returns: (transfer full): the fingerprint in hexadecimal
+ *
+ * Since: 1.0
+ */
+char *
+cp_layout_dup_fingerprint_hex (CpLayout *self)
+{
+  g_return_val_if_fail (self != NULL, NULL);
+
+  return g_strdup_printf ("%016" G_GINT64_MODIFIER "x", self->fingerprint);
+}
+
+/**
  * cp_layout_equal:
  * @self: a layout
  * @other: another layout
@@ -729,6 +774,7 @@ _cp_layout_transfer_runs (CpLayout *self,
   const CpRun *runs = _cp_layout_get_runs (self, rank, &n_runs);
   gsize full_row = (gsize) self->seq_len * step;
   gsize local_stride = (gsize) local_row * step;
+  gboolean streaming = _cp_copy_wants_streaming (outer * (gsize) self->local_len[rank] * step);
 
   for (gsize o = 0; o < outer; o++)
     {
@@ -741,9 +787,9 @@ _cp_layout_transfer_runs (CpLayout *self,
           gsize bytes = (gsize) runs[i].length * step;
 
           if (to_local)
-            memcpy (local_cursor, global, bytes);
+            _cp_copy (local_cursor, global, bytes, streaming);
           else
-            memcpy (global, local_cursor, bytes);
+            _cp_copy (global, local_cursor, bytes, streaming);
           local_cursor += bytes;
         }
     }

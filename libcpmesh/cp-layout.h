@@ -65,6 +65,8 @@ double         cp_layout_get_imbalance        (CpLayout       *self);
 CP_AVAILABLE_IN_ALL
 guint64        cp_layout_fingerprint          (CpLayout       *self);
 CP_AVAILABLE_IN_ALL
+char          *cp_layout_dup_fingerprint_hex  (CpLayout       *self) G_GNUC_WARN_UNUSED_RESULT;
+CP_AVAILABLE_IN_ALL
 gboolean       cp_layout_equal                (CpLayout       *self,
                                                CpLayout       *other);
 

@@ -58,4 +58,18 @@ gint64    _cp_mesh_deadline         (CpMesh              *self);
 void      _cp_message_from_tensor   (CpMessage           *message,
                                      CpTensor            *tensor);
 
+/* One small all-gather that makes every rank agree before any of them
+ * changes anything.  Each rank contributes @n_values (at most 4) numbers
+ * named by @names.  The call fails identically on every rank when a rank
+ * passed an @invalid error of its own (taken), or with
+ * CP_MESH_ERROR_INVALID_TOPOLOGY, naming the numbers of both ranks, when
+ * any rank's numbers differ from rank 0's. */
+gboolean  _cp_mesh_agree            (CpMesh              *self,
+                                     const char          *what,
+                                     const char * const  *names,
+                                     const gint64        *values,
+                                     guint                n_values,
+                                     GError              *invalid,
+                                     GError             **error);
+
 G_END_DECLS

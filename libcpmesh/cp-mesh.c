@@ -1184,6 +1184,75 @@ cp_mesh_broadcast (CpMesh    *self,
   return run_collective (self, &coll, invalid, error);
 }
 
+#define MAX_AGREE_VALUES 4
+
+static char *
+describe_values (const char * const *names,
+                 const gint64       *values,
+                 guint               n_values)
+{
+  GString *text = g_string_new (NULL);
+
+  for (guint i = 0; i < n_values; i++)
+    g_string_append_printf (text, "%s%s %" G_GINT64_FORMAT, i ? ", " : "", names[i], values[i]);
+  return g_string_free (text, FALSE);
+}
+
+/* Every rank sees the same gathered table, so every rank reports the same
+ * first disagreement. */
+static gboolean
+check_agreement (CpMesh              *self,
+                 const char          *what,
+                 const char * const  *names,
+                 const gint64        *table,
+                 guint                n_values,
+                 GError             **error)
+{
+  for (int r = 1; r < self->comm->size; r++)
+    {
+      const gint64 *mine = table + (gsize) r * n_values;
+      g_autofree char *first = NULL;
+      g_autofree char *other = NULL;
+
+      if (memcmp (mine, table, n_values * sizeof (gint64)) == 0)
+        continue;
+      first = describe_values (names, table, n_values);
+      other = describe_values (names, mine, n_values);
+      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
+                   "%s: ranks disagree: rank 0 has %s; rank %d has %s", what, first, r, other);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+gboolean
+_cp_mesh_agree (CpMesh              *self,
+                const char          *what,
+                const char * const  *names,
+                const gint64        *values,
+                guint                n_values,
+                GError              *invalid,
+                GError             **error)
+{
+  g_autofree gint64 *table = g_new0 (gint64, (gsize) self->comm->size * n_values);
+  gint64 mine[MAX_AGREE_VALUES] = { 0 };
+  CpCollective coll = { .kind = CP_COLL_ALL_GATHER, .dtype = CP_DTYPE_INT64, .n_dims = 1 };
+
+  g_assert (n_values >= 1 && n_values <= MAX_AGREE_VALUES);
+  /* A rank with bad input of its own still sends numbers of the agreed
+   * shape, so the rendezvous matches and reports its error everywhere. */
+  if (invalid == NULL)
+    memcpy (mine, values, n_values * sizeof (gint64));
+  coll.shape[0] = n_values;
+  coll.outer = 1;
+  coll.block = n_values * sizeof (gint64);
+  coll.send = mine;
+  coll.recv = table;
+  if (!run_collective (self, &coll, invalid, error))
+    return FALSE;
+  return check_agreement (self, what, names, table, n_values, error);
+}
+
 /**
  * cp_mesh_barrier:
  * @self: a mesh
@@ -1208,18 +1277,20 @@ cp_mesh_barrier (CpMesh  *self,
   return run_collective (self, &coll, NULL, error);
 }
 
-static void
-barrier_thread (GTask        *task,
-                gpointer      source_object,
-                gpointer      task_data,
-                GCancellable *cancellable)
+/* Each pending barrier gets a thread of its own rather than one of GTask's
+ * pool: the ranks of an in-process mesh wait for each other, so a bounded
+ * pool could hold some of them back and stall all. */
+static gpointer
+barrier_thread (gpointer data)
 {
+  g_autoptr(GTask) task = data;
   GError *error = NULL;
 
-  if (cp_mesh_barrier (source_object, &error))
+  if (cp_mesh_barrier (g_task_get_source_object (task), &error))
     g_task_return_boolean (task, TRUE);
   else
     g_task_return_error (task, error);
+  return NULL;
 }
 
 /**
@@ -1250,7 +1321,7 @@ cp_mesh_barrier_async (CpMesh              *self,
   task = g_task_new (self, cancellable, callback, user_data);
   g_task_set_source_tag (task, cp_mesh_barrier_async);
   g_task_set_name (task, "[libcpmesh] barrier");
-  g_task_run_in_thread (task, barrier_thread);
+  g_thread_unref (g_thread_new ("cp-mesh-barrier", barrier_thread, g_steal_pointer (&task)));
 }
 
 /**

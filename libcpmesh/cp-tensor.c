@@ -7,6 +7,7 @@
 
 #include <string.h>
 
+#include "cp-copy-private.h"
 #include "cp-dtype-private.h"
 #include "cp-enum-types.h"
 #include "cp-error.h"
@@ -585,6 +586,31 @@ cp_tensor_new_from_fd (CpDType        dtype,
   return tensor_wrap (dtype, shape, n_dims, numel, storage, 0);
 }
 
+/* ceil ((end - start) / step), computed in unsigned arithmetic so that no
+ * pair of bounds overflows. */
+static gint64
+arange_length (gint64 start,
+               gint64 end,
+               gint64 step)
+{
+  guint64 span;
+  guint64 stride;
+
+  if (step > 0 && end > start)
+    {
+      span = (guint64) end - (guint64) start;
+      stride = (guint64) step;
+    }
+  else if (step < 0 && end < start)
+    {
+      span = (guint64) start - (guint64) end;
+      stride = (guint64) 0 - (guint64) step;
+    }
+  else
+    return 0;
+  return (gint64) MIN ((span - 1) / stride + 1, (guint64) G_MAXINT64);
+}
+
 /**
  * cp_tensor_new_arange:
  * @dtype: the element type
@@ -620,13 +646,13 @@ cp_tensor_new_arange (CpDType   dtype,
                            "arange step must not be zero");
       return NULL;
     }
-  if ((step > 0 && end > start) || (step < 0 && end < start))
-    count = ((end - start) + step + (step > 0 ? -1 : 1)) / step;
+  count = arange_length (start, end, step);
   self = _cp_tensor_new_uninit (dtype, &count, 1, error);
   if (self == NULL)
     return NULL;
   for (gint64 i = 0; i < count; i++)
-    _cp_dtype_write (dtype, cp_tensor_get_data (self), (gsize) i, (double) (start + i * step));
+    _cp_dtype_write (dtype, cp_tensor_get_data (self), (gsize) i,
+                     (double) start + (double) i * (double) step);
   return self;
 }
 
@@ -869,9 +895,14 @@ cp_tensor_get_data_address (CpTensor *self)
 gpointer
 cp_tensor_get_data (CpTensor *self)
 {
+  guint8 *data;
+
   g_return_val_if_fail (CP_IS_TENSOR (self), NULL);
 
-  return (guint8 *) cp_storage_get_data (self->storage) + self->offset;
+  data = cp_storage_get_data (self->storage);
+
+  /* An empty GBytes has no data at all: there is nothing to offset. */
+  return data != NULL ? data + self->offset : NULL;
 }
 
 /**
@@ -1051,7 +1082,7 @@ cp_tensor_copy (CpTensor  *self,
   copy = _cp_tensor_new_uninit (self->dtype, self->shape, self->n_dims, error);
   if (copy == NULL)
     return NULL;
-  memcpy (cp_tensor_get_data (copy), cp_tensor_get_data (self), cp_tensor_get_nbytes (self));
+  _cp_copy (cp_tensor_get_data (copy), cp_tensor_get_data (self), cp_tensor_get_nbytes (self), FALSE);
   copy->requires_grad = self->requires_grad;
   return copy;
 }
@@ -1087,8 +1118,9 @@ cp_tensor_equal (CpTensor *self,
   return self->dtype == other->dtype &&
          _cp_tensor_same_shape (self, other) &&
          cp_tensor_get_device (self) == cp_tensor_get_device (other) &&
-         memcmp (cp_tensor_get_data (self), cp_tensor_get_data (other),
-                 cp_tensor_get_nbytes (self)) == 0;
+         (cp_tensor_get_nbytes (self) == 0 || /* empty data may be NULL */
+          memcmp (cp_tensor_get_data (self), cp_tensor_get_data (other),
+                  cp_tensor_get_nbytes (self)) == 0);
 }
 
 gboolean
@@ -1127,7 +1159,9 @@ _cp_tensor_split_at (CpTensor *self,
     before *= (gsize) self->shape[i];
   for (guint i = dim + 1; i < self->n_dims; i++)
     after *= (gsize) self->shape[i];
-  *outer = before;
+  /* An empty tensor moves nothing: no outer rows, so no copy loop walks
+   * the (possibly astronomical) product of its other dimensions. */
+  *outer = self->numel == 0 ? 0 : before;
   *length = self->shape[dim];
   *step_bytes = after;
 }
@@ -1164,6 +1198,29 @@ copy_narrowed (CpTensor *self,
   run = (gsize) out->shape[dim] * step;
   for (gsize o = 0; o < outer; o++)
     memcpy (dst + o * run, src + (o * (gsize) length + (gsize) start) * step, run);
+}
+
+/* The message names the range as [start, end) when that end exists;
+ * extreme arguments would overflow it. */
+static void
+set_narrow_range_error (GError **error,
+                        gint64   start,
+                        gint64   length,
+                        guint    dim,
+                        gint64   size)
+{
+  gint64 end;
+
+  if (__builtin_add_overflow (start, length, &end))
+    g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
+                 "narrow: start %" G_GINT64_FORMAT " with length %" G_GINT64_FORMAT
+                 " is outside dimension %u of size %" G_GINT64_FORMAT,
+                 start, length, dim, size);
+  else
+    g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
+                 "narrow: range [%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT ") is outside "
+                 "dimension %u of size %" G_GINT64_FORMAT,
+                 start, end, dim, size);
 }
 
 /**
@@ -1208,10 +1265,7 @@ cp_tensor_narrow (CpTensor  *self,
     return NULL;
   if (start < 0 || length < 0 || start > self->shape[d] || length > self->shape[d] - start)
     {
-      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
-                   "narrow: range [%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT ") is outside "
-                   "dimension %u of size %" G_GINT64_FORMAT,
-                   start, start + length, d, self->shape[d]);
+      set_narrow_range_error (error, start, length, d, self->shape[d]);
       return NULL;
     }
   memcpy (shape, self->shape, sizeof shape);

@@ -87,7 +87,7 @@ cp_dtype_is_floating (CpDType dtype)
 
 /**
  * cp_dtype_from_name:
- * @name: a name as returned by [func@Cp.dtype_get_name]
+ * @name: a name as returned by [func@Cp.DType.get_name]
  * @dtype: (out): the element type
  *
  * Looks up an element type by name.

@@ -19,6 +19,16 @@
 
 #define CP_VERSION_1_0 (G_ENCODE_VERSION (1, 0))
 
+/**
+ * CP_DEPRECATED_FOR:
+ * @f: the function to use instead
+ *
+ * Marks a public symbol as deprecated in favour of @f: callers get a
+ * compiler warning naming @f unless they define
+ * `CP_DISABLE_DEPRECATION_WARNINGS`.
+ *
+ * Since: 1.0
+ */
 #ifdef CP_DISABLE_DEPRECATION_WARNINGS
 # define CP_DEPRECATED _CP_EXTERN
 # define CP_DEPRECATED_FOR(f) _CP_EXTERN

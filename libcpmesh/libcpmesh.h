@@ -18,4 +18,9 @@
 # include "cp-tensor.h"
 # include "cp-layout.h"
 # include "cp-mesh.h"
+# include "cp-context.h"
+# include "cp-batch-options.h"
+# include "cp-thd-options.h"
+# include "cp-batch.h"
+# include "cp-attention.h"
 #undef CP_INSIDE

@@ -3,6 +3,11 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <fcntl.h>
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
 #include "cp-test-util.h"
 
 typedef struct
@@ -90,4 +95,178 @@ cp_test_assert_values (CpTensor     *tensor,
   g_assert_cmpint (cp_tensor_get_numel (tensor), ==, (gint64) n_values);
   for (gsize i = 0; i < n_values; i++)
     g_assert_cmpfloat (cp_tensor_get_value (tensor, (gint64) i), ==, values[i]);
+}
+
+CpTensor *
+cp_test_tensor_new_values (CpDType       dtype,
+                           const gint64 *shape,
+                           guint         n_dims,
+                           const double *values)
+{
+  g_autoptr(GError) error = NULL;
+  CpTensor *tensor = cp_tensor_new (dtype, shape, n_dims, &error);
+
+  g_assert_no_error (error);
+  for (gint64 i = 0; i < cp_tensor_get_numel (tensor); i++)
+    cp_tensor_set_value (tensor, i, values[i]);
+  return tensor;
+}
+
+void
+cp_test_run_group (const char     *dim_name,
+                   int             size,
+                   CpTestRankFunc  func,
+                   gpointer        user_data)
+{
+  GList *meshes = cp_test_local_group (dim_name, size);
+
+  cp_test_run_ranks (meshes, func, user_data);
+  cp_test_free_group (meshes);
+}
+
+void
+cp_test_assert_shape (CpTensor     *tensor,
+                      const gint64 *shape,
+                      guint         n_dims)
+{
+  guint actual;
+  const gint64 *have = cp_tensor_get_shape (tensor, &actual);
+
+  g_assert_cmpuint (actual, ==, n_dims);
+  g_assert_cmpmem (have, actual * sizeof (gint64), shape, n_dims * sizeof (gint64));
+}
+
+void
+cp_test_run_mesh (const char * const *dim_names,
+                  const int          *dim_sizes,
+                  gsize               n_dims,
+                  CpTestRankFunc      func,
+                  gpointer            user_data)
+{
+  g_autoptr(GError) error = NULL;
+  GList *meshes = cp_mesh_new_local_group (dim_names, dim_sizes, n_dims, &error);
+
+  g_assert_no_error (error);
+  cp_test_run_ranks (meshes, func, user_data);
+  cp_test_free_group (meshes);
+}
+
+void
+cp_test_batch_take (CpBatch    *batch,
+                    const char *key,
+                    CpTensor   *tensor)
+{
+  cp_batch_set (batch, key, tensor);
+  g_object_unref (tensor);
+}
+
+/* Reliability records ------------------------------------------------ */
+
+static void
+append_json_string (GString    *out,
+                    const char *text)
+{
+  g_string_append_c (out, '"');
+  for (const char *p = text; *p != '\0'; p++)
+    {
+      if (*p == '"' || *p == '\\')
+        g_string_append_printf (out, "\\%c", *p);
+      else if ((guchar) *p < 0x20)
+        g_string_append_printf (out, "\\u%04x", (guchar) *p);
+      else
+        g_string_append_c (out, *p);
+    }
+  g_string_append_c (out, '"');
+}
+
+static void
+append_json_field (GString    *out,
+                   const char *key,
+                   const char *value)
+{
+  g_string_append (out, out->len > 1 ? ", " : "");
+  append_json_string (out, key);
+  g_string_append (out, ": ");
+  append_json_string (out, value);
+}
+
+/* "CP_TENSOR_ERROR_SHAPE" for the library's domains, whose codes are
+ * registered enums; "domain-quark 3" for any other. */
+static char *
+describe_error_code (const GError *error)
+{
+  const struct { GQuark domain; GType type; } domains[] = {
+    { CP_TENSOR_ERROR, CP_TYPE_TENSOR_ERROR },
+    { CP_MESH_ERROR, CP_TYPE_MESH_ERROR },
+    { CP_BATCH_ERROR, CP_TYPE_BATCH_ERROR },
+    { CP_ATTENTION_ERROR, CP_TYPE_ATTENTION_ERROR },
+  };
+
+  for (guint i = 0; i < G_N_ELEMENTS (domains); i++)
+    {
+      g_autoptr(GEnumClass) klass = NULL;
+      GEnumValue *value;
+
+      if (error->domain != domains[i].domain)
+        continue;
+      klass = g_type_class_ref (domains[i].type);
+      value = g_enum_get_value (klass, error->code);
+      if (value != NULL)
+        return g_strdup (value->value_name);
+    }
+  return g_strdup_printf ("%s %d", g_quark_to_string (error->domain), error->code);
+}
+
+/* One write(2) per line on an O_APPEND descriptor: lines from rank
+ * threads never interleave.  The first record of a test process empties
+ * the file, so it holds one run's records; a GTest subprocess, or a
+ * process started with CP_RELIABILITY_APPEND=1 in its environment (a rank
+ * of a multi-process test), appends to its parent's. */
+static void
+append_record_line (const char *line)
+{
+  static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  static gboolean started;
+  const char *path = g_getenv ("CP_RELIABILITY_LOG");
+  int flags = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC;
+  int fd;
+
+  if (path == NULL || *path == '\0')
+    return;
+  pthread_mutex_lock (&lock);
+  if (!started)
+    {
+      g_autofree char *dir = g_path_get_dirname (path);
+
+      g_assert_cmpint (g_mkdir_with_parents (dir, 0755), ==, 0);
+      if (!g_test_subprocess () && g_getenv ("CP_RELIABILITY_APPEND") == NULL)
+        flags |= O_TRUNC;
+      started = TRUE;
+    }
+  fd = open (path, flags, 0644);
+  g_assert_cmpint (fd, >=, 0);
+  g_assert_cmpint (write (fd, line, strlen (line)), ==, (gssize) strlen (line));
+  close (fd);
+  pthread_mutex_unlock (&lock);
+}
+
+void
+cp_test_record_error (const char   *subject,
+                      const char   *what,
+                      const GError *error)
+{
+  g_autoptr(GString) line = g_string_new ("{");
+  g_autofree char *code = NULL;
+  const char *test = g_test_get_path ();
+
+  g_assert_nonnull (error);
+  g_assert_cmpstr (error->message, !=, "");
+  code = describe_error_code (error);
+  append_json_field (line, "subject", subject);
+  append_json_field (line, "case", what);
+  append_json_field (line, "error", code);
+  append_json_field (line, "message", error->message);
+  append_json_field (line, "test", test != NULL ? test : g_get_prgname ());
+  g_string_append (line, "}\n");
+  append_record_line (line->str);
 }

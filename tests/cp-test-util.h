@@ -19,6 +19,25 @@ void       cp_test_run_ranks          (GList          *meshes,
                                        CpTestRankFunc  func,
                                        gpointer        user_data);
 
+/* Creates a local group with one dimension @dim_name of @size ranks,
+ * runs @func on every rank's thread, and frees the group. */
+void       cp_test_run_group          (const char     *dim_name,
+                                       int             size,
+                                       CpTestRankFunc  func,
+                                       gpointer        user_data);
+
+/* Like cp_test_run_group() for a local group over several dimensions. */
+void       cp_test_run_mesh           (const char * const *dim_names,
+                                       const int      *dim_sizes,
+                                       gsize           n_dims,
+                                       CpTestRankFunc  func,
+                                       gpointer        user_data);
+
+/* Stores @tensor under @key and drops the caller's reference. */
+void       cp_test_batch_take         (CpBatch        *batch,
+                                       const char     *key,
+                                       CpTensor       *tensor);
+
 /* A local group with one dimension named @dim_name of @size ranks. */
 GList     *cp_test_local_group        (const char     *dim_name,
                                        int             size);
@@ -42,6 +61,47 @@ void       cp_test_assert_values      (CpTensor       *tensor,
     const double cp_test_values_[] = { __VA_ARGS__ };                      \
     cp_test_assert_values ((tensor), cp_test_values_,                       \
                            G_N_ELEMENTS (cp_test_values_));                 \
+  } G_STMT_END
+
+/* A host tensor of @shape holding @values (as many as its elements). */
+CpTensor  *cp_test_tensor_new_values  (CpDType         dtype,
+                                       const gint64   *shape,
+                                       guint           n_dims,
+                                       const double   *values);
+
+#define CP_TEST_TENSOR(dtype, shape, ...)                                    \
+  cp_test_tensor_new_values ((dtype), (shape), G_N_ELEMENTS (shape),        \
+                             (const double[]) { __VA_ARGS__ })
+
+/* Asserts that @tensor has exactly @shape. */
+void       cp_test_assert_shape       (CpTensor       *tensor,
+                                       const gint64   *shape,
+                                       guint           n_dims);
+
+#define CP_TEST_ASSERT_SHAPE(tensor, ...)                                    \
+  G_STMT_START {                                                            \
+    const gint64 cp_test_shape_[] = { __VA_ARGS__ };                       \
+    cp_test_assert_shape ((tensor), cp_test_shape_,                         \
+                          G_N_ELEMENTS (cp_test_shape_));                   \
+  } G_STMT_END
+
+/* Records, for doc/reliability.md, that the running test tried @what
+ * against @subject and got @error.  The record is a JSON line appended to
+ * the file named by $CP_RELIABILITY_LOG; without that variable nothing is
+ * written.  The first record of a test process empties the file; start
+ * helper processes that record too (ranks of a multi-process test) with
+ * CP_RELIABILITY_APPEND=1 so they add to it instead. */
+void       cp_test_record_error       (const char     *subject,
+                                       const char     *what,
+                                       const GError   *error);
+
+/* Asserts that @error is (@domain, @code) and records the case.  Every
+ * bad-input or fault case a test checks goes through here, so the
+ * reliability table lists it. */
+#define CP_TEST_ASSERT_CASE(error, domain, code, subject, what)              \
+  G_STMT_START {                                                            \
+    g_assert_error ((error), (domain), (code));                             \
+    cp_test_record_error ((subject), (what), (error));                      \
   } G_STMT_END
 
 G_END_DECLS

@@ -219,7 +219,8 @@ test_shard_backward (void)
 
   g_clear_object (&grad);
   g_assert_null (cp_layout_shard_backward (layout, view, 1, 1, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_shard_backward of a gradient of the wrong length");
 }
 
 static void
@@ -270,6 +271,11 @@ test_fingerprint (void)
   /* The same on every host and every run. */
   g_assert_cmphex (cp_layout_fingerprint (a), ==, G_GUINT64_CONSTANT (0x60d6407a50e9d88e));
   g_assert_cmphex (cp_layout_fingerprint (a), ==, cp_layout_fingerprint (b));
+  {
+    g_autofree char *hex = cp_layout_dup_fingerprint_hex (a);
+
+    g_assert_cmpstr (hex, ==, "60d6407a50e9d88e");
+  }
   g_assert_cmphex (cp_layout_fingerprint (a), !=, cp_layout_fingerprint (c));
   g_assert_cmphex (cp_layout_fingerprint (a), !=, cp_layout_fingerprint (d));
   g_assert_true (cp_layout_equal (a, b));
@@ -320,44 +326,149 @@ test_thd_single_rank_merges_runs (void)
   g_assert_cmpfloat (cp_layout_get_cost (layout, 0), ==, 31.0);
 }
 
+/* Shards @full along @dim for both ranks of @layout and gathers the
+ * pieces back: the result must equal @full. */
+static void
+assert_two_rank_round_trip (CpLayout *layout,
+                            CpTensor *full,
+                            int       dim)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) back = NULL;
+  CpTensor *pieces[2];
+
+  for (int r = 0; r < 2; r++)
+    {
+      pieces[r] = cp_layout_shard (layout, full, dim, r, &error);
+      g_assert_no_error (error);
+      g_assert_cmpint (cp_tensor_get_dim (pieces[r], dim), ==, cp_layout_get_local_len (layout, r));
+    }
+  back = cp_layout_unshard_pieces (layout, pieces, 2, dim, &error);
+  g_assert_no_error (error);
+  g_assert_true (cp_tensor_equal (back, full));
+  g_object_unref (pieces[0]);
+  g_object_unref (pieces[1]);
+}
+
+/* A sequence of length 0 is a valid layout with nothing on any rank: its
+ * indices, shards and gathers are all empty. */
+static void
+test_empty_sequence (void)
+{
+  const gint64 shape[] = { 3, 0 };
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpLayout) layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, 0, 2, &error);
+  g_autoptr(CpTensor) empty = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 2, NULL);
+  g_autoptr(CpTensor) restore = NULL;
+
+  g_assert_no_error (error);
+  restore = cp_layout_get_restore_indices (layout);
+  g_assert_cmpint (cp_tensor_get_numel (restore), ==, 0);
+  for (int r = 0; r < 2; r++)
+    {
+      g_autoptr(CpTensor) indices = cp_layout_get_local_indices (layout, r);
+
+      g_assert_cmpint (cp_tensor_get_numel (indices), ==, 0);
+      g_assert_cmpfloat (cp_layout_get_cost (layout, r), ==, 0.0);
+    }
+  g_assert_cmpfloat (cp_layout_get_imbalance (layout), ==, 1.0);
+  assert_two_rank_round_trip (layout, empty, 1);
+}
+
+/* An empty tensor whose other dimensions multiply to 2^40 shards,
+ * unshards and narrows at once: there is nothing to copy. */
+static void
+test_empty_tensor_with_huge_rows (void)
+{
+  const gint64 shape[] = { G_GINT64_CONSTANT (1) << 40, 8, 0 };
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpLayout) layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, 8, 2, &error);
+  g_autoptr(CpTensor) empty = cp_tensor_new (CP_DTYPE_INT64, shape, 3, NULL);
+  g_autoptr(CpTensor) narrowed = NULL;
+
+  g_assert_no_error (error);
+  assert_two_rank_round_trip (layout, empty, 1);
+  narrowed = cp_tensor_narrow (empty, 1, 2, 3, &error);
+  g_assert_no_error (error);
+  g_assert_cmpint (cp_tensor_get_dim (narrowed, 1), ==, 3);
+}
+
+/* 200 000 documents of length 4 over 2 ranks: each rank holds positions
+ * {0, 3} or {1, 2} of every document, a causal cost of 1 + 4 or 2 + 3.
+ * Runs merge across document boundaries here, and the cost must still
+ * count each document's part; building it must stay linear in the number
+ * of documents. */
+static void
+test_thd_many_documents (void)
+{
+  const guint n_docs = 200000;
+  g_autofree gint64 *bounds = g_new (gint64, n_docs + 1);
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpLayout) layout = NULL;
+
+  for (guint i = 0; i <= n_docs; i++)
+    bounds[i] = 4 * (gint64) i;
+  layout = cp_layout_new_thd (bounds, n_docs + 1, 2, &error);
+  g_assert_no_error (error);
+  g_assert_cmpuint (cp_layout_get_n_documents (layout), ==, n_docs);
+  g_assert_cmpfloat (cp_layout_get_cost (layout, 0), ==, 5.0 * n_docs);
+  g_assert_cmpfloat (cp_layout_get_cost (layout, 1), ==, 5.0 * n_docs);
+  g_assert_cmpint (cp_layout_get_local_len (layout, 0), ==, 2 * (gint64) n_docs);
+}
+
 static void
 test_errors (void)
 {
   const gint64 bad_doc[] = { 0, 8, 14 };
   const gint64 decreasing[] = { 0, 8, 4 };
   const gint64 offset[] = { 4, 8 };
+  const gint64 plunging[] = { 0, G_GINT64_CONSTANT (1) << 62, G_MININT64 };
   g_autoptr(GError) error = NULL;
 
   g_assert_null (cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, 6, 2, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_new head-tail with a length not a multiple of 2·cp_size");
   g_assert_nonnull (strstr (error->message, "sequence length 6 is not a non-negative multiple of 4"));
   g_clear_error (&error);
 
   g_assert_null (cp_layout_new (CP_LOAD_BALANCE_CONTIGUOUS, 10, 4, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_new contiguous with a length not a multiple of cp_size");
   g_assert_nonnull (strstr (error->message, "10"));
   g_clear_error (&error);
 
   g_assert_null (cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, 8, 0, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE, "CpLayout",
+                       "cp_layout_new with cp_size 0");
   g_clear_error (&error);
 
   g_assert_null (cp_layout_new_thd (bad_doc, 3, 2, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_new_thd with a document not a multiple of 2·cp_size");
   g_assert_nonnull (strstr (error->message, "document 1 has padded length 6, not a multiple of 4"));
   g_clear_error (&error);
 
+  /* The length of this pair overflows int64: it must never be computed. */
+  g_assert_null (cp_layout_new_thd (plunging, 3, 1, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_new_thd with bounds that fall by more than 2^63");
+  g_assert_nonnull (strstr (error->message, "decreases at entry 2"));
+  g_clear_error (&error);
+
   g_assert_null (cp_layout_new_thd (decreasing, 3, 2, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_new_thd with decreasing bounds");
   g_assert_nonnull (strstr (error->message, "decreases"));
   g_clear_error (&error);
 
   g_assert_null (cp_layout_new_thd (offset, 2, 2, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_new_thd with bounds that do not start at 0");
   g_clear_error (&error);
 
   g_assert_null (cp_layout_new_thd (offset, 1, 2, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_new_thd with a single bound");
 }
 
 static void
@@ -376,30 +487,36 @@ test_shard_errors (void)
   g_autoptr(GError) error = NULL;
 
   g_assert_null (cp_layout_shard (layout, bad, 1, 0, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_shard of a tensor whose sequence length differs from the layout");
   g_assert_nonnull (strstr (error->message, "dimension 1 of int64[2, 10] on host has length 10, the layout needs 8"));
   g_clear_error (&error);
 
   g_assert_null (cp_layout_shard (layout, good, 0, 2, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE, "CpLayout",
+                       "cp_layout_shard for a rank outside [0, cp_size)");
   g_clear_error (&error);
 
   g_assert_null (cp_layout_shard (layout, good, 3, 0, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_shard along a dimension that does not exist");
   g_clear_error (&error);
 
   g_assert_false (cp_layout_shard_into (layout, good, 0, 0, out, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_shard_into an output of the wrong shape or dtype");
   g_assert_nonnull (strstr (error->message, "must be int64[4]"));
   g_clear_error (&error);
 
   g_assert_null (cp_layout_unshard_pieces (layout, pieces, 2, 1, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_unshard_pieces with a piece of the wrong shape");
   g_assert_nonnull (strstr (error->message, "piece 1"));
   g_clear_error (&error);
 
   g_assert_null (cp_layout_unshard_pieces (layout, pieces, 1, 1, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
+                       "cp_layout_unshard_pieces with fewer pieces than cp_size");
   g_assert_nonnull (strstr (error->message, "1 pieces were given for cp_size 2"));
 }
 
@@ -419,6 +536,9 @@ main (int   argc,
   g_test_add_func ("/Cp/Layout/fingerprint/stable", test_fingerprint);
   g_test_add_func ("/Cp/Layout/thd/partition", test_thd_partition);
   g_test_add_func ("/Cp/Layout/thd/single-rank", test_thd_single_rank_merges_runs);
+  g_test_add_func ("/Cp/Layout/thd/many-documents", test_thd_many_documents);
+  g_test_add_func ("/Cp/Layout/empty/sequence", test_empty_sequence);
+  g_test_add_func ("/Cp/Layout/empty/huge-rows", test_empty_tensor_with_huge_rows);
   g_test_add_func ("/Cp/Layout/errors/construction", test_errors);
   g_test_add_func ("/Cp/Layout/errors/shard", test_shard_errors);
 

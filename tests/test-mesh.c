@@ -23,6 +23,7 @@ test_properties (void)
   CpMesh *cp;
   g_auto(GStrv) dim_names = NULL;
   g_autoptr(GVariant) dim_sizes = NULL;
+  g_autoptr(GVariant) expected_sizes = g_variant_ref_sink (g_variant_new_parsed ("[2, 3]"));
   char *backend;
   int world;
 
@@ -35,7 +36,7 @@ test_properties (void)
   g_assert_cmpstr (backend, ==, "local");
   g_free (backend);
   g_assert_cmpstrv (dim_names, names);
-  g_assert_true (g_variant_equal (dim_sizes, g_variant_new_parsed ("[2, 3]")));
+  g_assert_true (g_variant_equal (dim_sizes, expected_sizes));
   g_assert_cmpint (cp_mesh_get_rank (rank4), ==, 4);
   g_assert_cmpint (cp_mesh_get_coordinate (rank4, "dp"), ==, 1);
   g_assert_cmpint (cp_mesh_get_coordinate (rank4, "cp"), ==, 1);
@@ -52,7 +53,8 @@ test_properties (void)
   g_assert_cmpint (cp_mesh_get_rank (cp_mesh_get_submesh (rank4, "dp", NULL)), ==, 1);
 
   g_assert_null (cp_mesh_get_submesh (rank4, "tp", &error));
-  g_assert_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY, "CpMesh",
+                       "cp_mesh_get_submesh of a dimension the mesh does not have");
   g_assert_nonnull (strstr (error->message, "no dimension \"tp\"; it has dp, cp"));
   cp_test_free_group (meshes);
 }
@@ -67,14 +69,17 @@ test_bad_dims (void)
   g_autoptr(GError) error = NULL;
 
   g_assert_null (cp_mesh_new_local_group (names, sizes, 2, &error));
-  g_assert_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY, "CpMesh",
+                       "cp_mesh_new_local_group with a repeated dimension name");
   g_assert_nonnull (strstr (error->message, "\"dp\""));
   g_clear_error (&error);
   g_assert_null (cp_mesh_new_local_group (one, sizes, 2, &error));
-  g_assert_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY, "CpMesh",
+                       "cp_mesh_new_local_group with fewer names than sizes");
   g_clear_error (&error);
   g_assert_null (cp_mesh_new_local_group (one, zero, 1, &error));
-  g_assert_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY, "CpMesh",
+                       "cp_mesh_new_local_group with a dimension of size 0");
   g_assert_nonnull (strstr (error->message, "size 0"));
 }
 
@@ -149,7 +154,8 @@ gather_into_rank (CpMesh   *mesh,
 
   /* Rank 2's output is wrong: every rank fails, naming rank 2. */
   g_assert_false (cp_mesh_all_gather_into (mesh, mine, 0, cp_mesh_get_rank (mesh) == 2 ? bad : out, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpMesh",
+                       "all_gather_into where one rank's output has the wrong shape (every rank fails)");
   g_assert_nonnull (strstr (error->message, "communicator rank 2: all_gather: the output is float64[5]"));
 }
 
@@ -211,7 +217,8 @@ all_to_all_indivisible_rank (CpMesh   *mesh,
   g_autoptr(GError) error = NULL;
 
   g_assert_null (cp_mesh_all_to_all (mesh, mine, 0, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpMesh",
+                       "all_to_all of a dimension not divisible by the world size");
   g_assert_nonnull (strstr (error->message, "length 5, not a multiple of the world size 2"));
 }
 
@@ -307,7 +314,8 @@ broadcast_rank (CpMesh   *mesh,
   CP_TEST_ASSERT_VALUES (t, 2.5, 2.5, 2.5);
 
   g_assert_false (cp_mesh_broadcast (mesh, t, 7, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE, "CpMesh",
+                       "broadcast from a root outside the mesh");
 }
 
 static void
@@ -368,11 +376,13 @@ pair_rank (CpMesh   *mesh,
       g_assert_true (cp_mesh_send (mesh, t, 1, 3, &error));
       g_assert_no_error (error);
       g_assert_false (cp_mesh_send (mesh, t, 1, 4, &error));
-      g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+      CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpMesh",
+                           "send with a tag the receiver posted a different shape for (sender fails)");
       g_assert_nonnull (strstr (error->message, "rank 0 sent int32[4] with tag 4 but rank 1 expected int32[5]"));
       g_clear_error (&error);
       g_assert_false (cp_mesh_send (mesh, t, 0, 4, &error));
-      g_assert_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY);
+      CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY, "CpMesh",
+                           "send to itself");
     }
   else
     {
@@ -383,7 +393,8 @@ pair_rank (CpMesh   *mesh,
       g_assert_no_error (error);
       CP_TEST_ASSERT_VALUES (got, 0, 1, 2, 3);
       g_assert_false (cp_mesh_recv (mesh, wrong, 0, 4, &error));
-      g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+      CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpMesh",
+                           "recv into a tensor of a different shape than was sent (receiver fails)");
       CP_TEST_ASSERT_VALUES (wrong, 7, 7, 7, 7, 7); /* untouched */
     }
 }
@@ -410,11 +421,13 @@ recv_timeout_rank (CpMesh   *mesh,
     return;
   cp_mesh_set_timeout_ms (mesh, 100);
   g_assert_false (cp_mesh_recv (mesh, t, 1, 0, &error));
-  g_assert_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT, "CpMesh",
+                       "recv from a peer that never sends, within the timeout");
   g_assert_cmpint (g_get_monotonic_time () - start, <, 5 * G_TIME_SPAN_SECOND);
   g_clear_error (&error);
   g_assert_false (cp_mesh_send (mesh, t, 1, 0, &error));
-  g_assert_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT, "CpMesh",
+                       "send to a peer that never receives, within the timeout");
 }
 
 static void
@@ -444,14 +457,16 @@ missing_rank (CpMesh   *mesh,
       g_usleep (600 * G_TIME_SPAN_MILLISECOND);
       start = g_get_monotonic_time ();
       g_assert_false (cp_mesh_barrier (mesh, &error));
-      g_assert_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT);
+      CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT, "CpMesh",
+                           "a rank that arrives at a collective after its peers timed out");
       g_assert_cmpint (g_get_monotonic_time () - start, <, 100 * G_TIME_SPAN_MILLISECOND);
       return;
     }
   start = g_get_monotonic_time ();
   got = cp_mesh_all_gather (mesh, t, 0, &error);
   g_assert_null (got);
-  g_assert_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT, "CpMesh",
+                       "a collective one rank never joins, within the timeout");
   g_assert_nonnull (strstr (error->message, "2 (mesh rank 2)"));
   g_assert_cmpint (g_get_monotonic_time () - start, >=, 150 * G_TIME_SPAN_MILLISECOND);
   g_assert_cmpint (g_get_monotonic_time () - start, <, 3 * G_TIME_SPAN_SECOND);
@@ -496,18 +511,22 @@ disagree_rank (CpMesh   *mesh,
   switch (kind)
     {
     case SHAPE:
-      g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+      CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpMesh",
+                           "a collective whose ranks pass different shapes");
       g_assert_nonnull (strstr (error->message, "rank 0 passed int32[4], rank 1 passed int32[5]"));
       break;
     case DTYPE:
-      g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DTYPE);
+      CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DTYPE, "CpMesh",
+                           "a collective whose ranks pass different dtypes");
       break;
     case OPERATION:
-      g_assert_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY);
+      CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY, "CpMesh",
+                           "ranks that call different collectives at the same step");
       g_assert_nonnull (strstr (error->message, "rank 0 called all_gather, rank 1 called all_reduce"));
       break;
     case LOCAL_ARGUMENT:
-      g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+      CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpMesh",
+                           "a collective whose ranks pass different local arguments (dimension)");
       g_assert_nonnull (strstr (error->message, "communicator rank 1: all_gather: dimension 3"));
       break;
     }
@@ -599,7 +618,8 @@ unshard_thd_rank (CpMesh   *mesh,
   g_assert_no_error (error);
   g_assert_true (cp_tensor_equal (back, full));
   g_assert_null (cp_mesh_unshard_layout (mesh, wrong, 0, layout, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpMesh",
+                       "cp_mesh_unshard_layout of a piece whose length differs from the layout");
 }
 
 static void

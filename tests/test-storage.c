@@ -114,11 +114,13 @@ test_from_fd_checks_range (void)
   g_assert_cmpint (cp_tensor_get_fd (again), !=, fd); /* duplicated, not taken */
 
   g_assert_null (cp_tensor_new_from_fd (CP_DTYPE_FLOAT32, &too_many, 1, fd, 0, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE, "CpStorage",
+                       "cp_tensor_new_from_fd asking for more bytes than the file holds");
   g_assert_nonnull (strstr (error->message, "holds 64 bytes, but 128 bytes"));
   g_clear_error (&error);
   g_assert_null (cp_tensor_new_from_fd (CP_DTYPE_FLOAT32, &n, 1, fd, 2, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_MISALIGNED);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_MISALIGNED, "CpStorage",
+                       "cp_tensor_new_from_fd at an offset not aligned to the element size");
 }
 
 static void

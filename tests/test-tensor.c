@@ -82,17 +82,20 @@ test_new_bad_shapes (void)
   g_autoptr(GError) error = NULL;
 
   g_assert_null (cp_tensor_new (CP_DTYPE_INT32, negative, 2, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpTensor",
+                       "cp_tensor_new with a dimension of negative size");
   g_assert_nonnull (strstr (error->message, "negative size -1"));
   g_clear_error (&error);
 
   g_assert_null (cp_tensor_new (CP_DTYPE_INT32, nine, 9, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpTensor",
+                       "cp_tensor_new with 9 dimensions (at most 8)");
   g_assert_nonnull (strstr (error->message, "at most 8 dimensions, 9"));
   g_clear_error (&error);
 
   g_assert_null (cp_tensor_new (CP_DTYPE_INT64, huge, 2, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpTensor",
+                       "cp_tensor_new whose element count × size overflows 64 bits");
   g_assert_nonnull (strstr (error->message, "overflows"));
 }
 
@@ -122,8 +125,30 @@ test_from_bytes_no_copy (void)
   CP_TEST_ASSERT_VALUES (t, 1, 2, 3, 4, 5, 6);
 
   g_assert_null (cp_tensor_new_from_bytes (CP_DTYPE_INT32, wrong, 2, bytes, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpTensor",
+                       "cp_tensor_new_from_bytes with fewer bytes than the shape needs");
   g_assert_nonnull (strstr (error->message, "needs 32 bytes, but 24 were given"));
+}
+
+/* An empty GBytes has no data pointer; an empty tensor over it is valid
+ * and compares equal to any other empty tensor of its shape. */
+static void
+test_from_empty_bytes (void)
+{
+  const gint64 shape[] = { 0, 3 };
+  g_autoptr(GBytes) bytes = g_bytes_new (NULL, 0);
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) t = cp_tensor_new_from_bytes (CP_DTYPE_FLOAT32, shape, 2, bytes, &error);
+  g_autoptr(CpTensor) other = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 2, NULL);
+  g_autoptr(CpTensor) copy = NULL;
+
+  g_assert_no_error (error);
+  g_assert_null (cp_tensor_get_data (t));
+  g_assert_cmpint (cp_tensor_get_numel (t), ==, 0);
+  g_assert_true (cp_tensor_equal (t, other));
+  copy = cp_tensor_copy (t, &error);
+  g_assert_no_error (error);
+  g_assert_true (cp_tensor_equal (copy, t));
 }
 
 static void
@@ -165,7 +190,8 @@ test_borrowed_misaligned (void)
 
   g_assert_null (cp_tensor_new_borrowed (CP_DTYPE_INT64, shape, 1, (guintptr) memory + 4, 16,
                                          count_release, &released, NULL, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_MISALIGNED);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_MISALIGNED, "CpTensor",
+                       "cp_tensor_new_borrowed with an address not aligned to the element size");
   g_assert_cmpint (released, ==, 1);
 }
 
@@ -187,7 +213,21 @@ test_arange_and_full (void)
   CP_TEST_ASSERT_VALUES (labels, -100, -100, -100, -100);
 
   g_assert_null (cp_tensor_new_arange (CP_DTYPE_INT64, 0, 5, 0, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE, "CpTensor",
+                       "cp_tensor_new_arange with step 0");
+  g_clear_error (&error);
+
+  /* Extreme bounds neither overflow nor allocate the impossible. */
+  g_assert_null (cp_tensor_new_arange (CP_DTYPE_INT64, G_MININT64, G_MAXINT64, 1, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpTensor",
+                       "cp_tensor_new_arange over the whole int64 range");
+  g_clear_error (&error);
+  {
+    g_autoptr(CpTensor) two = cp_tensor_new_arange (CP_DTYPE_INT64, G_MAXINT64 - 1, G_MININT64, G_MININT64, &error);
+
+    g_assert_no_error (error);
+    g_assert_cmpint (cp_tensor_get_numel (two), ==, 2);
+  }
 }
 
 static void
@@ -277,11 +317,32 @@ test_narrow_copy (void)
   CP_TEST_ASSERT_VALUES (cols, 1, 2, 5, 6);
 
   g_assert_null (cp_tensor_narrow (m, 1, 3, 2, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE, "CpTensor",
+                       "cp_tensor_narrow past the end of the dimension");
   g_assert_nonnull (strstr (error->message, "[3, 5) is outside dimension 1 of size 4"));
   g_clear_error (&error);
   g_assert_null (cp_tensor_narrow (m, 2, 0, 1, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpTensor",
+                       "cp_tensor_narrow of a dimension that does not exist");
+}
+
+/* A start and length whose sum overflows int64 are refused without
+ * computing that sum. */
+static void
+test_narrow_extreme_range (void)
+{
+  const gint64 shape[] = { 4 };
+  g_autoptr(CpTensor) t = cp_tensor_new (CP_DTYPE_INT32, shape, 1, NULL);
+  g_autoptr(GError) error = NULL;
+
+  g_assert_null (cp_tensor_narrow (t, 0, G_MAXINT64, G_MAXINT64, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE, "CpTensor",
+                       "cp_tensor_narrow with a start and length whose sum overflows int64");
+  g_assert_nonnull (strstr (error->message, "start 9223372036854775807 with length 9223372036854775807"));
+  g_clear_error (&error);
+  g_assert_null (cp_tensor_narrow (t, 0, -1, G_MININT64, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE, "CpTensor",
+                       "cp_tensor_narrow with a negative start or length");
 }
 
 static void
@@ -292,10 +353,12 @@ test_from_storage_out_of_range (void)
   g_autoptr(GError) error = NULL;
 
   g_assert_null (cp_tensor_new_from_storage (CP_DTYPE_INT32, shape, 1, storage, 0, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE, "CpTensor",
+                       "cp_tensor_new_from_storage larger than the storage");
   g_clear_error (&error);
   g_assert_null (cp_tensor_new_from_storage (CP_DTYPE_INT32, shape, 0, storage, 2, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_MISALIGNED);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_MISALIGNED, "CpTensor",
+                       "cp_tensor_new_from_storage at an offset not aligned to the element size");
 }
 
 static void
@@ -310,7 +373,8 @@ test_to_device (void)
   if (CP_HAS_CUDA)
     return;
   g_assert_null (cp_tensor_to_device (t, CP_DEVICE_KIND_CUDA, &error));
-  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE, "CpTensor",
+                       "cp_tensor_to_device to CUDA in a build without CUDA");
 }
 
 static void
@@ -396,6 +460,8 @@ main (int   argc,
   g_test_add_func ("/Cp/Tensor/equal/shape-dtype", test_equal_distinguishes_shape_and_dtype);
   g_test_add_func ("/Cp/Tensor/narrow/view", test_narrow_view);
   g_test_add_func ("/Cp/Tensor/narrow/copy", test_narrow_copy);
+  g_test_add_func ("/Cp/Tensor/narrow/extreme-range", test_narrow_extreme_range);
+  g_test_add_func ("/Cp/Tensor/from-bytes/empty", test_from_empty_bytes);
   g_test_add_func ("/Cp/Tensor/from-storage/out-of-range", test_from_storage_out_of_range);
   g_test_add_func ("/Cp/Tensor/to-device/host", test_to_device);
   g_test_add_func ("/Cp/Tensor/requires-grad/notify", test_requires_grad);

@@ -6,7 +6,9 @@
 //
 // Promisifies the _async calls and converts tensors to and from typed
 // arrays. gjs runs JavaScript on one thread, so drive in-process ranks with
-// the _async calls, or run one rank per process.
+// the _async calls, or run one rank per process. A GLib.MainLoop run after
+// a top-level await of a module never settles promises (it runs inside
+// gjs's job queue): start the loop first, or just await at top level.
 
 import GLib from 'gi://GLib';
 import Gio from 'gi://Gio';

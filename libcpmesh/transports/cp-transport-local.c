@@ -7,8 +7,10 @@
 
 #include <string.h>
 
+#include "cp-copy-private.h"
 #include "cp-error.h"
 #include "cp-host-memory-private.h"
+#include "cp-sync-private.h"
 #include "cp-transport-private.h"
 
 /* Ranks share an address space, so a collective is a rendezvous followed
@@ -28,8 +30,8 @@ typedef struct
 {
   gatomicrefcount ref_count;
   int world_size;
-  GMutex lock;
-  GCond cond;
+  CpMutex lock;
+  CpCond cond;
   GHashTable *comms;  /* label:members → SharedComm, not owned */
   GQueue mailbox;     /* Envelope*, oldest first */
 } LocalGroup;
@@ -99,8 +101,8 @@ group_unref (LocalGroup *group)
     return;
   g_assert (g_hash_table_size (group->comms) == 0);
   g_hash_table_unref (group->comms);
-  g_mutex_clear (&group->lock);
-  g_cond_clear (&group->cond);
+  _cp_mutex_clear (&group->lock);
+  _cp_cond_clear (&group->cond);
   g_free (group);
 }
 
@@ -156,7 +158,7 @@ local_comm_new (CpTransport  *transport,
   _cp_comm_init (&self->parent, transport, members, n_members, my_index);
   self->group = group_ref (group);
 
-  g_mutex_lock (&group->lock);
+  _cp_mutex_lock (&group->lock);
   self->shared = g_hash_table_lookup (group->comms, key);
   if (self->shared == NULL)
     {
@@ -166,7 +168,7 @@ local_comm_new (CpTransport  *transport,
   else
     g_free (key);
   self->shared->users++;
-  g_mutex_unlock (&group->lock);
+  _cp_mutex_unlock (&group->lock);
 
   return &self->parent;
 }
@@ -177,13 +179,13 @@ local_comm_free (CpComm *comm)
   LocalComm *self = (LocalComm *) comm;
   LocalGroup *group = self->group;
 
-  g_mutex_lock (&group->lock);
+  _cp_mutex_lock (&group->lock);
   if (--self->shared->users == 0)
     {
       g_hash_table_remove (group->comms, self->shared->key);
       shared_comm_free (self->shared);
     }
-  g_mutex_unlock (&group->lock);
+  _cp_mutex_unlock (&group->lock);
 
   _cp_comm_clear (comm);
   group_unref (group);
@@ -220,7 +222,7 @@ break_on_timeout (LocalComm  *self,
   g_set_error (&shared->broken, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT,
                "%s: rank %d waited %" G_GINT64_FORMAT " ms for communicator ranks %s, "
                "which never arrived", what, self->parent.index, waited_us / 1000, missing);
-  g_cond_broadcast (&self->group->cond);
+  _cp_cond_broadcast (&self->group->cond);
 }
 
 /* Waits, with the group lock held, until every rank of the communicator
@@ -232,8 +234,8 @@ sync_point (LocalComm   *self,
             GError     **error)
 {
   SharedComm *shared = self->shared;
-  GMutex *lock = &self->group->lock;
-  GCond *cond = &self->group->cond;
+  CpMutex *lock = &self->group->lock;
+  CpCond *cond = &self->group->cond;
   guint64 generation = shared->generation;
   gint64 started = g_get_monotonic_time ();
 
@@ -248,14 +250,14 @@ sync_point (LocalComm   *self,
       shared->waiting = 0;
       memset (shared->arrived, 0, (gsize) shared->size * sizeof (gboolean));
       shared->generation++;
-      g_cond_broadcast (cond);
+      _cp_cond_broadcast (cond);
       return TRUE;
     }
   while (shared->generation == generation && shared->broken == NULL)
     {
       if (deadline == 0)
-        g_cond_wait (cond, lock);
-      else if (!g_cond_wait_until (cond, lock, deadline) &&
+        _cp_cond_wait (cond, lock);
+      else if (!_cp_cond_wait_until (cond, lock, deadline) &&
                shared->generation == generation && shared->broken == NULL)
         break_on_timeout (self, what, g_get_monotonic_time () - started);
     }
@@ -273,10 +275,19 @@ locked_sync (LocalComm   *self,
 {
   gboolean ok;
 
-  g_mutex_lock (&self->group->lock);
+  _cp_mutex_lock (&self->group->lock);
   ok = sync_point (self, what, deadline, error);
-  g_mutex_unlock (&self->group->lock);
+  _cp_mutex_unlock (&self->group->lock);
   return ok;
+}
+
+/* What one rank writes in an all-gather or all-to-all: a block from
+ * every rank for every outer index. */
+static gboolean
+exchange_wants_streaming (LocalComm          *self,
+                          const CpCollective *coll)
+{
+  return _cp_copy_wants_streaming (coll->outer * (gsize) self->parent.size * coll->block);
 }
 
 static void
@@ -284,6 +295,7 @@ run_all_gather (LocalComm    *self,
                 CpCollective *coll)
 {
   int n = self->parent.size;
+  gboolean streaming = exchange_wants_streaming (self, coll);
 
   for (int r = 0; r < n; r++)
     {
@@ -291,7 +303,8 @@ run_all_gather (LocalComm    *self,
       guint8 *dst = coll->recv;
 
       for (gsize o = 0; o < coll->outer; o++)
-        memcpy (dst + (o * (gsize) n + (gsize) r) * coll->block, src + o * coll->block, coll->block);
+        _cp_copy (dst + (o * (gsize) n + (gsize) r) * coll->block, src + o * coll->block,
+                  coll->block, streaming);
     }
 }
 
@@ -301,6 +314,7 @@ run_all_to_all (LocalComm    *self,
 {
   int n = self->parent.size;
   gsize me = (gsize) self->parent.index;
+  gboolean streaming = exchange_wants_streaming (self, coll);
 
   for (int r = 0; r < n; r++)
     {
@@ -308,8 +322,8 @@ run_all_to_all (LocalComm    *self,
       guint8 *dst = coll->recv;
 
       for (gsize o = 0; o < coll->outer; o++)
-        memcpy (dst + (o * (gsize) n + (gsize) r) * coll->block,
-                src + (o * (gsize) n + me) * coll->block, coll->block);
+        _cp_copy (dst + (o * (gsize) n + (gsize) r) * coll->block,
+                  src + (o * (gsize) n + me) * coll->block, coll->block, streaming);
     }
 }
 
@@ -319,8 +333,10 @@ run_broadcast (LocalComm    *self,
 {
   const CpCollective *root = self->shared->posted[coll->root];
 
+  gsize nbytes = coll->count * cp_dtype_get_size (coll->dtype);
+
   if (self->parent.index != coll->root)
-    memcpy (coll->recv, root->recv, coll->count * cp_dtype_get_size (coll->dtype));
+    _cp_copy (coll->recv, root->recv, nbytes, _cp_copy_wants_streaming (nbytes));
 }
 
 /* Rank i reduces slice i of every buffer into scratch, then every rank
@@ -368,14 +384,14 @@ local_collective (CpComm        *comm,
   const char *what = _cp_collective_name (coll->kind);
   gboolean agreed;
 
-  g_mutex_lock (&self->group->lock);
+  _cp_mutex_lock (&self->group->lock);
   self->shared->posted[comm->index] = coll;
   if (!sync_point (self, what, deadline, error))
     {
-      g_mutex_unlock (&self->group->lock);
+      _cp_mutex_unlock (&self->group->lock);
       return FALSE;
     }
-  g_mutex_unlock (&self->group->lock);
+  _cp_mutex_unlock (&self->group->lock);
 
   /* Every rank reaches the same verdict from the same descriptors, so all
    * of them take the same path through the sync points below. */
@@ -426,10 +442,10 @@ local_isend (CpComm          *comm,
   request->is_send = TRUE;
   request->envelope = envelope;
 
-  g_mutex_lock (&self->group->lock);
+  _cp_mutex_lock (&self->group->lock);
   g_queue_push_tail (&self->group->mailbox, envelope);
-  g_cond_broadcast (&self->group->cond);
-  g_mutex_unlock (&self->group->lock);
+  _cp_cond_broadcast (&self->group->cond);
+  _cp_mutex_unlock (&self->group->lock);
   return request;
 }
 
@@ -456,13 +472,13 @@ wait_send (LocalComm  *self,
   LocalGroup *group = self->group;
   gboolean ok = TRUE;
 
-  g_mutex_lock (&group->lock);
+  _cp_mutex_lock (&group->lock);
   while (envelope->state != DONE)
     {
       /* Once taken, the receiver is copying: that ends without a deadline. */
       if (envelope->state == TAKEN)
-        g_cond_wait (&group->cond, &group->lock);
-      else if (!g_cond_wait_until (&group->cond, &group->lock, deadline) &&
+        _cp_cond_wait (&group->cond, &group->lock);
+      else if (!_cp_cond_wait_until (&group->cond, &group->lock, deadline) &&
                envelope->state == POSTED)
         {
           g_queue_remove (&group->mailbox, envelope);
@@ -473,7 +489,7 @@ wait_send (LocalComm  *self,
           break;
         }
     }
-  g_mutex_unlock (&group->lock);
+  _cp_mutex_unlock (&group->lock);
   if (ok && envelope->error != NULL)
     {
       g_propagate_error (error, g_steal_pointer (&envelope->error));
@@ -522,14 +538,14 @@ wait_recv (LocalComm  *self,
   Envelope *envelope;
   gboolean ok = TRUE;
 
-  g_mutex_lock (&group->lock);
+  _cp_mutex_lock (&group->lock);
   while ((envelope = take_envelope (self, request->peer, request->tag)) == NULL)
     {
-      if (!g_cond_wait_until (&group->cond, &group->lock, deadline) &&
+      if (!_cp_cond_wait_until (&group->cond, &group->lock, deadline) &&
           (envelope = take_envelope (self, request->peer, request->tag)) == NULL)
         break;
     }
-  g_mutex_unlock (&group->lock);
+  _cp_mutex_unlock (&group->lock);
   if (envelope == NULL)
     {
       g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT,
@@ -539,7 +555,8 @@ wait_recv (LocalComm  *self,
     }
 
   if (_cp_message_matches (envelope->message, request->message))
-    memcpy (request->message->data, envelope->message->data, envelope->message->nbytes);
+    _cp_copy (request->message->data, envelope->message->data, envelope->message->nbytes,
+              _cp_copy_wants_streaming (envelope->message->nbytes));
   else
     {
       set_mismatch (&envelope->error, envelope, request->message);
@@ -547,10 +564,10 @@ wait_recv (LocalComm  *self,
       ok = FALSE;
     }
 
-  g_mutex_lock (&group->lock);
+  _cp_mutex_lock (&group->lock);
   envelope->state = DONE;
-  g_cond_broadcast (&group->cond);
-  g_mutex_unlock (&group->lock);
+  _cp_cond_broadcast (&group->cond);
+  _cp_mutex_unlock (&group->lock);
   return ok;
 }
 
@@ -590,8 +607,8 @@ _cp_transport_local_new_group (int world_size)
 
   g_atomic_ref_count_init (&group->ref_count);
   group->world_size = world_size;
-  g_mutex_init (&group->lock);
-  g_cond_init (&group->cond);
+  _cp_mutex_init (&group->lock);
+  _cp_cond_init (&group->cond);
   group->comms = g_hash_table_new (g_str_hash, g_str_equal);
   g_queue_init (&group->mailbox);
 

@@ -91,9 +91,13 @@ class Tensor(Cp.Tensor):
         buffer._cp_storage = storage  # keeps the bytes alive as long as the array
         return np.frombuffer(buffer, dtype=np_dtype).reshape(shape)
 
-    def __array__(self, dtype=None):
+    def __array__(self, dtype=None, copy=None):
+        # numpy 2 passes copy=; a view is returned unless a copy is asked
+        # for or a dtype conversion needs one.
         array = self.numpy()
-        return array if dtype is None else array.astype(dtype)
+        if dtype is not None:
+            return array.astype(dtype, copy=bool(copy))
+        return array.copy() if copy else array
 
     @property
     def shape(self):
@@ -104,6 +108,8 @@ class Tensor(Cp.Tensor):
         return self.get_dtype()
 
     def __len__(self):
+        if self.get_n_dims() == 0:
+            raise TypeError('len() of a 0-d tensor')
         return self.get_dim(0)
 
     def __repr__(self):
@@ -131,6 +137,119 @@ class Mesh(Cp.Mesh):
 
 Mesh = override(Mesh)
 __all__.append('Mesh')
+
+
+class Batch(Cp.Batch):
+    """A training batch that behaves like a dict of tensors.
+
+    ``batch["input_ids"] = tensor``, ``batch["labels"]``, ``"loss_mask" in
+    batch``, ``del batch["attention_mask"]``, ``batch.keys()``, ``len(batch)``
+    and iteration work as on a dict (keys keep insertion order); a missing
+    key raises KeyError.
+    """
+
+    def __getitem__(self, key):
+        tensor = Cp.Batch.get(self, key)
+        if tensor is None:
+            raise KeyError(key)
+        return tensor
+
+    def __setitem__(self, key, tensor):
+        self.set(key, tensor)
+
+    def __delitem__(self, key):
+        if not self.remove(key):
+            raise KeyError(key)
+
+    def __contains__(self, key):
+        return isinstance(key, str) and self.contains(key)
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __len__(self):
+        return self.get_n_keys()
+
+    def get(self, key, default=None):
+        tensor = Cp.Batch.get(self, key)
+        return default if tensor is None else tensor
+
+    def keys(self):
+        return list(self.get_keys() or [])
+
+    def values(self):
+        return [self[key] for key in self.keys()]
+
+    def items(self):
+        return [(key, self[key]) for key in self.keys()]
+
+    def prepare(self, mesh=None, options=None):
+        """The native make_cp_batch_and_ctx: returns the Cp.Context to enter."""
+        return Cp.Batch.prepare(self, mesh, options)
+
+    def to_thd(self, mesh=None, options=None):
+        """The native make_cp_batch_for_te: returns a new packed (THD) batch."""
+        return Cp.Batch.to_thd(self, mesh, options)
+
+    def pad_documents(self, cp_size, options=None):
+        """Pads every packed document to a multiple of 2 * cp_size."""
+        return Cp.Batch.pad_documents(self, cp_size, options)
+
+    def __repr__(self):
+        return '<Cp.Batch %s>' % ', '.join('%s=%s' % (k, t.describe()) for k, t in self.items())
+
+
+Batch = override(Batch)
+__all__.append('Batch')
+
+
+class BatchOptions(Cp.BatchOptions):
+    """Options of Batch.prepare().
+
+    ``Cp.BatchOptions(loss_mask=mask, rotate_method="alltoall",
+    extra_buffers={"teacher_logits": 1})``: the rotate method may be a
+    Cp.RotateMethod or its name; an unknown name is reported by prepare().
+    """
+
+    def __init__(self, extra_buffers=None, rotate_method=None, **kwargs):
+        Cp.BatchOptions.__init__(self, **kwargs)
+        if isinstance(rotate_method, str):
+            self.set_rotate_method_name(rotate_method)
+        elif rotate_method is not None:
+            self.set_rotate_method(rotate_method)
+        for key, seq_dim in dict(extra_buffers or {}).items():
+            self.add_extra_buffer(key, seq_dim)
+
+
+BatchOptions = override(BatchOptions)
+__all__.append('BatchOptions')
+
+
+class Context(Cp.Context):
+    """A context manager: ``with ctx:`` enters (every rank together) and
+    exits, also when the block raises."""
+
+    def __enter__(self):
+        self.enter()
+        return self
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        self.exit()
+        return False
+
+    @property
+    def buffers(self):
+        """The registered tensors, in registration order."""
+        return [self.get_buffer(i) for i in range(self.get_n_buffers())]
+
+    @property
+    def seq_dims(self):
+        """The sequence dimension of each registered buffer."""
+        return [self.get_buffer_seq_dim(i) for i in range(self.get_n_buffers())]
+
+
+Context = override(Context)
+__all__.append('Context')
 
 
 def float32_to_bfloat16(array):

@@ -1,0 +1,47 @@
+/* cp-attention-gemm-private.h: the matrix products of the attention kernel
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include <glib.h>
+
+G_BEGIN_DECLS
+
+/* The element type of GEMM inputs; results are always float32. */
+typedef enum
+{
+  CP_ATTN_FLOAT32,
+  CP_ATTN_BFLOAT16,
+} CpAttnType;
+
+/* C = alpha · op(A) · op(B) + beta · C, row-major, op given by 'N' or 'T'
+ * as for BLAS.  float32 inputs go to oneDNN's sgemm; bfloat16 inputs go
+ * to oneDNN matmul primitives (AMX or AVX512-BF16 code), created once per
+ * shape and cached. */
+void      _cp_attn_gemm               (CpAttnType     type,
+                                       char           transa,
+                                       char           transb,
+                                       gint64         m,
+                                       gint64         n,
+                                       gint64         k,
+                                       float          alpha,
+                                       gconstpointer  a,
+                                       gsize          lda,
+                                       gconstpointer  b,
+                                       gsize          ldb,
+                                       float          beta,
+                                       float         *c,
+                                       gsize          ldc);
+
+/* Whether oneDNN multiplies bfloat16 in hardware on this CPU (AMX or
+ * AVX512-BF16).  Elsewhere oneDNN 2.6 has no bfloat16 matmul, or only an
+ * emulation slower than converting to float32 once. */
+gboolean  _cp_attn_gemm_has_bfloat16  (void);
+
+/* Tests: sends float32 products through the matmul primitives too, so
+ * that the path bfloat16 takes on AMX machines is exercised anywhere. */
+void      _cp_attn_gemm_force_primitives (gboolean force);
+
+G_END_DECLS

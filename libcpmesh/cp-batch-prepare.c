@@ -1,0 +1,578 @@
+/* cp-batch-prepare.c: the native make_cp_batch_and_ctx
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include <string.h>
+
+#include "cp-batch-options-private.h"
+#include "cp-batch-private.h"
+#include "cp-context-private.h"
+#include "cp-dtype-private.h"
+#include "cp-error.h"
+#include "cp-tensor-private.h"
+
+/* Prepare runs in three phases so that a bad batch is never half
+ * modified: collect (validate and choose the buffers), materialize
+ * (allocate every padded tensor), commit (swap them in; cannot fail). */
+
+typedef struct
+{
+  char *key;
+  CpTensor *tensor;      /* the caller's object; NULL for synthesized position ids */
+  guint dim;
+  double fill;
+  gboolean restore;
+  gboolean expand;       /* position ids [1, S] become [B, S] */
+  gboolean out_of_place; /* a gradient-bearing primary buffer */
+  gboolean extra;        /* an extra sequence buffer */
+  CpTensor *prepared;    /* the padded (or sharded) data, when it changes */
+} Item;
+
+typedef struct
+{
+  GPtrArray *items;      /* of Item*, in registration order */
+  int cp_size;
+  int cp_rank;
+  gint64 rows;           /* B */
+  gint64 seq_len;        /* S */
+  gint64 padded_len;     /* S rounded up to a multiple of 2·C */
+  const char *primary_key;
+  CpLayout *layout;
+} Plan;
+
+static void
+item_free (gpointer data)
+{
+  Item *item = data;
+
+  g_free (item->key);
+  g_clear_object (&item->tensor);
+  g_clear_object (&item->prepared);
+  g_free (item);
+}
+
+static void
+plan_clear (Plan *plan)
+{
+  g_clear_pointer (&plan->items, g_ptr_array_unref);
+  g_clear_pointer (&plan->layout, cp_layout_unref);
+}
+
+G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (Plan, plan_clear)
+
+static Item *
+plan_add (Plan       *plan,
+          const char *key,
+          CpTensor   *tensor,
+          guint       dim,
+          double      fill)
+{
+  Item *item = g_new0 (Item, 1);
+
+  item->key = g_strdup (key);
+  item->tensor = tensor != NULL ? g_object_ref (tensor) : NULL;
+  item->dim = dim;
+  /* The reference pads floating buffers with zeros whatever their key. */
+  item->fill = tensor != NULL && cp_dtype_is_floating (cp_tensor_get_dtype (tensor)) ? 0.0 : fill;
+  g_ptr_array_add (plan->items, item);
+  return item;
+}
+
+static Item *
+plan_find (Plan       *plan,
+           const char *key)
+{
+  for (guint i = 0; i < plan->items->len; i++)
+    {
+      Item *item = g_ptr_array_index (plan->items, i);
+
+      if (strcmp (item->key, key) == 0)
+        return item;
+    }
+  return NULL;
+}
+
+static gboolean
+collect_primary (Plan     *plan,
+                 CpBatch  *batch,
+                 GError  **error)
+{
+  CpTensor *primary = _cp_batch_get_primary (batch, "prepare", &plan->primary_key, error);
+  Item *item;
+
+  if (primary == NULL)
+    return FALSE;
+  if (cp_tensor_get_n_dims (primary) < 2)
+    return _cp_batch_shape_error (error, "prepare", plan->primary_key, primary,
+                                  "[B, S] or [B, S, H]");
+  plan->rows = cp_tensor_get_dim (primary, 0);
+  plan->seq_len = cp_tensor_get_dim (primary, 1);
+  item = plan_add (plan, plan->primary_key, primary, 1, 0.0);
+  item->out_of_place = cp_tensor_get_requires_grad (primary);
+  return TRUE;
+}
+
+static gboolean
+collect_labels (Plan     *plan,
+                CpBatch  *batch,
+                GError  **error)
+{
+  CpTensor *labels = cp_batch_get (batch, "labels");
+
+  if (labels == NULL)
+    {
+      g_set_error (error, CP_BATCH_ERROR, CP_BATCH_ERROR_MISSING_KEY,
+                   "prepare: the batch has no 'labels'");
+      return FALSE;
+    }
+  if (cp_tensor_get_n_dims (labels) < 2)
+    return _cp_batch_shape_error (error, "prepare", "labels", labels, "[B, S]");
+  plan_add (plan, "labels", labels, 1, -100.0);
+  return TRUE;
+}
+
+/* Missing position ids are synthesized as arange(S) per row; [1, S] is
+ * expanded to [B, S]; mRoPE [3, B, S] carries its sequence on dim 2. */
+static gboolean
+collect_position_ids (Plan     *plan,
+                      CpBatch  *batch,
+                      GError  **error)
+{
+  CpTensor *positions = cp_batch_get (batch, "position_ids");
+  guint n_dims;
+  Item *item;
+
+  if (positions == NULL)
+    {
+      item = plan_add (plan, "position_ids", NULL, 1, 0.0);
+      item->restore = TRUE;
+      return TRUE;
+    }
+  n_dims = cp_tensor_get_n_dims (positions);
+  if (n_dims != 2 && n_dims != 3)
+    return _cp_batch_shape_error (error, "prepare", "position_ids", positions,
+                                  "[B, S], [1, S] or [3, B, S]");
+  if (n_dims == 2 && cp_tensor_get_dim (positions, 0) != 1 &&
+      cp_tensor_get_dim (positions, 0) != plan->rows)
+    {
+      g_autofree char *need = g_strdup_printf ("[%" G_GINT64_FORMAT ", S] or [1, S] like the "
+                                               "primary buffer", plan->rows);
+
+      return _cp_batch_shape_error (error, "prepare", "position_ids", positions, need);
+    }
+  item = plan_add (plan, "position_ids", positions, n_dims == 3 ? 2 : 1, 0.0);
+  item->restore = TRUE;
+  item->expand = n_dims == 2 && cp_tensor_get_dim (positions, 0) == 1 && plan->rows > 1;
+  return TRUE;
+}
+
+/* The options' loss mask, or else a `loss_mask` batch entry: both are
+ * padded and sharded in place, so the caller's object is the one the
+ * loss sees. */
+static gboolean
+collect_loss_mask (Plan            *plan,
+                   CpBatch         *batch,
+                   CpBatchOptions  *options,
+                   GError         **error)
+{
+  CpTensor *given = options != NULL ? cp_batch_options_get_loss_mask (options) : NULL;
+  CpTensor *entry = cp_batch_get (batch, "loss_mask");
+  Item *item;
+
+  if (given != NULL && entry != NULL && given != entry)
+    {
+      g_set_error (error, CP_BATCH_ERROR, CP_BATCH_ERROR_CONFLICTING_KEYS,
+                   "prepare: the options carry a loss mask and the batch a different "
+                   "'loss_mask'; give one of them");
+      return FALSE;
+    }
+  if (given == NULL && entry == NULL)
+    return TRUE;
+  item = plan_add (plan, "loss_mask", given != NULL ? given : entry, 1, 0.0);
+  if (cp_tensor_get_n_dims (item->tensor) < 2)
+    return _cp_batch_shape_error (error, "prepare", "loss_mask", item->tensor, "[B, S]");
+  return TRUE;
+}
+
+static gboolean
+collect_padding_mask (Plan     *plan,
+                      CpBatch  *batch,
+                      GError  **error)
+{
+  CpTensor *mask = cp_batch_get (batch, "padding_mask");
+
+  if (mask == NULL)
+    return TRUE;
+  if (cp_tensor_get_n_dims (mask) < 2)
+    return _cp_batch_shape_error (error, "prepare", "padding_mask", mask, "[B, S]");
+  plan_add (plan, "padding_mask", mask, 1, 1.0);
+  return TRUE;
+}
+
+static gboolean
+collect_extra (Plan        *plan,
+               CpBatch     *batch,
+               const char  *key,
+               int          seq_dim,
+               GError     **error)
+{
+  CpTensor *tensor = cp_batch_get (batch, key);
+  Item *existing = plan_find (plan, key);
+  guint dim;
+
+  if (tensor == NULL)
+    {
+      g_set_error (error, CP_BATCH_ERROR, CP_BATCH_ERROR_MISSING_KEY,
+                   "prepare: extra sequence buffer '%s' is missing from the batch", key);
+      return FALSE;
+    }
+  if (!_cp_tensor_normalize_dim (tensor, key, seq_dim, &dim, error))
+    return FALSE;
+  if (existing != NULL && (!existing->extra || existing->dim != dim))
+    {
+      g_set_error (error, CP_BATCH_ERROR, CP_BATCH_ERROR_CONFLICTING_KEYS,
+                   "prepare: '%s' is already registered%s along dimension %u; it cannot "
+                   "also be an extra buffer along dimension %u",
+                   key, existing->extra ? " as an extra buffer" : " as a standard buffer",
+                   existing->dim, dim);
+      return FALSE;
+    }
+  if (existing == NULL)
+    plan_add (plan, key, tensor, dim, 0.0)->extra = TRUE;
+  return TRUE;
+}
+
+/* The options' extras in their order, then the keys marked on the batch:
+ * the reference registers extra_seq_buffers in argument order. */
+static gboolean
+collect_extras (Plan            *plan,
+                CpBatch         *batch,
+                CpBatchOptions  *options,
+                GError         **error)
+{
+  g_autoptr(GPtrArray) marked = _cp_batch_dup_marked_keys (batch);
+  guint n = options != NULL ? cp_batch_options_get_n_extra_buffers (options) : 0;
+
+  for (guint i = 0; i < n; i++)
+    {
+      int seq_dim;
+      const char *key = cp_batch_options_get_extra_buffer (options, i, &seq_dim);
+
+      if (!collect_extra (plan, batch, key, seq_dim, error))
+        return FALSE;
+    }
+  for (guint i = 0; i < marked->len; i++)
+    {
+      int seq_dim = 0;
+
+      cp_batch_get_seq_dim (batch, marked->pdata[i], &seq_dim);
+      if (!collect_extra (plan, batch, marked->pdata[i], seq_dim, error))
+        return FALSE;
+    }
+  return TRUE;
+}
+
+static gboolean
+check_item (Plan     *plan,
+            Item     *item,
+            GError  **error)
+{
+  gint64 length;
+
+  if (cp_tensor_get_device (item->tensor) != CP_DEVICE_KIND_HOST)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
+                   "prepare: '%s' is not in host memory", item->key);
+      return FALSE;
+    }
+  length = cp_tensor_get_dim (item->tensor, (int) item->dim);
+  if (length != plan->seq_len)
+    {
+      g_autofree char *description = cp_tensor_describe (item->tensor);
+
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                   "prepare: '%s' (%s) has length %" G_GINT64_FORMAT " along its sequence "
+                   "dimension %u, but '%s' has sequence length %" G_GINT64_FORMAT,
+                   item->key, description, length, item->dim, plan->primary_key, plan->seq_len);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+/* Sharding one object twice in place would corrupt it. */
+static gboolean
+check_distinct (Plan     *plan,
+                guint     i,
+                GError  **error)
+{
+  Item *item = g_ptr_array_index (plan->items, i);
+
+  for (guint j = 0; j < i; j++)
+    {
+      Item *other = g_ptr_array_index (plan->items, j);
+
+      if (other->tensor == item->tensor)
+        {
+          g_set_error (error, CP_BATCH_ERROR, CP_BATCH_ERROR_CONFLICTING_KEYS,
+                       "prepare: '%s' and '%s' are the same tensor; each buffer must be its "
+                       "own tensor", other->key, item->key);
+          return FALSE;
+        }
+    }
+  return TRUE;
+}
+
+static gboolean
+check_items (Plan     *plan,
+             GError  **error)
+{
+  for (guint i = 0; i < plan->items->len; i++)
+    {
+      Item *item = g_ptr_array_index (plan->items, i);
+
+      if (item->tensor != NULL &&
+          (!check_item (plan, item, error) || !check_distinct (plan, i, error)))
+        return FALSE;
+    }
+  return TRUE;
+}
+
+static gboolean
+plan_collect (Plan            *plan,
+              CpBatch         *batch,
+              CpBatchOptions  *options,
+              GError         **error)
+{
+  gint64 divisor = 2 * (gint64) plan->cp_size;
+
+  if (!collect_primary (plan, batch, error) ||
+      !collect_labels (plan, batch, error) ||
+      !collect_position_ids (plan, batch, error) ||
+      !collect_loss_mask (plan, batch, options, error) ||
+      !collect_padding_mask (plan, batch, error) ||
+      !collect_extras (plan, batch, options, error) ||
+      !check_items (plan, error))
+    return FALSE;
+  plan->padded_len = plan->seq_len + (divisor - plan->seq_len % divisor) % divisor;
+  return TRUE;
+}
+
+/* arange(S) in every row, then zeros over the padding: what the
+ * reference builds and pads. */
+static CpTensor *
+synthesize_positions (Plan     *plan,
+                      GError  **error)
+{
+  const gint64 shape[2] = { plan->rows, plan->padded_len };
+  CpTensor *positions = cp_tensor_new (CP_DTYPE_INT64, shape, 2, error);
+  gint64 *data;
+
+  if (positions == NULL)
+    return NULL;
+  data = cp_tensor_get_data (positions);
+  for (gint64 p = 0; p < plan->seq_len; p++)
+    data[p] = p;
+  for (gint64 b = 1; b < plan->rows; b++)
+    memcpy (data + b * plan->padded_len, data, (gsize) plan->seq_len * sizeof (gint64));
+  return positions;
+}
+
+/* Copies @source with its sequence dimension right-padded to the padded
+ * length with @item's fill value, one whole row at a time; an expanded
+ * [1, S] source is repeated for every row. */
+static CpTensor *
+pad_item (Plan     *plan,
+          Item     *item,
+          GError  **error)
+{
+  gint64 shape[CP_TENSOR_MAX_DIMS];
+  CpDType dtype = cp_tensor_get_dtype (item->tensor);
+  guint n_dims;
+  const gint64 *source_shape = cp_tensor_get_shape (item->tensor, &n_dims);
+  gsize outer, step, row, padded_row;
+  gint64 length;
+  const guint8 *src = cp_tensor_get_data (item->tensor);
+  guint8 *dst;
+  CpTensor *out;
+
+  memcpy (shape, source_shape, n_dims * sizeof (gint64));
+  shape[item->dim] = plan->padded_len;
+  if (item->expand)
+    shape[0] = plan->rows;
+  out = _cp_tensor_new_uninit (dtype, shape, n_dims, error);
+  if (out == NULL)
+    return NULL;
+  _cp_tensor_split_at (out, item->dim, &outer, &length, &step);
+  row = (gsize) plan->seq_len * step;
+  padded_row = (gsize) plan->padded_len * step;
+  dst = cp_tensor_get_data (out);
+  for (gsize o = 0; o < outer; o++)
+    {
+      memcpy (dst + o * padded_row, src + (item->expand ? 0 : o) * row, row);
+      _cp_dtype_fill (dtype, dst + o * padded_row + row,
+                      (padded_row - row) / cp_dtype_get_size (dtype), item->fill);
+    }
+  return out;
+}
+
+static gboolean
+materialize_item (Plan     *plan,
+                  Item     *item,
+                  GError  **error)
+{
+  g_autoptr(CpTensor) padded = NULL;
+
+  if (item->tensor == NULL || item->expand || plan->padded_len != plan->seq_len)
+    {
+      padded = item->tensor == NULL ? synthesize_positions (plan, error) : pad_item (plan, item, error);
+      if (padded == NULL)
+        return FALSE;
+    }
+  if (!item->out_of_place)
+    {
+      item->prepared = g_steal_pointer (&padded);
+      return TRUE;
+    }
+  /* The gradient-bearing primary is sharded now, out of place: the
+   * caller's tensor (and whatever graph refers to it) stays intact. */
+  item->prepared = cp_layout_shard (plan->layout, padded != NULL ? padded : item->tensor,
+                                    (int) item->dim, plan->cp_rank, error);
+  if (item->prepared == NULL)
+    return FALSE;
+  cp_tensor_set_requires_grad (item->prepared, TRUE);
+  return TRUE;
+}
+
+static gboolean
+plan_materialize (Plan     *plan,
+                  GError  **error)
+{
+  plan->layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, plan->padded_len, plan->cp_size, error);
+  if (plan->layout == NULL)
+    return FALSE;
+  for (guint i = 0; i < plan->items->len; i++)
+    if (!materialize_item (plan, g_ptr_array_index (plan->items, i), error))
+      return FALSE;
+  return TRUE;
+}
+
+/* Swaps the prepared data in: the caller's objects now hold the padded
+ * buffers, new ones go into the batch. */
+static CpContext *
+plan_commit (Plan           *plan,
+             CpBatch        *batch,
+             CpMesh         *group,
+             CpRotateMethod  rotate_method)
+{
+  CpContext *context = cp_context_new (group, rotate_method);
+
+  cp_batch_remove (batch, "attention_mask");
+  for (guint i = 0; i < plan->items->len; i++)
+    {
+      Item *item = g_ptr_array_index (plan->items, i);
+
+      if (item->out_of_place)
+        {
+          cp_batch_set (batch, item->key, item->prepared);
+          continue;
+        }
+      if (item->tensor == NULL)
+        {
+          cp_batch_set (batch, item->key, item->prepared);
+          item->tensor = g_object_ref (item->prepared);
+        }
+      else if (item->prepared != NULL)
+        _cp_tensor_assign (item->tensor, item->prepared);
+      _cp_context_register_named (context, item->key, item->tensor, (int) item->dim, item->restore);
+    }
+  _cp_context_set_layout (context, plan->layout);
+  return context;
+}
+
+static CpRotateMethod
+rotate_method_of (CpBatchOptions *options)
+{
+  return options != NULL ? cp_batch_options_get_rotate_method (options) : CP_ROTATE_METHOD_ALLGATHER;
+}
+
+/**
+ * cp_batch_prepare:
+ * @self: a batch
+ * @mesh: (nullable): the mesh: a 1-D context-parallel mesh, or one with a
+ *   `cp` dimension; %NULL for no context parallelism
+ * @options: (nullable): loss mask, rotate method and extra buffers, or
+ *   %NULL for the defaults
+ * @error: return location for a #GError
+ *
+ * Prepares a batch for context parallelism and returns the context whose
+ * enter shards it: the native `make_cp_batch_and_ctx`.
+ *
+ * Without a mesh, or with a context-parallel size of 1, the batch is left
+ * untouched and the context does nothing. Otherwise, in order:
+ *
+ * - `attention_mask` is dropped: a full mask does not fit sharded
+ *   queries and keys;
+ * - the primary buffer is `input_ids` `[B, S]` or `inputs_embeds`
+ *   `[B, S, H]`, exactly one of them;
+ * - missing `position_ids` become arange(S) in every row, `[B, S]` int64;
+ *   `[1, S]` is expanded to `[B, S]`; mRoPE `[3, B, S]` keeps its shape;
+ * - every sequence buffer is right-padded along its own sequence
+ *   dimension to a multiple of 2·C: `labels` with −100, `padding_mask`
+ *   with %TRUE, floating buffers with 0.0, anything else with 0 (the
+ *   reference's fill values);
+ * - buffers are registered in the reference's order: primary, `labels`,
+ *   `position_ids`, the loss mask, `padding_mask`, then extra buffers. Only
+ *   `position_ids` is restored by exit;
+ * - a primary buffer with [property@Cp.Tensor:requires-grad] is sharded
+ *   now, out of place, with [method@Cp.Layout.shard]: the batch gets the
+ *   new local tensor and the caller's tensor stays intact; use
+ *   [method@Cp.Layout.shard_backward] with [method@Cp.Context.get_layout]
+ *   for its gradient.
+ *
+ * Padding happens in place, like sharding: every registered tensor object
+ * — a loss mask given in @options included — is the padded one afterwards,
+ * whether or not padding was needed.
+ *
+ * Everything is checked before anything changes: on error the batch and
+ * its tensors are as they were. Prepare does not communicate; enter
+ * checks that all ranks agree.
+ *
+ * Returns: (transfer full): the context, or %NULL with
+ *   %CP_BATCH_ERROR_MISSING_KEY or %CP_BATCH_ERROR_CONFLICTING_KEYS (naming
+ *   the keys), %CP_TENSOR_ERROR_SHAPE (naming the key, the dimension and
+ *   the lengths), %CP_BATCH_ERROR_INVALID_OPTION, or
+ *   %CP_MESH_ERROR_INVALID_TOPOLOGY for a mesh without a `cp` dimension
+ *
+ * Since: 1.0
+ */
+CpContext *
+cp_batch_prepare (CpBatch         *self,
+                  CpMesh          *mesh,
+                  CpBatchOptions  *options,
+                  GError         **error)
+{
+  g_auto(Plan) plan = { 0 };
+  CpMesh *group = NULL;
+
+  g_return_val_if_fail (CP_IS_BATCH (self), NULL);
+  g_return_val_if_fail (mesh == NULL || CP_IS_MESH (mesh), NULL);
+  g_return_val_if_fail (options == NULL || CP_IS_BATCH_OPTIONS (options), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!_cp_batch_options_check (options, error))
+    return NULL;
+  if (mesh != NULL && (group = _cp_context_resolve_mesh (mesh, error)) == NULL)
+    return NULL;
+  if (group == NULL || cp_mesh_get_world_size (group) == 1)
+    return cp_context_new (group, rotate_method_of (options));
+
+  plan.items = g_ptr_array_new_with_free_func (item_free);
+  plan.cp_size = cp_mesh_get_world_size (group);
+  plan.cp_rank = cp_mesh_get_rank (group);
+  if (!plan_collect (&plan, self, options, error) || !plan_materialize (&plan, error))
+    return NULL;
+  return plan_commit (&plan, self, group, rotate_method_of (options));
+}

@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+# Tests of the cpmesh program, run as a user would run it.
+#
+# Usage: test_cpmesh.py PATH-TO-CPMESH [unittest arguments, e.g. a class]
+#
+# SPDX-License-Identifier: LGPL-2.1-or-later
+
+import os
+import re
+import subprocess
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'python'))
+from reliability import record_outcome  # noqa: E402
+
+CPMESH = None
+
+
+def run(*args):
+    return subprocess.run([CPMESH, *args], capture_output=True, text=True, timeout=60)
+
+
+def record_failure(test, what, result):
+    """Records a run of cpmesh that failed as it should, with its first
+    line of complaint, for doc/reliability.md."""
+    message = result.stderr.strip().splitlines()[0] if result.stderr.strip() else ''
+    record_outcome(test, 'cpmesh', what, 'exit status %d' % result.returncode, message)
+
+
+def expand(ranges):
+    """'0-1 14-15' -> {0, 1, 14, 15}"""
+    positions = set()
+    for item in ranges.split():
+        first, _, last = item.partition("-")
+        positions.update(range(int(first), int(last or first) + 1))
+    return positions
+
+
+def layout_rows(stdout):
+    """rank -> (length, cost, positions) from the table cpmesh layout prints."""
+    rows = {}
+    for line in stdout.splitlines():
+        match = re.match(r"\s*(\d+)\s+(\d+)\s+(\d+)\s+([\d\- ]+)$", line)
+        if match:
+            rank, length, cost, ranges = match.groups()
+            rows[int(rank)] = (int(length), int(cost), expand(ranges))
+    return rows
+
+
+class Help(unittest.TestCase):
+    def test_program_help_lists_commands(self):
+        result = run("--help")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        for command in ("info", "layout", "bench", "demo"):
+            self.assertRegex(result.stdout, r"\n  %s\s" % command)
+
+    def test_every_command_has_help(self):
+        for command in (["info"], ["layout"], ["bench"], ["bench", "layout"],
+                        ["bench", "mesh"], ["demo"]):
+            with self.subTest(command=command):
+                result = run(*command, "--help")
+                self.assertEqual(result.returncode, 0, result.stderr)
+                self.assertIn("Usage:\n  cpmesh " + " ".join(command), result.stdout)
+
+    def test_layout_help_names_its_options(self):
+        result = run("layout", "--help")
+        for option in ("--cp", "--seq", "--balance", "--thd"):
+            self.assertIn(option, result.stdout)
+
+    def test_no_command_is_a_usage_error(self):
+        result = run()
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("no command", result.stderr)
+        record_failure(self, "no command", result)
+
+    def test_unknown_command_is_a_usage_error(self):
+        for args in (["frobnicate"], ["bench", "frobnicate"]):
+            with self.subTest(args=args):
+                result = run(*args)
+                self.assertEqual(result.returncode, 2)
+                self.assertIn("unknown command “frobnicate”", result.stderr)
+                record_failure(self, "an unknown command or subcommand", result)
+
+    def test_unknown_option_is_a_usage_error(self):
+        for args in (["--frobnicate"], ["info", "--frobnicate"], ["layout", "--frobnicate"],
+                     ["demo", "--frobnicate"], ["bench", "mesh", "--frobnicate"]):
+            with self.subTest(args=args):
+                result = run(*args)
+                self.assertEqual(result.returncode, 2)
+                self.assertIn("--frobnicate", result.stderr)
+                record_failure(self, "an unknown option to any command", result)
+
+    def test_stray_argument_is_a_usage_error(self):
+        result = run("info", "extra")
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("unexpected argument “extra”", result.stderr)
+        record_failure(self, "stray argument: info extra", result)
+
+
+class Info(unittest.TestCase):
+    def setUp(self):
+        self.result = run("info")
+        self.assertEqual(self.result.returncode, 0, self.result.stderr)
+
+    def test_version(self):
+        self.assertRegex(self.result.stdout, r"^libcpmesh \d+\.\d+\.\d+\n")
+
+    def test_backends(self):
+        self.assertRegex(self.result.stdout, r"\n  local\s+yes\s")
+        self.assertRegex(self.result.stdout, r"\n  ucx\s+(yes|no)\s")
+        self.assertRegex(self.result.stdout, r"\n  cuda\s+(yes|no)\s")
+
+    def test_cpu_features(self):
+        for feature in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"):
+            self.assertRegex(self.result.stdout, r"\n  %s\s+(yes|no|unknown)\n" % feature)
+
+    def test_online_cpus(self):
+        match = re.search(r"\nonline cpus: (\d+)\n", self.result.stdout)
+        self.assertIsNotNone(match)
+        self.assertGreaterEqual(int(match.group(1)), 1)
+
+
+class Layout(unittest.TestCase):
+    def test_head_tail_matches_e1(self):
+        result = run("layout", "--cp", "4", "--seq", "16")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        rows = layout_rows(result.stdout)
+        self.assertEqual(rows[0][2], {0, 1, 14, 15})
+        self.assertEqual(rows[1][2], {2, 3, 12, 13})
+        self.assertEqual(rows[2][2], {4, 5, 10, 11})
+        self.assertEqual(rows[3][2], {6, 7, 8, 9})
+        self.assertIn("0-1 14-15", result.stdout)
+        # Causal cost of rank 0: keys seen by positions 0, 1, 14, 15.
+        self.assertEqual([rows[r][1] for r in range(4)], [34, 34, 34, 34])
+        self.assertEqual([rows[r][0] for r in range(4)], [4, 4, 4, 4])
+
+    def test_imbalance_head_tail_against_contiguous(self):
+        # Contiguous: rank costs 10, 26, 42, 58 against a mean of 34.
+        result = run("layout", "--cp", "4", "--seq", "16")
+        self.assertIn("imbalance (max/mean causal cost): head-tail 1.00, contiguous 1.71",
+                      result.stdout)
+        # Long sequences approach (2C - 1) / C.
+        result = run("layout", "--cp", "4", "--seq", "16384")
+        self.assertIn("head-tail 1.00, contiguous 1.75", result.stdout)
+
+    def test_contiguous_balance(self):
+        result = run("layout", "--cp", "4", "--seq", "16", "--balance", "contiguous")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("contiguous layout: 16 positions over 4 ranks", result.stdout)
+        rows = layout_rows(result.stdout)
+        self.assertEqual(rows[3][2], {12, 13, 14, 15})
+        self.assertEqual([rows[r][1] for r in range(4)], [10, 26, 42, 58])
+
+    def test_thd_documents(self):
+        result = run("layout", "--cp", "2", "--thd", "0,8,12")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("2 documents, 12 positions over 2 ranks", result.stdout)
+        rows = layout_rows(result.stdout)
+        self.assertEqual(rows[0][2], {0, 1, 6, 7, 8, 11})
+        self.assertEqual(rows[1][2], {2, 3, 4, 5, 9, 10})
+        self.assertIn("imbalance (max/mean causal cost): 1.00", result.stdout)
+
+    def test_length_not_a_multiple_names_length_and_divisor(self):
+        result = run("layout", "--cp", "2", "--seq", "6")
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stdout, "")
+        self.assertRegex(result.stderr, r"\b6\b")
+        self.assertRegex(result.stderr, r"multiple of 4\b")
+        record_failure(self, "layout --seq not a multiple of 2·cp", result)
+
+    def test_thd_document_not_a_multiple(self):
+        result = run("layout", "--cp", "4", "--thd", "0,8,12")
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("document 1 has padded length 4, not a multiple of 8", result.stderr)
+        record_failure(self, "layout --thd with a document not a multiple of 2·cp", result)
+
+    def test_bad_cp_size(self):
+        result = run("layout", "--cp", "0", "--seq", "16")
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("cp_size 0", result.stderr)
+        record_failure(self, "layout --cp 0", result)
+
+    def test_usage_errors(self):
+        for what, args in (("layout without --seq or --thd", ["--cp", "4"]),
+                           ("layout --balance with an unknown name",
+                            ["--seq", "16", "--balance", "zigzag"]),
+                           ("layout --thd with a bound that is not a number",
+                            ["--cp", "2", "--thd", "0,x"]),
+                           ("layout --thd with --balance contiguous",
+                            ["--cp", "2", "--thd", "0,8", "--balance", "contiguous"]),
+                           ("layout --thd with --seq", ["--cp", "2", "--thd", "0,8", "--seq", "16"]),
+                           ("layout --cp that is not a number", ["--cp", "four"])):
+            with self.subTest(args=args):
+                result = run("layout", *args)
+                self.assertEqual(result.returncode, 2, result.stderr)
+                self.assertIn("cpmesh layout --help", result.stderr)
+                record_failure(self, what, result)
+
+
+class Demo(unittest.TestCase):
+    def test_demo_passes(self):
+        result = run("demo")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertIn("rank 0: 0-511 3584-4095", result.stdout)
+        self.assertIn("rank 3: 1536-2559", result.stdout)
+        self.assertRegex(result.stdout, r"\nPASS: all 4 ranks .* bit-exactly\n$")
+        for rank in range(4):
+            self.assertRegex(result.stdout, r"\n\s+%d(\s+\d+\.\d+){3}\s+ok\n" % rank)
+
+    def test_demo_other_sizes(self):
+        result = run("demo", "--ranks", "3", "--batch", "1", "--seq", "12", "--hidden", "5")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertIn("rank 2: 4-7", result.stdout)
+        self.assertIn("PASS: all 3 ranks", result.stdout)
+
+    def test_demo_bad_length_fails(self):
+        result = run("demo", "--seq", "4100")
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("sequence length 4100", result.stderr)
+        self.assertIn("multiple of 8", result.stderr)
+        record_failure(self, "demo --seq not a multiple of 2·ranks", result)
+
+
+class Bench(unittest.TestCase):
+    """The benchmarks run, verify their data and report every row; their
+    figures are not judged here (see `meson test --benchmark`)."""
+
+    def test_layout_quick(self):
+        result = run("bench", "layout", "--quick", "--reps", "1")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        for row in ("memcpy, 1 thread", "shard (cp_layout_shard)", "shard_into",
+                    "unshard (cp_layout_unshard_pieces)", "unshard_into"):
+            self.assertIn("\n" + row, result.stdout)
+        self.assertIn("round trip verified bit-exact", result.stdout)
+
+    def test_mesh_quick(self):
+        result = run("bench", "mesh", "--quick", "--reps", "1", "--mib", "1")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        for row in ("memcpy, N threads", "all_gather (allocating)", "all_gather_into",
+                    "all_reduce SUM"):
+            self.assertIn("\n" + row, result.stdout)
+        self.assertIn("all_gather output verified", result.stdout)
+
+    def test_bad_options(self):
+        result = run("bench", "mesh", "--ranks", "0")
+        self.assertEqual(result.returncode, 2)
+        record_failure(self, "bench mesh --ranks 0", result)
+
+
+if __name__ == "__main__":
+    CPMESH = sys.argv.pop(1)
+    unittest.main(verbosity=2)

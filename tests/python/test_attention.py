@@ -1,0 +1,165 @@
+# Cp.Attention from Python against a numpy reference
+#
+# SPDX-License-Identifier: LGPL-2.1-or-later
+
+import threading
+import unittest
+
+import gi
+
+gi.require_version('Cp', '1')
+from gi.repository import Cp, GLib  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+
+def reference(q, k, v, dout, causal, real_len):
+    """float64 attention over [B, H, S, D] with padding past real_len."""
+    q, k, v, dout = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout))
+    group = q.shape[1] // k.shape[1]
+    k = np.repeat(k, group, axis=1)
+    v = np.repeat(v, group, axis=1)
+    s_len = q.shape[2]
+    scale = q.shape[3] ** -0.5
+    pos = np.arange(s_len)
+    visible = (pos[None, :] < real_len) & (pos[:, None] < real_len)
+    if causal:
+        visible &= pos[None, :] <= pos[:, None]
+    scores = np.where(visible, q @ k.swapaxes(-1, -2) * scale, -np.inf)
+    real_rows = pos < real_len
+    m = np.where(real_rows[:, None], scores, 0).max(-1, keepdims=True)
+    p = np.where(visible, np.exp(scores - m), 0)
+    lse = np.where(real_rows, (m[..., 0] + np.log(np.maximum(p.sum(-1), 1e-300))), -np.inf)
+    p = p / np.maximum(p.sum(-1, keepdims=True), 1e-300)
+    out = p @ v
+    dv = p.swapaxes(-1, -2) @ dout
+    dp = dout @ v.swapaxes(-1, -2)
+    ds = p * (dp - (dout * out).sum(-1, keepdims=True))
+    dq = ds @ k * scale
+    dk = ds.swapaxes(-1, -2) @ q * scale
+    b, h, s, d = dk.shape
+    dk = dk.reshape(b, h // group, group, s, d).sum(2)
+    dv = dv.reshape(b, h // group, group, s, d).sum(2)
+    return out, lse, dq, dk, dv
+
+
+def run_ranks(cp_size, body):
+    meshes = Cp.Mesh.new_local_group(['cp'], [cp_size])
+    results = [None] * cp_size
+    errors = []
+
+    def target(rank, mesh):
+        try:
+            results[rank] = body(rank, mesh)
+        except Exception as e:  # reported on the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=target, args=(r, m)) for r, m in enumerate(meshes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+class AttentionTest(unittest.TestCase):
+
+    def setUp(self):
+        self.rng = np.random.default_rng(7)
+
+    def inputs(self, b, h, hkv, s, d):
+        return [self.rng.uniform(-1, 1, size=shape).astype(np.float32)
+                for shape in ((b, h, s, d), (b, hkv, s, d), (b, hkv, s, d), (b, h, s, d))]
+
+    def run_cp(self, cp_size, method, causal, arrays, real_len, dtype=Cp.DType.FLOAT32):
+        s_len = arrays[0].shape[2]
+        layout = Cp.Layout.new(Cp.LoadBalance.HEAD_TAIL, s_len, cp_size)
+        if dtype == Cp.DType.BFLOAT16:
+            tensors = [Cp.Tensor.from_numpy(Cp.float32_to_bfloat16(a), dtype=dtype) for a in arrays]
+        else:
+            tensors = [Cp.Tensor.from_numpy(a) for a in arrays]
+
+        def body(rank, mesh):
+            options = Cp.AttentionOptions.new()
+            options.set_causal(causal)
+            options.set_rotate_method(method)
+            options.set_seq_lens([real_len] * arrays[0].shape[0])
+            attention = Cp.Attention.new(mesh, options)
+            q, k, v, dout = (layout.shard(t, 2, rank) for t in tensors)
+            out, lse = attention.forward(q, k, v)
+            dq, dk, dv = attention.backward(dout, q, k, v, out, lse)
+            return out, lse, dq, dk, dv
+
+        pieces = run_ranks(cp_size, body)
+        full = []
+        for i in range(5):
+            tensor = layout.unshard_pieces([p[i] for p in pieces], 2)
+            array = tensor.numpy()
+            if tensor.get_dtype() == Cp.DType.BFLOAT16:
+                array = Cp.bfloat16_to_float32(array)
+            full.append(np.array(array, dtype=np.float64))
+        return full
+
+    def check(self, got, want, dtype, group):
+        names = ('out', 'lse', 'dq', 'dk', 'dv')
+        for name, a, b in zip(names, got, want):
+            finite = np.isfinite(b)
+            self.assertTrue(np.array_equal(np.isfinite(a), finite), name)
+            a, b = a[finite], b[finite]
+            if dtype == Cp.DType.FLOAT32:
+                self.assertLessEqual(np.abs(a - b).max(), 1e-5 * max(np.abs(b).max(), 1e-3), name)
+            else:
+                tol = 2.5e-2 if group == 1 else 3.5e-2
+                np.testing.assert_allclose(a, b, atol=tol, rtol=tol, err_msg=name)
+                rmse = np.sqrt(np.mean((a - b) ** 2))
+                self.assertLessEqual(rmse, 0.01 * (max(a.max(), b.max()) - min(a.min(), b.min())), name)
+
+    def test_matches_numpy(self):
+        for cp_size in (1, 2, 3):
+            for method in (Cp.RotateMethod.ALLGATHER, Cp.RotateMethod.ALLTOALL):
+                for causal in (True, False):
+                    with self.subTest(cp_size=cp_size, method=method, causal=causal):
+                        real_len = 4 * cp_size + 3
+                        s_len = -(-real_len // (2 * cp_size)) * 2 * cp_size
+                        arrays = self.inputs(1, 4, 1, s_len, 64)
+                        want = reference(*arrays, causal, real_len)
+                        got = self.run_cp(cp_size, method, causal, arrays, real_len)
+                        self.check(got, want, Cp.DType.FLOAT32, 4)
+                        # Padding positions get exactly zero gradients.
+                        for grad in got[2:]:
+                            self.assertTrue(np.all(grad[:, :, real_len:] == 0))
+
+    def test_bfloat16(self):
+        arrays = self.inputs(2, 4, 4, 16, 128)
+        rounded = [Cp.bfloat16_to_float32(Cp.float32_to_bfloat16(a)) for a in arrays]
+        want = reference(*rounded, True, 16)
+        got = self.run_cp(2, Cp.RotateMethod.ALLTOALL, True, arrays, 16, Cp.DType.BFLOAT16)
+        self.check(got, want, Cp.DType.BFLOAT16, 1)
+
+    def test_options(self):
+        options = Cp.AttentionOptions.new()
+        self.assertTrue(options.get_causal())
+        self.assertEqual(options.get_rotate_method(), Cp.RotateMethod.ALLGATHER)
+        options.set_heads(8, 2)
+        self.assertEqual((options.get_n_heads(), options.get_n_kv_heads()), (8, 2))
+        options.set_cu_seqlens_padded([0, 8, 12])
+        self.assertEqual(list(options.get_cu_seqlens_padded()), [0, 8, 12])
+        copy = options.copy()
+        self.assertEqual(list(copy.get_cu_seqlens_padded()), [0, 8, 12])
+
+    def test_error(self):
+        mesh = Cp.Mesh.new_local_group(['cp'], [1])[0]
+        attention = Cp.Attention.new(mesh, None)
+        self.assertGreaterEqual(attention.get_n_threads(), 1)
+        q = Cp.Tensor.from_numpy(np.zeros((1, 3, 4, 8), dtype=np.float32))
+        k = Cp.Tensor.from_numpy(np.zeros((1, 2, 4, 8), dtype=np.float32))
+        with self.assertRaises(GLib.Error) as raised:
+            attention.forward(q, k, k)
+        self.assertTrue(raised.exception.matches(Cp.attention_error_quark(), Cp.AttentionError.SHAPE))
+        self.assertIn('not divisible', raised.exception.message)
+
+
+if __name__ == '__main__':
+    unittest.main()

@@ -1,0 +1,261 @@
+/* test-context.c: CpContext, in-place sharding and restore
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include <string.h>
+
+#include "cp-test-util.h"
+
+static void
+count_notify (GObject    *object,
+              GParamSpec *pspec,
+              gpointer    user_data)
+{
+  (*(int *) user_data)++;
+}
+
+static void
+test_no_mesh (void)
+{
+  const gint64 shape[] = { 1, 6 };
+  g_autoptr(CpContext) context = cp_context_new (NULL, CP_ROTATE_METHOD_ALLTOALL);
+  g_autoptr(CpTensor) ids = CP_TEST_TENSOR (CP_DTYPE_INT64, shape, 1, 2, 3, 4, 5, 6);
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) same = NULL;
+  CpRotateMethod method;
+  int notified = 0;
+
+  g_signal_connect (context, "notify::is-entered", G_CALLBACK (count_notify), &notified);
+  g_object_get (context, "rotate-method", &method, NULL);
+  g_assert_cmpint (method, ==, CP_ROTATE_METHOD_ALLTOALL);
+  g_assert_cmpint (cp_context_get_rotate_method (context), ==, CP_ROTATE_METHOD_ALLTOALL);
+  g_assert_cmpint (cp_context_get_cp_size (context), ==, 1);
+  g_assert_cmpint (cp_context_get_cp_rank (context), ==, 0);
+  g_assert_null (cp_context_get_layout (context));
+  cp_context_register_buffer (context, ids, 1, FALSE);
+  g_assert_true (cp_context_enter (context, &error));
+  g_assert_true (cp_context_is_entered (context));
+  CP_TEST_ASSERT_VALUES (ids, 1, 2, 3, 4, 5, 6);
+  g_assert_true (cp_context_exit (context, &error));
+  g_assert_no_error (error);
+  g_assert_false (cp_context_is_entered (context));
+  g_assert_cmpint (notified, ==, 2);
+  same = cp_context_unshard (context, ids, 1, &error);
+  g_assert_true (same == ids);
+}
+
+/* Manual registration on three ranks: the buffers shard in place, exit
+ * restores only the restorable one, and entering again re-shards that
+ * one while the local ones stay as they are. */
+static void
+manual_rank (CpMesh   *mesh,
+             gpointer  user_data)
+{
+  const gint64 row[] = { 2, 12 };
+  const gint64 cube[] = { 2, 12, 3 };
+  g_autoptr(CpContext) context = cp_context_new (mesh, CP_ROTATE_METHOD_ALLGATHER);
+  g_autoptr(CpTensor) a = cp_test_tensor_pattern (CP_DTYPE_INT32, row, 2, 0);
+  g_autoptr(CpTensor) b = cp_test_tensor_pattern (CP_DTYPE_FLOAT16, cube, 3, 1);
+  g_autoptr(CpTensor) a_full = NULL;
+  g_autoptr(CpTensor) b_full = NULL;
+  g_autoptr(CpTensor) b_local = NULL;
+  g_autoptr(CpLayout) layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, 12, 3, NULL);
+  g_autoptr(GError) error = NULL;
+  int rank = cp_mesh_get_rank (mesh);
+  CpStorage *b_storage;
+
+  for (gint64 i = 0; i < 24; i++)
+    cp_tensor_set_value (a, i, (double) (i % 12));
+  a_full = cp_tensor_copy (a, NULL);
+  b_full = cp_tensor_copy (b, NULL);
+  cp_context_register_buffer (context, a, -1, TRUE);
+  cp_context_register_buffer (context, b, 1, FALSE);
+  g_assert_true (cp_context_enter (context, &error));
+  g_assert_no_error (error);
+  g_assert_true (cp_layout_equal (cp_context_get_layout (context), layout));
+  if (rank == 1)
+    CP_TEST_ASSERT_VALUES (a, 2, 3, 8, 9, 2, 3, 8, 9);
+  b_local = cp_layout_shard (layout, b_full, 1, rank, NULL);
+  g_assert_true (cp_tensor_equal (b, b_local));
+  b_storage = cp_tensor_get_storage (b);
+
+  g_assert_true (cp_context_exit (context, &error));
+  g_assert_true (cp_tensor_equal (a, a_full));
+  g_assert_cmpint (cp_tensor_get_dim (b, 1), ==, 4);
+
+  g_assert_true (cp_context_enter (context, &error));
+  g_assert_no_error (error);
+  g_assert_true (cp_tensor_get_storage (b) == b_storage);
+  g_assert_true (cp_tensor_equal (b, b_local));
+  g_assert_cmpint (cp_tensor_get_dim (a, 1), ==, 4);
+  g_assert_true (cp_context_exit (context, &error));
+  g_assert_true (cp_tensor_equal (a, a_full));
+}
+
+static void
+test_manual_registration (void)
+{
+  cp_test_run_group ("cp", 3, manual_rank, NULL);
+}
+
+/* A failed enter, whatever rank it starts on, fails everywhere and leaves
+ * every buffer on every rank as it was. */
+typedef enum
+{
+  LENGTHS_DISAGREE,
+  INDIVISIBLE,
+  RANKS_DISAGREE,
+  ONE_RANK_BAD_DIM,
+} Failure;
+
+typedef struct
+{
+  Failure failure;
+  GQuark domain;
+  int code;
+  const char *needle;
+} FailureCase;
+
+static void
+failure_rank (CpMesh   *mesh,
+              gpointer  user_data)
+{
+  const FailureCase *c = user_data;
+  int rank = cp_mesh_get_rank (mesh);
+  gint64 len = c->failure == INDIVISIBLE ? 6 : c->failure == RANKS_DISAGREE && rank == 1 ? 12 : 8;
+  const gint64 a_shape[] = { 1, len };
+  const gint64 b_shape[] = { 1, c->failure == LENGTHS_DISAGREE ? 6 : len, 2 };
+  g_autoptr(CpContext) context = cp_context_new (mesh, CP_ROTATE_METHOD_ALLGATHER);
+  g_autoptr(CpTensor) a = cp_test_tensor_pattern (CP_DTYPE_INT64, a_shape, 2, 1);
+  g_autoptr(CpTensor) b = cp_test_tensor_pattern (CP_DTYPE_FLOAT32, b_shape, 3, 2);
+  g_autoptr(CpTensor) a_copy = cp_tensor_copy (a, NULL);
+  g_autoptr(CpTensor) b_copy = cp_tensor_copy (b, NULL);
+  CpStorage *a_storage = cp_tensor_get_storage (a);
+  g_autoptr(GError) error = NULL;
+
+  cp_context_register_buffer (context, a, 1, FALSE);
+  cp_context_register_buffer (context, b, c->failure == ONE_RANK_BAD_DIM && rank == 1 ? 5 : 1, TRUE);
+  g_assert_false (cp_context_enter (context, &error));
+  g_assert_error (error, c->domain, c->code);
+  if (strstr (error->message, c->needle) == NULL)
+    g_error ("\"%s\" does not contain \"%s\"", error->message, c->needle);
+  g_assert_false (cp_context_is_entered (context));
+  g_assert_true (cp_tensor_get_storage (a) == a_storage);
+  g_assert_true (cp_tensor_equal (a, a_copy));
+  g_assert_true (cp_tensor_equal (b, b_copy));
+}
+
+static void
+test_failure (gconstpointer data)
+{
+  cp_test_run_group ("cp", 2, failure_rank, (gpointer) data);
+}
+
+static const FailureCase lengths_disagree = {
+  LENGTHS_DISAGREE, 0, 0,
+  "buffers disagree on the sequence length: buffer 0 (int64[1, 8] on host) has 8 along "
+  "dimension 1, buffer 1 (float32[1, 6, 2] on host) has 6"
+};
+static const FailureCase indivisible = {
+  INDIVISIBLE, 0, 0, "sequence length 6 along dimension 1, not a multiple of 2·C = 4"
+};
+static const FailureCase ranks_disagree = {
+  RANKS_DISAGREE, 0, 0,
+  "enter: ranks disagree: rank 0 has padded sequence length 8, layout fingerprint"
+};
+static const FailureCase one_rank_bad_dim = {
+  ONE_RANK_BAD_DIM, 0, 0, "communicator rank 1: buffer 1 (float32[1, 8, 2] on host): dimension 5 does not exist"
+};
+
+/* The domains are not constants, so the cases get them at start-up. */
+static void
+add_failure (const char  *path,
+             FailureCase *c,
+             GQuark       domain,
+             int          code)
+{
+  c->domain = domain;
+  c->code = code;
+  g_test_add_data_func (path, c, test_failure);
+}
+
+static void
+run_func (CpContext *context,
+          gpointer   user_data)
+{
+  CpTensor *ids = user_data;
+
+  g_assert_true (cp_context_is_entered (context));
+  g_assert_cmpint (cp_tensor_get_dim (ids, 1), ==, 2);
+}
+
+static void
+run_rank (CpMesh   *mesh,
+          gpointer  user_data)
+{
+  const gint64 shape[] = { 1, 8 };
+  g_autoptr(CpContext) context = cp_context_new (mesh, CP_ROTATE_METHOD_ALLGATHER);
+  g_autoptr(CpTensor) ids = cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 2, 0);
+  g_autoptr(CpTensor) copy = cp_tensor_copy (ids, NULL);
+  g_autoptr(GError) error = NULL;
+
+  cp_context_register_buffer (context, ids, 1, TRUE);
+  g_assert_true (cp_context_run (context, run_func, ids, &error));
+  g_assert_no_error (error);
+  g_assert_false (cp_context_is_entered (context));
+  g_assert_true (cp_tensor_equal (ids, copy));
+}
+
+static void
+test_run (void)
+{
+  cp_test_run_group ("cp", 4, run_rank, NULL);
+}
+
+/* A dp × cp mesh gives the context its cp dimension. */
+static void
+test_mesh_resolution (void)
+{
+  const char *names[] = { "dp", "cp", NULL };
+  const int sizes[] = { 2, 3 };
+  g_autoptr(GError) error = NULL;
+  GList *meshes = cp_mesh_new_local_group (names, sizes, 2, &error);
+  CpMesh *rank4 = g_list_nth_data (meshes, 4);
+  g_autoptr(CpContext) context = cp_context_new (rank4, CP_ROTATE_METHOD_ALLGATHER);
+  int cp_size;
+
+  g_assert_no_error (error);
+  g_assert_true (cp_context_get_mesh (context) == cp_mesh_get_submesh (rank4, "cp", NULL));
+  g_object_get (context, "cp-size", &cp_size, NULL);
+  g_assert_cmpint (cp_size, ==, 3);
+  g_assert_cmpint (cp_context_get_cp_rank (context), ==, 1);
+  cp_test_free_group (meshes);
+  /* The context keeps its group alive after the meshes are gone. */
+  g_assert_cmpint (cp_mesh_get_world_size (cp_context_get_mesh (context)), ==, 3);
+}
+
+int
+main (int   argc,
+      char *argv[])
+{
+  static FailureCase cases[4];
+
+  g_test_init (&argc, &argv, NULL);
+
+  cases[0] = lengths_disagree;
+  cases[1] = indivisible;
+  cases[2] = ranks_disagree;
+  cases[3] = one_rank_bad_dim;
+  g_test_add_func ("/Cp/Context/no-mesh/no-op", test_no_mesh);
+  g_test_add_func ("/Cp/Context/enter/manual-registration", test_manual_registration);
+  add_failure ("/Cp/Context/enter/lengths-disagree", &cases[0], CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  add_failure ("/Cp/Context/enter/indivisible", &cases[1], CP_BATCH_ERROR, CP_BATCH_ERROR_INDIVISIBLE);
+  add_failure ("/Cp/Context/enter/ranks-disagree", &cases[2], CP_MESH_ERROR,
+               CP_MESH_ERROR_INVALID_TOPOLOGY);
+  add_failure ("/Cp/Context/enter/one-rank-bad-dim", &cases[3], CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+  g_test_add_func ("/Cp/Context/run/callback", test_run);
+  g_test_add_func ("/Cp/Context/mesh/cp-dimension", test_mesh_resolution);
+
+  return g_test_run ();
+}

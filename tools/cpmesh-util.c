@@ -1,0 +1,231 @@
+/* cpmesh-util.c: option parsing, messages and rank threads for cpmesh
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include <stdio.h>
+
+#include "cpmesh-tool.h"
+
+static int G_GNUC_PRINTF (2, 0)
+vfail (int          status,
+       const char  *format,
+       va_list      args)
+{
+  g_autofree char *message = g_strdup_vprintf (format, args);
+
+  fprintf (stderr, "%s: %s\n", g_get_prgname (), message);
+  if (status == CPMESH_EXIT_USAGE)
+    fprintf (stderr, "Run “%s --help” for usage.\n", g_get_prgname ());
+  return status;
+}
+
+int
+cpmesh_fail (int          status,
+             const char  *format,
+             ...)
+{
+  va_list args;
+
+  va_start (args, format);
+  status = vfail (status, format, args);
+  va_end (args);
+  return status;
+}
+
+int
+cpmesh_fail_error (GError *error)
+{
+  return cpmesh_fail (CPMESH_EXIT_FAILED, "%s", error->message);
+}
+
+static char *
+describe_commands (const CpmeshCommand *commands,
+                   gsize                n_commands)
+{
+  GString *text = g_string_new ("Commands:\n");
+
+  for (gsize i = 0; i < n_commands; i++)
+    g_string_append_printf (text, "  %-8s %s\n", commands[i].name, commands[i].summary);
+  g_string_append_printf (text, "\nRun “%s COMMAND --help” for the options of a command.",
+                          g_get_prgname ());
+  return g_string_free (text, FALSE);
+}
+
+static const CpmeshCommand *
+find_command (const CpmeshCommand *commands,
+              gsize                n_commands,
+              const char          *name)
+{
+  for (gsize i = 0; i < n_commands; i++)
+    if (g_str_equal (commands[i].name, name))
+      return &commands[i];
+  return NULL;
+}
+
+int
+cpmesh_dispatch (const char           *summary,
+                 const CpmeshCommand  *commands,
+                 gsize                 n_commands,
+                 int                   argc,
+                 char                **argv)
+{
+  g_autoptr(GOptionContext) context = g_option_context_new ("COMMAND [OPTION…]");
+  g_autofree char *description = describe_commands (commands, n_commands);
+  g_autofree char *program = NULL;
+  g_autoptr(GError) error = NULL;
+  const CpmeshCommand *command;
+
+  g_option_context_set_summary (context, summary);
+  g_option_context_set_description (context, description);
+  /* Stop at the command name: what follows are the command's options. */
+  g_option_context_set_strict_posix (context, TRUE);
+  if (!g_option_context_parse (context, &argc, &argv, &error))
+    return cpmesh_fail (CPMESH_EXIT_USAGE, "%s", error->message);
+  if (argc < 2)
+    return cpmesh_fail (CPMESH_EXIT_USAGE, "no command given");
+  command = find_command (commands, n_commands, argv[1]);
+  if (command == NULL)
+    return cpmesh_fail (CPMESH_EXIT_USAGE, "unknown command “%s”", argv[1]);
+
+  program = g_strdup_printf ("%s %s", g_get_prgname (), command->name);
+  g_set_prgname (program);
+  return command->run (argc - 1, argv + 1);
+}
+
+gboolean
+cpmesh_parse_options (const char          *summary,
+                      const GOptionEntry  *entries,
+                      int                  argc,
+                      char               **argv)
+{
+  g_autoptr(GOptionContext) context = g_option_context_new (NULL);
+  g_autoptr(GError) error = NULL;
+
+  g_option_context_set_summary (context, summary);
+  g_option_context_add_main_entries (context, entries, NULL);
+  if (!g_option_context_parse (context, &argc, &argv, &error))
+    {
+      cpmesh_fail (CPMESH_EXIT_USAGE, "%s", error->message);
+      return FALSE;
+    }
+  if (argc > 1)
+    {
+      cpmesh_fail (CPMESH_EXIT_USAGE, "unexpected argument “%s”", argv[1]);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+const char *
+cpmesh_balance_name (CpLoadBalance balance)
+{
+  return balance == CP_LOAD_BALANCE_CONTIGUOUS ? "contiguous" : "head-tail";
+}
+
+gboolean
+cpmesh_balance_from_name (const char    *name,
+                          CpLoadBalance *balance)
+{
+  if (g_str_equal (name, "head-tail"))
+    *balance = CP_LOAD_BALANCE_HEAD_TAIL;
+  else if (g_str_equal (name, "contiguous"))
+    *balance = CP_LOAD_BALANCE_CONTIGUOUS;
+  else
+    return FALSE;
+  return TRUE;
+}
+
+static void
+append_range (GString *text,
+              gint64   first,
+              gint64   last)
+{
+  if (text->len > 0)
+    g_string_append_c (text, ' ');
+  if (first == last)
+    g_string_append_printf (text, "%" G_GINT64_FORMAT, first);
+  else
+    g_string_append_printf (text, "%" G_GINT64_FORMAT "-%" G_GINT64_FORMAT, first, last);
+}
+
+char *
+cpmesh_format_positions (CpLayout *layout,
+                         int       rank)
+{
+  gint64 n = cp_layout_get_local_len (layout, rank);
+  g_autoptr(CpTensor) indices = NULL;
+  const gint64 *positions;
+  GString *text;
+  gint64 first = 0;
+
+  if (n > CPMESH_MAX_LISTED_POSITIONS)
+    return g_strdup_printf ("(%" G_GINT64_FORMAT " positions, too many to list)", n);
+  if (n == 0)
+    return g_strdup ("(none)");
+
+  indices = cp_layout_get_local_indices (layout, rank);
+  positions = cp_tensor_get_data (indices);
+  text = g_string_new (NULL);
+  for (gint64 i = 1; i <= n; i++)
+    if (i == n || positions[i] != positions[i - 1] + 1)
+      {
+        append_range (text, positions[first], positions[i - 1]);
+        first = i;
+      }
+  return g_string_free (text, FALSE);
+}
+
+GList *
+cpmesh_local_group (int       n_ranks,
+                    guint     timeout_ms,
+                    GError  **error)
+{
+  const char *names[] = { "cp", NULL };
+  GList *meshes = cp_mesh_new_local_group (names, &n_ranks, 1, error);
+
+  for (GList *l = meshes; l != NULL; l = l->next)
+    cp_mesh_set_timeout_ms (l->data, timeout_ms);
+  return meshes;
+}
+
+typedef struct
+{
+  CpMesh *mesh;
+  CpmeshRankFunc func;
+  gpointer data;
+} RankThread;
+
+static gpointer
+rank_thread_main (gpointer data)
+{
+  RankThread *thread = data;
+
+  thread->func (thread->mesh, thread->data);
+  return NULL;
+}
+
+void
+cpmesh_run_ranks (GList          *meshes,
+                  CpmeshRankFunc  func,
+                  gpointer       *rank_data)
+{
+  guint n = g_list_length (meshes);
+  g_autofree RankThread *ranks = g_new0 (RankThread, n);
+  g_autofree GThread **threads = g_new0 (GThread *, n);
+  guint r = 0;
+
+  for (GList *l = meshes; l != NULL; l = l->next, r++)
+    {
+      ranks[r] = (RankThread) { l->data, func, rank_data[r] };
+      threads[r] = g_thread_new ("cpmesh-rank", rank_thread_main, &ranks[r]);
+    }
+  for (r = 0; r < n; r++)
+    g_thread_join (threads[r]);
+}
+
+double
+cpmesh_now_seconds (void)
+{
+  return (double) g_get_monotonic_time () / G_USEC_PER_SEC;
+}
