@@ -201,6 +201,7 @@ step_batch (CpMesh   *mesh,
   g_autoptr(CpTensor) labels = make_input (CP_DTYPE_INT64, shape, 2, 0, c->seed + 1);
   g_autoptr(CpContext) context = NULL;
   g_autoptr(GArray) values = g_array_new (FALSE, FALSE, sizeof (gint64));
+  g_autoptr(GBytes) bytes = NULL;
   g_autoptr(GError) error = NULL;
   gint64 length;
 
@@ -217,8 +218,8 @@ step_batch (CpMesh   *mesh,
   g_assert_no_error (error);
   append_values (values, cp_batch_get (batch, "position_ids"));
   length = values->len;
-  return cp_tensor_new_from_bytes (CP_DTYPE_INT64, &length, 1,
-                                   g_bytes_new (values->data, values->len * sizeof (gint64)), NULL);
+  bytes = g_bytes_new (values->data, values->len * sizeof (gint64));
+  return cp_tensor_new_from_bytes (CP_DTYPE_INT64, &length, 1, bytes, NULL);
 }
 #endif
 

@@ -494,7 +494,7 @@ pack_descriptor (const CpCollective *coll)
 {
   g_autofree char *text = NULL;
   const GError *invalid = coll->invalid;
-  GVariant *variant;
+  g_autoptr(GVariant) variant = NULL;
 
   if (invalid != NULL)
     text = g_utf8_make_valid (invalid->message, MIN (strlen (invalid->message), MESSAGE_TEXT_MAX));
@@ -504,7 +504,8 @@ pack_descriptor (const CpCollective *coll)
                            coll->dim, coll->root, coll->op, invalid != NULL,
                            invalid ? g_quark_to_string (invalid->domain) : "",
                            invalid ? invalid->code : 0, text ? text : "");
-  return g_variant_get_data_as_bytes (g_variant_ref_sink (variant));
+  g_variant_ref_sink (variant);
+  return g_variant_get_data_as_bytes (variant);
 }
 
 static gboolean

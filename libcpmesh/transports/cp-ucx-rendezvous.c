@@ -165,7 +165,8 @@ set_message_handler (CpUcxRendezvous  *self,
   return FALSE;
 }
 
-/* With the lock held.  @body is sunk and freed. */
+/* With the lock held.  A floating @body is sunk and freed; the caller
+ * keeps its own reference to any other. */
 static gboolean
 send_message (CpUcxRendezvous  *self,
               CpUcxEndpoint    *to,
@@ -670,7 +671,7 @@ send_tables (CpUcxRendezvous  *self,
       Joiner *joiner = g_ptr_array_index (self->joiners, i);
 
       if (joiner->state == ACCEPTED_JOINER)
-        ok = send_message (self, joiner->endpoint, MSG_TABLE, g_variant_ref (table), error);
+        ok = send_message (self, joiner->endpoint, MSG_TABLE, table, error);
     }
   g_mutex_unlock (&self->worker->lock);
   return ok;
