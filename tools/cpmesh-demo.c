@@ -17,6 +17,7 @@ typedef struct
   gint64 seq_len;
   gint64 hidden;
   int timeout_ms;
+  const char *backend;   /* "local" or "ucx" */
 } DemoOptions;
 
 typedef struct
@@ -257,8 +258,9 @@ print_plan (Demo *demo)
   g_autoptr(CpLayout) contiguous = cp_layout_new (CP_LOAD_BALANCE_CONTIGUOUS, demo->options->seq_len,
                                                   demo->options->n_ranks, NULL);
 
-  g_print ("cpmesh demo: %d ranks on threads of one process, head-tail layout\n",
-           demo->options->n_ranks);
+  g_print ("cpmesh demo: %d ranks %s, head-tail layout\n", demo->options->n_ranks,
+           g_str_equal (demo->options->backend, "ucx") ? "in processes of their own, over UCX"
+                                                       : "on threads of one process");
   g_print ("batch:\n");
   for (int b = 0; b < N_BUFFERS; b++)
     {
@@ -337,14 +339,63 @@ run_ranks (Demo *demo)
   return passed ? 0 : CPMESH_EXIT_FAILED;
 }
 
-static gboolean
-check_options (DemoOptions *options)
+/* --backend ucx: this process is one rank of a mesh that cpmesh launch,
+ * mpirun or srun started; it prints its own row and verdict. */
+static int
+run_process_rank (Demo   *demo,
+                  CpMesh *mesh)
 {
+  DemoRank *rank = demo_rank_new (demo, mesh);
+  gboolean passed;
+
+  rank_main (mesh, rank);
+  print_rank (rank);
+  passed = rank->failed_stage < 0;
+  if (passed)
+    g_print ("PASS: rank %d of %d sharded %d buffers and gathered them back bit-exactly\n",
+             rank->rank, demo->options->n_ranks, N_BUFFERS);
+  demo_rank_free (rank);
+  return passed ? 0 : CPMESH_EXIT_FAILED;
+}
+
+static int
+run_ucx (Demo *demo)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = cp_mesh_new_from_env (&error);
+
+  if (mesh == NULL)
+    return cpmesh_fail_error (g_steal_pointer (&error));
+  cp_mesh_set_timeout_ms (mesh, (guint) demo->options->timeout_ms);
+  demo->options->n_ranks = cp_mesh_get_world_size (mesh);
+  if (!demo_init (demo, &error))
+    return cpmesh_fail_error (g_steal_pointer (&error));
+  if (cp_mesh_get_rank (mesh) == 0)
+    print_plan (demo);
+  return run_process_rank (demo, mesh);
+}
+
+static gboolean
+check_options (DemoOptions *options,
+               const char  *backend)
+{
+  if (backend != NULL)
+    options->backend = backend;
   if (options->n_ranks < 1 || options->batch < 1 || options->seq_len < 1 ||
       options->hidden < 1 || options->timeout_ms < 1)
     {
       cpmesh_fail (CPMESH_EXIT_USAGE, "--ranks, --batch, --seq, --hidden and --timeout-ms "
                    "must be positive");
+      return FALSE;
+    }
+  if (!g_str_equal (options->backend, "local") && !g_str_equal (options->backend, "ucx"))
+    {
+      cpmesh_fail (CPMESH_EXIT_USAGE, "--backend %s: use local or ucx", options->backend);
+      return FALSE;
+    }
+  if (g_str_equal (options->backend, "ucx") && !CP_HAS_UCX)
+    {
+      cpmesh_fail (CPMESH_EXIT_USAGE, "--backend ucx: this libcpmesh was built without UCX");
       return FALSE;
     }
   return TRUE;
@@ -355,7 +406,8 @@ cpmesh_demo (int    argc,
              char **argv)
 {
   DemoOptions options = { .n_ranks = 4, .batch = 2, .seq_len = 4096, .hidden = 64,
-                          .timeout_ms = 10000 };
+                          .timeout_ms = 10000, .backend = "local" };
+  g_autofree char *backend = NULL;
   const GOptionEntry entries[] = {
     { "ranks", 'n', 0, G_OPTION_ARG_INT, &options.n_ranks, "Ranks, one thread each (default 4)", "N" },
     { "batch", 'b', 0, G_OPTION_ARG_INT64, &options.batch, "Sequences in the batch (default 2)", "B" },
@@ -364,6 +416,9 @@ cpmesh_demo (int    argc,
     { "hidden", 'H', 0, G_OPTION_ARG_INT64, &options.hidden, "Hidden size (default 64)", "H" },
     { "timeout-ms", 0, 0, G_OPTION_ARG_INT, &options.timeout_ms,
       "How long a rank waits for its peers (default 10000)", "MS" },
+    { "backend", 0, 0, G_OPTION_ARG_STRING, &backend,
+      "local (threads, the default) or ucx (this process is one rank: run it under "
+      "cpmesh launch -n N, mpirun or srun; --ranks is then the launcher's)", "NAME" },
     G_OPTION_ENTRY_NULL
   };
   g_auto(Demo) demo = { &options };
@@ -374,8 +429,10 @@ cpmesh_demo (int    argc,
                              "layout, all-gathers it back with cp_mesh_unshard and checks it "
                              "bit-exactly against the original. Exits 0 only when every rank "
                              "passes.", entries, argc, argv) ||
-      !check_options (&options))
+      !check_options (&options, backend))
     return CPMESH_EXIT_USAGE;
+  if (g_str_equal (options.backend, "ucx"))
+    return run_ucx (&demo);
   if (!demo_init (&demo, &error))
     return cpmesh_fail_error (error);
   print_plan (&demo);
