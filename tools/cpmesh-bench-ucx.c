@@ -16,15 +16,11 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <gio/gio.h>
-#include <libcpmesh.h>
 
-int cpmesh_bench_mesh_ucx (int    argc,
-                           char **argv);
+#include "cpmesh-tool.h"
 
 #define MIB ((gsize) 1 << 20)
 #define ROLE_VARIABLE "CPMESH_BENCH_ROLE"
@@ -41,22 +37,6 @@ typedef struct
 } Options;
 
 /* ---- helpers ---- */
-
-static guint16
-free_port (void)
-{
-  struct sockaddr_in address = { .sin_family = AF_INET, .sin_addr.s_addr = htonl (INADDR_LOOPBACK) };
-  socklen_t length = sizeof address;
-  int fd = socket (AF_INET, SOCK_STREAM, 0);
-  guint16 port = 0;
-
-  if (fd >= 0 && bind (fd, (struct sockaddr *) &address, sizeof address) == 0 &&
-      getsockname (fd, (struct sockaddr *) &address, &length) == 0)
-    port = ntohs (address.sin_port);
-  if (fd >= 0)
-    close (fd);
-  return port;
-}
 
 static const char *
 size_name (gsize size)
@@ -260,7 +240,7 @@ spawn_ranks (const Options  *options,
              GError        **error)
 {
   g_auto(GStrv) argv = own_command_line (error);
-  g_autofree char *port = g_strdup_printf ("%u", free_port ());
+  g_autofree char *port = g_strdup_printf ("%u", cpmesh_free_port ());
   g_autofree char *world = g_strdup_printf ("%d", options->n_ranks);
   g_autofree char *token = g_uuid_string_random ();
   g_autofree char *timeout = g_strdup_printf ("%d", g_str_equal (role, "failure") ? FAILURE_TIMEOUT_MS : 120000);
@@ -394,7 +374,7 @@ run_perftest (const char  *perftest,
               gsize        size,
               GError     **error)
 {
-  g_autofree char *port = g_strdup_printf ("%u", free_port ());
+  g_autofree char *port = g_strdup_printf ("%u", cpmesh_free_port ());
   g_autofree char *size_text = g_strdup_printf ("%" G_GSIZE_FORMAT, size);
   const char *iterations = size >= 64 * MIB ? "20" : "1000";
   const char *warmup = size >= 64 * MIB ? "3" : "50";

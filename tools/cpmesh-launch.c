@@ -14,15 +14,12 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <gio/gio.h>
 #include <glib-unix.h>
 
-int cpmesh_launch (int    argc,
-                   char **argv);
+#include "cpmesh-tool.h"
 
 #define MAX_RANKS 1024
 /* After the last rank exited, how long its output may still trickle in
@@ -52,22 +49,6 @@ struct _Launch
   guint kill_timer;
   guint drain_timer;
 };
-
-static guint16
-free_port (void)
-{
-  struct sockaddr_in address = { .sin_family = AF_INET, .sin_addr.s_addr = htonl (INADDR_LOOPBACK) };
-  socklen_t length = sizeof address;
-  int fd = socket (AF_INET, SOCK_STREAM, 0);
-  guint16 port = 0;
-
-  if (fd >= 0 && bind (fd, (struct sockaddr *) &address, sizeof address) == 0 &&
-      getsockname (fd, (struct sockaddr *) &address, &length) == 0)
-    port = ntohs (address.sin_port);
-  if (fd >= 0)
-    close (fd);
-  return port;
-}
 
 /* Each rank leads its own process group, so that stopping it reaches the
  * processes it started too. */
@@ -366,6 +347,6 @@ cpmesh_launch (int    argc,
                "  N in [1, %d], P in [1, 65535]\n", MAX_RANKS);
       return 2;
     }
-  return run (n, port != 0 ? (guint16) port : free_port (), (guint) grace * 1000,
+  return run (n, port != 0 ? (guint16) port : cpmesh_free_port (), (guint) grace * 1000,
               (const char * const *) argv + 1);
 }

@@ -95,4 +95,7 @@ void         cpmesh_run_ranks          (GList                *meshes,
 
 double       cpmesh_now_seconds        (void);
 
+/* A TCP port on loopback that was free a moment ago, for a rendezvous. */
+guint16      cpmesh_free_port          (void);
+
 G_END_DECLS

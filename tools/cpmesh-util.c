@@ -4,6 +4,9 @@
  */
 
 #include <stdio.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "cpmesh-tool.h"
 
@@ -228,4 +231,20 @@ double
 cpmesh_now_seconds (void)
 {
   return (double) g_get_monotonic_time () / G_USEC_PER_SEC;
+}
+
+guint16
+cpmesh_free_port (void)
+{
+  struct sockaddr_in address = { .sin_family = AF_INET, .sin_addr.s_addr = htonl (INADDR_LOOPBACK) };
+  socklen_t length = sizeof address;
+  int fd = socket (AF_INET, SOCK_STREAM, 0);
+  guint16 port = 0;
+
+  if (fd >= 0 && bind (fd, (struct sockaddr *) &address, sizeof address) == 0 &&
+      getsockname (fd, (struct sockaddr *) &address, &length) == 0)
+    port = ntohs (address.sin_port);
+  if (fd >= 0)
+    close (fd);
+  return port;
 }
