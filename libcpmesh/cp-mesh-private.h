@@ -36,6 +36,18 @@ gboolean  _cp_mesh_check_dims       (const char * const  *dim_names,
 
 CpComm   *_cp_mesh_get_comm         (CpMesh              *self);
 
+void      _cp_mesh_set_local_rank   (CpMesh              *self,
+                                     int                  local_rank);
+
+/* Reports the peers the transport loses as CpMesh::rank-lost in
+ * @context, and polls the transport there while the program is idle so
+ * that losses are noticed between operations too. */
+void      _cp_mesh_watch_peers      (CpMesh              *self,
+                                     GMainContext        *context);
+
+/* How often an idle mesh polls its transport for lost peers. */
+#define CP_MESH_POLL_INTERVAL_MS 200
+
 /* The absolute deadline of an operation that starts now. */
 gint64    _cp_mesh_deadline         (CpMesh              *self);
 

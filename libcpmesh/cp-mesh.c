@@ -19,8 +19,10 @@
  * `dp × cp × tp` — and the transport that moves tensors between them.
  *
  * Each rank holds its own `CpMesh`. [func@Cp.Mesh.new_local_group] makes one
- * mesh per rank for ranks that are threads of one process; later backends
- * connect processes and hosts. Ranks are numbered row-major over the
+ * mesh per rank for ranks that are threads of one process;
+ * [ctor@Cp.Mesh.new_from_env], [ctor@Cp.Mesh.new_ucx] and
+ * [func@Cp.Mesh.connect_async] join ranks that are processes, on one host
+ * or many, over UCX. Ranks are numbered row-major over the
  * dimensions, the last dimension varying fastest, and
  * [method@Cp.Mesh.get_submesh] gives the 1-D mesh of the ranks that differ
  * only along one dimension, such as the context-parallel group.
@@ -31,7 +33,9 @@
  * they were asked to do before any byte moves, so shapes, dtypes or
  * operations that disagree are an error on every rank rather than
  * corrupted memory. After a timeout the mesh (or submesh) stays failed:
- * create a new one.
+ * create a new one. A multi-process mesh also fails, within the timeout,
+ * with %CP_MESH_ERROR_PEER_LOST when a peer process dies or its link is
+ * cut, and emits [signal@Cp.Mesh::rank-lost].
  *
  * A mesh is used by one thread at a time — normally the thread of its
  * rank. Its properties never change apart from the timeout.
@@ -49,7 +53,9 @@ struct _CpMesh
   gsize n_dims;
   int *coordinates;
   guint timeout_ms;
+  int local_rank;
   GHashTable *submeshes; /* dim name → CpMesh */
+  GSource *poll_source;  /* set while watching a transport's peers */
 };
 
 G_DEFINE_FINAL_TYPE (CpMesh, cp_mesh, G_TYPE_OBJECT)
@@ -62,16 +68,27 @@ enum {
   PROP_DIM_NAMES,
   PROP_DIM_SIZES,
   PROP_TIMEOUT_MS,
+  PROP_LOCAL_RANK,
   N_PROPS
 };
 
 static GParamSpec *properties[N_PROPS];
+
+enum {
+  RANK_LOST,
+  N_SIGNALS
+};
+
+static guint signals[N_SIGNALS];
 
 static void
 cp_mesh_finalize (GObject *object)
 {
   CpMesh *self = (CpMesh *) object;
 
+  if (self->poll_source != NULL)
+    g_source_destroy (self->poll_source);
+  g_clear_pointer (&self->poll_source, g_source_unref);
   g_clear_pointer (&self->submeshes, g_hash_table_unref);
   g_clear_pointer (&self->comm, _cp_comm_free);
   g_clear_pointer (&self->label, g_free);
@@ -119,6 +136,9 @@ cp_mesh_get_property (GObject    *object,
       break;
     case PROP_TIMEOUT_MS:
       g_value_set_uint (value, self->timeout_ms);
+      break;
+    case PROP_LOCAL_RANK:
+      g_value_set_int (value, self->local_rank);
       break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
@@ -177,7 +197,8 @@ cp_mesh_class_init (CpMeshClass *klass)
   /**
    * CpMesh:backend:
    *
-   * The transport: `"local"` for ranks that are threads of one process.
+   * The transport: `"local"` for ranks that are threads of one process,
+   * `"ucx"` for ranks that are processes.
    *
    * Since: 1.0
    */
@@ -218,13 +239,49 @@ cp_mesh_class_init (CpMeshClass *klass)
     g_param_spec_uint ("timeout-ms", NULL, NULL, 1, G_MAXINT, CP_MESH_DEFAULT_TIMEOUT_MS,
                        G_PARAM_READWRITE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
 
+  /**
+   * CpMesh:local-rank:
+   *
+   * This rank's index among the ranks on its host, as the launcher
+   * reported it (`LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_RANK`,
+   * `SLURM_LOCALID`), or -1 when it did not. For ranks that are threads
+   * of one process, the rank.
+   *
+   * Since: 1.0
+   */
+  properties[PROP_LOCAL_RANK] =
+    g_param_spec_int ("local-rank", NULL, NULL, -1, G_MAXINT, -1,
+                      G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+
   g_object_class_install_properties (object_class, N_PROPS, properties);
+
+  /**
+   * CpMesh::rank-lost:
+   * @self: the mesh
+   * @rank: the rank that was lost, a rank of @self
+   * @reason: what the transport reported
+   *
+   * Emitted when the transport loses the process of another rank: it
+   * died, its link was cut, or it closed its mesh. It is emitted in the
+   * thread-default main context of the thread that created the mesh,
+   * once per lost rank, and only by multi-process meshes made with
+   * [ctor@Cp.Mesh.new_from_env], [ctor@Cp.Mesh.new_ucx] or
+   * [func@Cp.Mesh.connect_async] (not by their submeshes). An idle mesh
+   * notices losses while that main context runs; operations in progress
+   * fail with %CP_MESH_ERROR_PEER_LOST either way.
+   *
+   * Since: 1.0
+   */
+  signals[RANK_LOST] =
+    g_signal_new ("rank-lost", G_TYPE_FROM_CLASS (klass), G_SIGNAL_RUN_LAST, 0, NULL, NULL, NULL,
+                  G_TYPE_NONE, 2, G_TYPE_INT, G_TYPE_STRING);
 }
 
 static void
 cp_mesh_init (CpMesh *self)
 {
   self->timeout_ms = CP_MESH_DEFAULT_TIMEOUT_MS;
+  self->local_rank = -1;
   self->submeshes = g_hash_table_new_full (g_str_hash, g_str_equal, g_free, g_object_unref);
 }
 
@@ -351,8 +408,11 @@ cp_mesh_new_local_group (const char * const  *dim_names,
   transports = _cp_transport_local_new_group (world_size);
   for (int r = world_size - 1; r >= 0; r--)
     {
-      meshes = g_list_prepend (meshes, _cp_mesh_new (transports[r], "world", members, world_size,
-                                                     r, dim_names, dim_sizes, n_dims, NULL));
+      CpMesh *mesh = _cp_mesh_new (transports[r], "world", members, world_size, r, dim_names,
+                                   dim_sizes, n_dims, NULL);
+
+      mesh->local_rank = r;
+      meshes = g_list_prepend (meshes, mesh);
       _cp_transport_unref (transports[r]);
     }
   g_free (transports);
@@ -513,6 +573,128 @@ cp_mesh_get_coordinate (CpMesh     *self,
 }
 
 /**
+ * cp_mesh_get_local_rank:
+ * @self: a mesh
+ *
+ * Gets [property@Cp.Mesh:local-rank]: this rank's index among the ranks on
+ * its host, for choosing a device.
+ *
+ * Returns: the local rank, or -1 when the launcher did not report it
+ *
+ * Since: 1.0
+ */
+int
+cp_mesh_get_local_rank (CpMesh *self)
+{
+  g_return_val_if_fail (CP_IS_MESH (self), -1);
+
+  return self->local_rank;
+}
+
+void
+_cp_mesh_set_local_rank (CpMesh *self,
+                         int     local_rank)
+{
+  self->local_rank = local_rank;
+}
+
+/* The link between a transport's callbacks, on any thread, and the mesh
+ * in its main context.  The mesh may be gone by the time they run. */
+typedef struct
+{
+  GWeakRef mesh;
+  GMainContext *context;
+} PeerWatch;
+
+typedef struct
+{
+  PeerWatch *watch;
+  int rank;
+  char *reason;
+} RankLost;
+
+static void
+peer_watch_clear (PeerWatch *watch)
+{
+  g_weak_ref_clear (&watch->mesh);
+  g_main_context_unref (watch->context);
+}
+
+static void
+rank_lost_release_watch (PeerWatch *watch)
+{
+  g_atomic_rc_box_release_full (watch, (GDestroyNotify) peer_watch_clear);
+}
+
+static void
+rank_lost_free (RankLost *lost)
+{
+  rank_lost_release_watch (lost->watch);
+  g_free (lost->reason);
+  g_free (lost);
+}
+
+static gboolean
+emit_rank_lost (gpointer user_data)
+{
+  RankLost *lost = user_data;
+  g_autoptr(CpMesh) self = g_weak_ref_get (&lost->watch->mesh);
+
+  if (self != NULL)
+    g_signal_emit (self, signals[RANK_LOST], 0, lost->rank, lost->reason);
+  return G_SOURCE_REMOVE;
+}
+
+/* Never emits from here: the transport may hold its locks, and a
+ * handler may well use the mesh. */
+static void
+on_peer_lost (int          rank,
+              const char  *reason,
+              gpointer     user_data)
+{
+  PeerWatch *watch = user_data;
+  RankLost *lost = g_new0 (RankLost, 1);
+  GSource *source = g_idle_source_new ();
+
+  lost->watch = g_atomic_rc_box_acquire (watch);
+  lost->rank = rank;
+  lost->reason = g_strdup (reason);
+  g_source_set_callback (source, emit_rank_lost, lost, (GDestroyNotify) rank_lost_free);
+  g_source_set_static_name (source, "[libcpmesh] rank-lost");
+  g_source_attach (source, watch->context);
+  g_source_unref (source);
+}
+
+static gboolean
+poll_transport (gpointer user_data)
+{
+  CpTransport *transport = user_data;
+
+  transport->ops->poll (transport);
+  return G_SOURCE_CONTINUE;
+}
+
+void
+_cp_mesh_watch_peers (CpMesh       *self,
+                      GMainContext *context)
+{
+  CpTransport *transport = self->comm->transport;
+  PeerWatch *watch = g_atomic_rc_box_new0 (PeerWatch);
+
+  g_weak_ref_init (&watch->mesh, self);
+  watch->context = g_main_context_ref (context);
+  _cp_transport_set_peer_lost_func (transport, on_peer_lost, watch,
+                                    (GDestroyNotify) rank_lost_release_watch);
+  if (transport->ops->poll == NULL)
+    return;
+  self->poll_source = g_timeout_source_new (CP_MESH_POLL_INTERVAL_MS);
+  g_source_set_callback (self->poll_source, poll_transport, _cp_transport_ref (transport),
+                         (GDestroyNotify) _cp_transport_unref);
+  g_source_set_static_name (self->poll_source, "[libcpmesh] poll peers");
+  g_source_attach (self->poll_source, context);
+}
+
+/**
  * cp_mesh_get_timeout_ms:
  * @self: a mesh
  *
@@ -584,7 +766,10 @@ create_submesh (CpMesh      *self,
   submesh = _cp_mesh_new (self->comm->transport, label, members, self->dim_sizes[d],
                           self->coordinates[d], names, &self->dim_sizes[d], 1, error);
   if (submesh != NULL)
-    submesh->timeout_ms = self->timeout_ms;
+    {
+      submesh->timeout_ms = self->timeout_ms;
+      submesh->local_rank = self->local_rank;
+    }
   return submesh;
 }
 

@@ -29,6 +29,28 @@ GList              *cp_mesh_new_local_group   (const char * const  *dim_names,
                                                GError             **error) G_GNUC_WARN_UNUSED_RESULT;
 
 CP_AVAILABLE_IN_ALL
+CpMesh             *cp_mesh_new_from_env      (GError             **error) G_GNUC_WARN_UNUSED_RESULT;
+CP_AVAILABLE_IN_ALL
+CpMesh             *cp_mesh_new_ucx           (int                  rank,
+                                               int                  world_size,
+                                               const char          *address,
+                                               guint                port,
+                                               const char          *token,
+                                               const char * const  *dim_names,
+                                               const int           *dim_sizes,
+                                               gsize                n_dims,
+                                               guint                timeout_ms,
+                                               GError             **error) G_GNUC_WARN_UNUSED_RESULT;
+CP_AVAILABLE_IN_ALL
+void                cp_mesh_connect_async     (const char * const  *environment,
+                                               GCancellable        *cancellable,
+                                               GAsyncReadyCallback  callback,
+                                               gpointer             user_data);
+CP_AVAILABLE_IN_ALL
+CpMesh             *cp_mesh_connect_finish    (GAsyncResult        *result,
+                                               GError             **error) G_GNUC_WARN_UNUSED_RESULT;
+
+CP_AVAILABLE_IN_ALL
 int                 cp_mesh_get_rank          (CpMesh              *self);
 CP_AVAILABLE_IN_ALL
 int                 cp_mesh_get_world_size    (CpMesh              *self);
@@ -45,6 +67,8 @@ int                 cp_mesh_get_dim_size      (CpMesh              *self,
 CP_AVAILABLE_IN_ALL
 int                 cp_mesh_get_coordinate    (CpMesh              *self,
                                                const char          *dim_name);
+CP_AVAILABLE_IN_ALL
+int                 cp_mesh_get_local_rank    (CpMesh              *self);
 CP_AVAILABLE_IN_ALL
 guint               cp_mesh_get_timeout_ms    (CpMesh              *self);
 CP_AVAILABLE_IN_ALL

@@ -334,6 +334,19 @@ check_options (MeshBenchOptions *options)
   return TRUE;
 }
 
+/* `--backend ucx` times processes over UCX instead of threads
+ * (cpmesh-bench-ucx.c), which takes the rest of the options itself. */
+static gboolean
+wants_ucx (int    argc,
+           char **argv)
+{
+  for (int i = 1; i < argc; i++)
+    if (g_str_equal (argv[i], "--backend=ucx") ||
+        (g_str_equal (argv[i], "--backend") && i + 1 < argc && g_str_equal (argv[i + 1], "ucx")))
+      return TRUE;
+  return FALSE;
+}
+
 int
 cpmesh_bench_mesh (int    argc,
                    char **argv)
@@ -359,6 +372,8 @@ cpmesh_bench_mesh (int    argc,
   g_autoptr(GError) error = NULL;
   int status;
 
+  if (wants_ucx (argc, argv))
+    return cpmesh_bench_mesh_ucx (argc, argv);
   cpmesh_bench_rows_init (rows, N_ROWS);
   if (!cpmesh_parse_options ("Time the in-process backend's all_gather of M MiB per rank over N "
                              "ranks against memcpy of the same bytes by the same threads, and "

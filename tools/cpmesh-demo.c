@@ -28,6 +28,7 @@ typedef struct
   gint64 heads;
   gint64 head_dim;
   char *rotate;
+  char *backend;         /* "local" (threads) or "ucx" (this process is one rank) */
   int timeout_ms;
 } DemoOptions;
 
@@ -401,6 +402,7 @@ demo_clear (Demo *demo)
     g_clear_object (&demo->reference[i]);
   g_clear_pointer (&demo->layout, cp_layout_unref);
   g_clear_pointer (&demo->options->rotate, g_free);
+  g_clear_pointer (&demo->options->backend, g_free);
 }
 
 G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (Demo, demo_clear)
@@ -412,8 +414,9 @@ print_plan (Demo *demo)
   g_autoptr(CpLayout) contiguous = cp_layout_new (CP_LOAD_BALANCE_CONTIGUOUS, demo->padded_len,
                                                   o->n_ranks, NULL);
 
-  g_print ("cpmesh demo: %d ranks on threads of one process, head-tail layout, %s rotation\n",
-           o->n_ranks, o->rotate);
+  g_print ("cpmesh demo: %d ranks %s, head-tail layout, %s rotation\n", o->n_ranks,
+           g_str_equal (o->backend, "ucx") ? "in processes of their own, over UCX"
+                                           : "on threads of one process", o->rotate);
   g_print ("batch: input_ids and labels int64[%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT "]; "
            "q, k, v, dout float32[%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT ", %" G_GINT64_FORMAT
            ", %" G_GINT64_FORMAT "]\n", o->batch, o->seq_len, o->batch, o->heads, o->seq_len,
@@ -458,16 +461,22 @@ print_errors (GPtrArray *ranks)
     g_print (" %s %.2e%s", result_names[i], worst[i], i + 1 < N_RESULTS ? "," : "\n");
 }
 
+static void
+print_header (void)
+{
+  g_print ("rank");
+  for (gsize s = 0; s < G_N_ELEMENTS (stages); s++)
+    g_print ("  %9s", stages[s].name);
+  g_print ("  (ms)\n");
+}
+
 /* Prints the per-rank table and the verdict; returns whether all passed. */
 static gboolean
 print_results (GPtrArray *ranks)
 {
   guint failed = 0;
 
-  g_print ("rank");
-  for (gsize s = 0; s < G_N_ELEMENTS (stages); s++)
-    g_print ("  %9s", stages[s].name);
-  g_print ("  (ms)\n");
+  print_header ();
   for (guint r = 0; r < ranks->len; r++)
     {
       DemoRank *rank = g_ptr_array_index (ranks, r);
@@ -505,6 +514,63 @@ run_ranks (Demo *demo)
   return passed ? 0 : CPMESH_EXIT_FAILED;
 }
 
+/* --backend ucx: this process is one rank of a mesh that cpmesh launch,
+ * mpirun or srun started; it prints its own row and verdict. */
+static int
+run_process_rank (Demo   *demo,
+                  CpMesh *mesh)
+{
+  g_autoptr(GPtrArray) ranks = g_ptr_array_new_with_free_func ((GDestroyNotify) demo_rank_free);
+  DemoRank *rank = demo_rank_new (demo, mesh);
+  gboolean passed;
+
+  g_ptr_array_add (ranks, rank);
+  rank_main (mesh, rank);
+  print_header ();
+  print_rank (rank);
+  passed = rank->failed_stage < 0;
+  if (passed)
+    {
+      print_errors (ranks);
+      g_print ("PASS: rank %d of %d matched single-rank attention within %.0e and gathered "
+               "the batch back bit-exactly\n", rank->rank, demo->options->n_ranks, TOLERANCE);
+    }
+  return passed ? 0 : CPMESH_EXIT_FAILED;
+}
+
+static int
+run_ucx (Demo *demo)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = cp_mesh_new_from_env (&error);
+
+  if (mesh == NULL)
+    return cpmesh_fail_error (error);
+  cp_mesh_set_timeout_ms (mesh, (guint) demo->options->timeout_ms);
+  demo->options->n_ranks = cp_mesh_get_world_size (mesh);
+  if (!demo_init (demo, &error))
+    return cpmesh_fail_error (error);
+  if (cp_mesh_get_rank (mesh) == 0)
+    print_plan (demo);
+  return run_process_rank (demo, mesh);
+}
+
+static gboolean
+check_backend (const char *backend)
+{
+  if (!g_str_equal (backend, "local") && !g_str_equal (backend, "ucx"))
+    {
+      cpmesh_fail (CPMESH_EXIT_USAGE, "--backend %s: use local or ucx", backend);
+      return FALSE;
+    }
+  if (g_str_equal (backend, "ucx") && !CP_HAS_UCX)
+    {
+      cpmesh_fail (CPMESH_EXIT_USAGE, "--backend ucx: this libcpmesh was built without UCX");
+      return FALSE;
+    }
+  return TRUE;
+}
+
 static gboolean
 check_options (Demo *demo)
 {
@@ -517,6 +583,8 @@ check_options (Demo *demo)
                    "--timeout-ms must be positive");
       return FALSE;
     }
+  if (!check_backend (o->backend))
+    return FALSE;
   if (g_strcmp0 (o->rotate, "allgather") == 0)
     demo->rotate = CP_ROTATE_METHOD_ALLGATHER;
   else if (g_strcmp0 (o->rotate, "alltoall") == 0)
@@ -547,13 +615,16 @@ cpmesh_demo (int    argc,
       "How K/V move: allgather or alltoall (the ring; default allgather)", "METHOD" },
     { "timeout-ms", 0, 0, G_OPTION_ARG_INT, &options.timeout_ms,
       "How long a rank waits for its peers (default 60000)", "MS" },
+    { "backend", 0, 0, G_OPTION_ARG_STRING, &options.backend,
+      "local (threads, the default) or ucx (this process is one rank: run it under "
+      "cpmesh launch -n N, mpirun or srun; --ranks is then the launcher's)", "NAME" },
     G_OPTION_ENTRY_NULL
   };
   g_auto(Demo) demo = { &options };
   g_autoptr(GError) error = NULL;
 
-  if (!cpmesh_parse_options ("Run ranks as threads of one process: every rank loads the same "
-                             "batch, prepares it, enters the context (which shards every buffer "
+  if (!cpmesh_parse_options ("Run ranks as threads of one process (or, with --backend ucx, "
+                             "as processes): every rank loads the same batch, prepares it, enters the context (which shards every buffer "
                              "in place), runs causal context-parallel attention forward and "
                              "backward, exits, and gathers the results back. Checks the ids "
                              "bit-exactly and the attention output and gradients against "
@@ -562,8 +633,12 @@ cpmesh_demo (int    argc,
     return CPMESH_EXIT_USAGE;
   if (options.rotate == NULL)
     options.rotate = g_strdup ("allgather");
+  if (options.backend == NULL)
+    options.backend = g_strdup ("local");
   if (!check_options (&demo))
     return CPMESH_EXIT_USAGE;
+  if (g_str_equal (options.backend, "ucx"))
+    return run_ucx (&demo);
   if (!demo_init (&demo, &error))
     return cpmesh_fail_error (error);
   print_plan (&demo);

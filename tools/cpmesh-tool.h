@@ -37,6 +37,10 @@ int          cpmesh_bench_mesh         (int                   argc,
                                         char                **argv);
 int          cpmesh_demo               (int                   argc,
                                         char                **argv);
+int          cpmesh_launch             (int                   argc,
+                                        char                **argv);
+int          cpmesh_bench_mesh_ucx     (int                   argc,
+                                        char                **argv);
 
 /* Runs the command argv[1] names out of @commands, after @argv[0]'s own
  * --help.  The program name becomes "cpmesh <command>", which every
@@ -97,5 +101,8 @@ CpTensor    *cpmesh_pad_sequence       (CpTensor             *tensor,
                                         gint64                length,
                                         double                value,
                                         GError              **error);
+
+/* A TCP port on loopback that was free a moment ago, for a rendezvous. */
+guint16      cpmesh_free_port          (void);
 
 G_END_DECLS

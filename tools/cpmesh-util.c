@@ -5,6 +5,9 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "cpmesh-tool.h"
 
@@ -262,4 +265,20 @@ cpmesh_pad_sequence (CpTensor  *tensor,
             (const guint8 *) cp_tensor_get_data (tensor) + o * (gsize) shape[dim] * row,
             (gsize) shape[dim] * row);
   return padded;
+}
+
+guint16
+cpmesh_free_port (void)
+{
+  struct sockaddr_in address = { .sin_family = AF_INET, .sin_addr.s_addr = htonl (INADDR_LOOPBACK) };
+  socklen_t length = sizeof address;
+  int fd = socket (AF_INET, SOCK_STREAM, 0);
+  guint16 port = 0;
+
+  if (fd >= 0 && bind (fd, (struct sockaddr *) &address, sizeof address) == 0 &&
+      getsockname (fd, (struct sockaddr *) &address, &length) == 0)
+    port = ntohs (address.sin_port);
+  if (fd >= 0)
+    close (fd);
+  return port;
 }

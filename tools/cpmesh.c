@@ -12,6 +12,7 @@ static const CpmeshCommand commands[] = {
   { "layout", "Show which sequence positions each rank holds, and their cost", cpmesh_layout },
   { "bench", "Measure shard, unshard and collectives against memcpy", cpmesh_bench },
   { "demo", "Shard a batch over in-process ranks and gather it back", cpmesh_demo },
+  { "launch", "Start N local ranks of a program, as torchrun --standalone does", cpmesh_launch },
 };
 
 int

@@ -15,6 +15,7 @@ import Gio from 'gi://Gio';
 import Cp from 'gi://Cp?version=1';
 
 Gio._promisify(Cp.Mesh.prototype, 'barrier_async', 'barrier_finish');
+Gio._promisify(Cp.Mesh, 'connect_async', 'connect_finish');
 
 const TYPED_ARRAYS = new Map([
     [Cp.DType.BOOL, Uint8Array],

@@ -115,18 +115,6 @@ local_transport_free (CpTransport *transport)
   g_free (self);
 }
 
-static char *
-comm_key (const char *label,
-          const int  *members,
-          int         n)
-{
-  GString *key = g_string_new (label);
-
-  for (int i = 0; i < n; i++)
-    g_string_append_printf (key, "%c%d", i == 0 ? ':' : ',', members[i]);
-  return g_string_free (key, FALSE);
-}
-
 static SharedComm *
 shared_comm_new (char      *key,
                  const int *members,
@@ -165,7 +153,7 @@ local_comm_new (CpTransport  *transport,
 {
   LocalGroup *group = ((LocalTransport *) transport)->group;
   LocalComm *self = g_new0 (LocalComm, 1);
-  char *key = comm_key (label, members, n_members);
+  char *key = _cp_comm_key (label, members, n_members);
 
   _cp_comm_init (&self->parent, transport, members, n_members, my_index);
   self->group = group_ref (group);
@@ -531,26 +519,13 @@ take_envelope (LocalComm *self,
   return NULL;
 }
 
-static gboolean
-messages_match (const CpMessage *sent,
-                const CpMessage *expected)
-{
-  return sent->dtype == expected->dtype && sent->n_dims == expected->n_dims &&
-         sent->nbytes == expected->nbytes &&
-         memcmp (sent->shape, expected->shape, sent->n_dims * sizeof (gint64)) == 0;
-}
-
 static void
 set_mismatch (GError         **error,
               const Envelope  *envelope,
               const CpMessage *expected)
 {
-  g_autofree char *sent = _cp_message_describe (envelope->message);
-  g_autofree char *want = _cp_message_describe (expected);
-
-  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
-               "rank %d sent %s with tag %" G_GUINT64_FORMAT " but rank %d expected %s",
-               envelope->src, sent, envelope->tag, envelope->dst, want);
+  _cp_message_set_mismatch (error, envelope->message, envelope->src, envelope->tag, envelope->dst,
+                            expected);
 }
 
 static gboolean
@@ -579,7 +554,7 @@ wait_recv (LocalComm  *self,
       return FALSE;
     }
 
-  if (messages_match (envelope->message, request->message))
+  if (_cp_message_matches (envelope->message, request->message))
     _cp_copy (request->message->data, envelope->message->data, envelope->message->nbytes,
               _cp_copy_wants_streaming (envelope->message->nbytes));
   else

@@ -5,6 +5,8 @@
 
 #pragma once
 
+#include <gio/gio.h>
+
 #include "cp-tensor.h"
 #include "cp-types.h"
 
@@ -109,7 +111,19 @@ struct _CpTransportOps
                                 CpRequest     *request,
                                 gint64         deadline,
                                 GError       **error);
+
+  /* Optional: makes progress without blocking, unless another thread is
+   * inside the transport, so that lost peers are noticed while the
+   * program is idle. */
+  void       (*poll)           (CpTransport   *transport);
 };
+
+/* Told that the transport lost the process of world rank @rank.  Called
+ * from whichever thread noticed, inside the transport: it must only
+ * schedule work, never call back into the mesh. */
+typedef void (*CpPeerLostFunc) (int          rank,
+                                const char  *reason,
+                                gpointer     user_data);
 
 struct _CpTransport
 {
@@ -117,6 +131,11 @@ struct _CpTransport
   gatomicrefcount ref_count;
   int rank;
   int world_size;
+
+  GMutex peer_lost_lock;
+  CpPeerLostFunc peer_lost_func;
+  gpointer peer_lost_data;
+  GDestroyNotify peer_lost_destroy;
 };
 
 struct _CpComm
@@ -134,12 +153,24 @@ void         _cp_transport_init  (CpTransport          *transport,
                                   int                   rank,
                                   int                   world_size);
 
+void         _cp_transport_set_peer_lost_func (CpTransport    *transport,
+                                              CpPeerLostFunc  func,
+                                              gpointer        user_data,
+                                              GDestroyNotify  destroy);
+void         _cp_transport_report_peer_lost   (CpTransport    *transport,
+                                              int             rank,
+                                              const char     *reason);
+
 void         _cp_comm_init       (CpComm       *comm,
                                   CpTransport  *transport,
                                   const int    *members,
                                   int           n_members,
                                   int           my_index);
 void         _cp_comm_clear      (CpComm       *comm);
+/* "label:0,2,4": names a communicator the same way on every member. */
+char        *_cp_comm_key        (const char   *label,
+                                  const int    *members,
+                                  int           n);
 void         _cp_comm_free       (CpComm       *comm);
 
 /* Decides, identically on every rank, whether the descriptors of one
@@ -166,8 +197,28 @@ const char  *_cp_collective_name (CpCollKind kind);
 /* "float32[4, 8]" */
 char        *_cp_message_describe (const CpMessage *message);
 
+/* Whether a message sent as @sent fits a receive expecting @expected. */
+gboolean     _cp_message_matches  (const CpMessage *sent,
+                                   const CpMessage *expected);
+
+/* "rank 0 sent int32[4] with tag 4 but rank 1 expected int32[5]", as
+ * %CP_TENSOR_ERROR_SHAPE; both sides of a mismatch report it. */
+void         _cp_message_set_mismatch (GError          **error,
+                                       const CpMessage  *sent,
+                                       int               src,
+                                       guint64           tag,
+                                       int               dst,
+                                       const CpMessage  *expected);
+
 /* The in-process backend: @world_size transports, one per rank, that
  * share memory. */
 CpTransport **_cp_transport_local_new_group (int world_size);
+
+/* The UCX backend: joins this process to the mesh @config describes, as
+ * its rank, within its timeout.  Only built when CP_HAS_UCX. */
+typedef struct _CpMeshConfig CpMeshConfig;
+CpTransport  *_cp_transport_ucx_connect     (const CpMeshConfig  *config,
+                                             GCancellable        *cancellable,
+                                             GError             **error);
 
 G_END_DECLS

@@ -22,6 +22,42 @@ _cp_transport_init (CpTransport          *transport,
   g_atomic_ref_count_init (&transport->ref_count);
   transport->rank = rank;
   transport->world_size = world_size;
+  g_mutex_init (&transport->peer_lost_lock);
+}
+
+static void
+clear_peer_lost_func (CpTransport *transport)
+{
+  if (transport->peer_lost_destroy != NULL)
+    transport->peer_lost_destroy (transport->peer_lost_data);
+  transport->peer_lost_func = NULL;
+  transport->peer_lost_data = NULL;
+  transport->peer_lost_destroy = NULL;
+}
+
+void
+_cp_transport_set_peer_lost_func (CpTransport    *transport,
+                                  CpPeerLostFunc  func,
+                                  gpointer        user_data,
+                                  GDestroyNotify  destroy)
+{
+  g_mutex_lock (&transport->peer_lost_lock);
+  clear_peer_lost_func (transport);
+  transport->peer_lost_func = func;
+  transport->peer_lost_data = user_data;
+  transport->peer_lost_destroy = destroy;
+  g_mutex_unlock (&transport->peer_lost_lock);
+}
+
+void
+_cp_transport_report_peer_lost (CpTransport *transport,
+                                int          rank,
+                                const char  *reason)
+{
+  g_mutex_lock (&transport->peer_lost_lock);
+  if (transport->peer_lost_func != NULL)
+    transport->peer_lost_func (rank, reason, transport->peer_lost_data);
+  g_mutex_unlock (&transport->peer_lost_lock);
 }
 
 CpTransport *
@@ -34,8 +70,11 @@ _cp_transport_ref (CpTransport *transport)
 void
 _cp_transport_unref (CpTransport *transport)
 {
-  if (g_atomic_ref_count_dec (&transport->ref_count))
-    transport->ops->transport_free (transport);
+  if (!g_atomic_ref_count_dec (&transport->ref_count))
+    return;
+  clear_peer_lost_func (transport);
+  g_mutex_clear (&transport->peer_lost_lock);
+  transport->ops->transport_free (transport);
 }
 
 void
@@ -49,6 +88,18 @@ _cp_comm_init (CpComm      *comm,
   comm->size = n_members;
   comm->index = my_index;
   comm->members = g_memdup2 (members, (gsize) n_members * sizeof (int));
+}
+
+char *
+_cp_comm_key (const char *label,
+              const int  *members,
+              int         n)
+{
+  GString *key = g_string_new (label);
+
+  for (int i = 0; i < n; i++)
+    g_string_append_printf (key, "%c%d", i == 0 ? ':' : ',', members[i]);
+  return g_string_free (key, FALSE);
 }
 
 void
@@ -288,4 +339,29 @@ _cp_message_describe (const CpMessage *message)
   g_autofree char *shape = _cp_shape_to_string (message->shape, message->n_dims);
 
   return g_strdup_printf ("%s%s", cp_dtype_get_name (message->dtype), shape);
+}
+
+gboolean
+_cp_message_matches (const CpMessage *sent,
+                     const CpMessage *expected)
+{
+  return sent->dtype == expected->dtype && sent->n_dims == expected->n_dims &&
+         sent->nbytes == expected->nbytes &&
+         memcmp (sent->shape, expected->shape, sent->n_dims * sizeof (gint64)) == 0;
+}
+
+void
+_cp_message_set_mismatch (GError          **error,
+                          const CpMessage  *sent,
+                          int               src,
+                          guint64           tag,
+                          int               dst,
+                          const CpMessage  *expected)
+{
+  g_autofree char *what_sent = _cp_message_describe (sent);
+  g_autofree char *what_expected = _cp_message_describe (expected);
+
+  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+               "rank %d sent %s with tag %" G_GUINT64_FORMAT " but rank %d expected %s",
+               src, what_sent, tag, dst, what_expected);
 }

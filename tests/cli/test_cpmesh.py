@@ -227,6 +227,45 @@ class Demo(unittest.TestCase):
         record_failure(self, "demo --rotate names no rotate method", result)
 
 
+def has_ucx():
+    return re.search(r"\n  ucx\s+yes", run("info").stdout) is not None
+
+
+class Launch(unittest.TestCase):
+    """cpmesh launch starts ranks the way torchrun --standalone does."""
+
+    def test_demo_over_ucx(self):
+        if not has_ucx():
+            self.skipTest("libcpmesh was built without UCX")
+        result = run("launch", "-n", "2", "--", CPMESH, "demo", "--backend", "ucx", "--seq", "512")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertIn("[rank 0] cpmesh demo: 2 ranks in processes of their own, over UCX",
+                      result.stdout)
+        for rank in range(2):
+            self.assertIn("[rank %d] PASS: rank %d of 2" % (rank, rank), result.stdout)
+            self.assertRegex(result.stdout, r"\[rank %d\] max \|error\| against single-rank" % rank)
+
+    def test_environment(self):
+        result = run("launch", "-n", "2", "--port", "29613", "--", "sh", "-c",
+                     'echo "$RANK/$WORLD_SIZE/$LOCAL_RANK/$MASTER_ADDR/$MASTER_PORT/${CPMESH_TOKEN:+token}"')
+        self.assertEqual(result.returncode, 0, result.stderr)
+        for rank in range(2):
+            self.assertIn("[rank %d] %d/2/%d/127.0.0.1/29613/token" % (rank, rank, rank),
+                          result.stdout.splitlines())
+
+    def test_failing_rank_stops_the_others(self):
+        result = run("launch", "-n", "3", "--grace", "1", "--", "sh", "-c",
+                     'if [ "$RANK" = 1 ]; then exit 3; fi; exec sleep 30')
+        self.assertEqual(result.returncode, 3, result.stderr)
+        self.assertIn("rank 1 exited with status 3; stopping the other ranks", result.stderr)
+
+    def test_usage_errors(self):
+        for args in (["launch"], ["launch", "-n", "0", "--", "true"], ["launch", "-n", "2"]):
+            result = run(*args)
+            self.assertEqual(result.returncode, 2, result.stderr)
+            self.assertIn("usage: cpmesh launch -n N", result.stderr)
+
+
 class Bench(unittest.TestCase):
     """The benchmarks run, verify their data and report every row; their
     figures are not judged here (see `meson test --benchmark`)."""

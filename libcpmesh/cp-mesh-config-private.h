@@ -1,0 +1,56 @@
+/* cp-mesh-config-private.h: how a multi-process mesh is told who it is
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include <glib.h>
+
+G_BEGIN_DECLS
+
+/* The rendezvous port torchrun uses when MASTER_PORT is not set. */
+#define CP_MESH_DEFAULT_PORT 29500
+
+/* The UCX backend packs a communicator index into 10 tag bits. */
+#define CP_MESH_UCX_MAX_WORLD_SIZE 1024
+
+/* Everything a process needs to join a multi-process mesh: which rank it
+ * is, where rank 0 listens, the shared secret and the mesh's shape. */
+typedef struct _CpMeshConfig
+{
+  int rank;
+  int world_size;
+  int local_rank;       /* -1 when the launcher does not say */
+  char *address;        /* the host rank 0 listens on */
+  guint16 port;
+  char *token;          /* NULL: any process that reaches the port may join */
+  char **dim_names;
+  int *dim_sizes;
+  gsize n_dims;
+  guint timeout_ms;
+  const char *launcher; /* "torchrun", "Open MPI", "Slurm" or "explicit" */
+} CpMeshConfig;
+
+/* Reads the launcher conventions from @envp (NAME=VALUE strings), or from
+ * the process environment when @envp is NULL. */
+gboolean _cp_mesh_config_init_from_environ (CpMeshConfig        *config,
+                                            const char * const  *envp,
+                                            GError             **error);
+
+/* Fills and checks @config from explicit values; NULL or 0 pick defaults. */
+gboolean _cp_mesh_config_init              (CpMeshConfig        *config,
+                                            int                  rank,
+                                            int                  world_size,
+                                            const char          *address,
+                                            guint                port,
+                                            const char          *token,
+                                            const char * const  *dim_names,
+                                            const int           *dim_sizes,
+                                            gsize                n_dims,
+                                            guint                timeout_ms,
+                                            GError             **error);
+
+void     _cp_mesh_config_clear             (CpMeshConfig        *config);
+
+G_END_DECLS

@@ -1,0 +1,270 @@
+/* cp-mesh-connect.c: meshes whose ranks are processes
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include "cp-error.h"
+#include "cp-features.h"
+#include "cp-mesh-config-private.h"
+#include "cp-mesh-private.h"
+
+#if CP_HAS_UCX
+static CpMesh *
+mesh_from_transport (CpTransport         *transport,
+                     const CpMeshConfig  *config,
+                     GMainContext        *context,
+                     GError             **error)
+{
+  g_autofree int *members = g_new (int, config->world_size);
+  CpMesh *mesh;
+
+  for (int r = 0; r < config->world_size; r++)
+    members[r] = r;
+  mesh = _cp_mesh_new (transport, "world", members, config->world_size, config->rank,
+                       (const char * const *) config->dim_names, config->dim_sizes, config->n_dims,
+                       error);
+  if (mesh == NULL)
+    return NULL;
+  cp_mesh_set_timeout_ms (mesh, config->timeout_ms);
+  _cp_mesh_set_local_rank (mesh, config->local_rank);
+  _cp_mesh_watch_peers (mesh, context);
+  return mesh;
+}
+#endif
+
+/* Connects as @config says; lost peers are reported in @context. */
+static CpMesh *
+connect_mesh (const CpMeshConfig  *config,
+              GMainContext        *context,
+              GCancellable        *cancellable,
+              GError             **error)
+{
+#if CP_HAS_UCX
+  CpTransport *transport = _cp_transport_ucx_connect (config, cancellable, error);
+  CpMesh *mesh;
+
+  if (transport == NULL)
+    return NULL;
+  mesh = mesh_from_transport (transport, config, context, error);
+  _cp_transport_unref (transport);
+  return mesh;
+#else
+  g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED,
+               "rank %d of %d: this libcpmesh was built without UCX, so it cannot connect "
+               "processes; rebuild with -Ducx=enabled", config->rank, config->world_size);
+  return NULL;
+#endif
+}
+
+static CpMesh *
+connect_here (const CpMeshConfig  *config,
+              GError             **error)
+{
+  g_autoptr(GMainContext) context = g_main_context_ref_thread_default ();
+
+  return connect_mesh (config, context, NULL, error);
+}
+
+/**
+ * cp_mesh_new_from_env:
+ * @error: return location for a #GError
+ *
+ * Joins this process to a multi-process mesh as described by the
+ * environment of the launcher that started it, and blocks until every rank
+ * has joined or the timeout passed.
+ *
+ * Rank and world size come from the first launcher whose variables are
+ * set: torchrun (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, as set by
+ * `cpmesh launch` too), then Open MPI (`OMPI_COMM_WORLD_RANK`,
+ * `OMPI_COMM_WORLD_SIZE`, `OMPI_COMM_WORLD_LOCAL_RANK`), then Slurm
+ * (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`). With none of them
+ * set, the process is a mesh of one rank.
+ *
+ * Rank 0 listens at `MASTER_ADDR`:`MASTER_PORT` (under Slurm without
+ * `MASTER_ADDR`, the first node of the step; otherwise `127.0.0.1`; port
+ * 29500 by default). `CPMESH_TOKEN` is the shared secret every rank must
+ * prove it holds; without it, any process that reaches the port may join.
+ * `CPMESH_TIMEOUT_MS` bounds the rendezvous and every later operation
+ * (default 120000). `CPMESH_MESH_DIMS` names the dimensions, outermost
+ * first, as in `dp=2,cp=4`; by default the mesh has one dimension `cp`
+ * over all ranks.
+ *
+ * Programs started by `mpirun`, `srun`, torchrun or `cpmesh launch` run
+ * unchanged. [signal@Cp.Mesh::rank-lost] is emitted in the thread-default
+ * main context of the calling thread.
+ *
+ * Returns: (transfer full): this rank's mesh, or %NULL with
+ *   %CP_MESH_ERROR_INVALID_TOPOLOGY naming the variable and value when the
+ *   environment is bad or contradicts itself, %CP_MESH_ERROR_AUTH when
+ *   rank 0 refused the token, %CP_MESH_ERROR_TIMED_OUT when ranks did not
+ *   all join in time, or %CP_MESH_ERROR_UNSUPPORTED when libcpmesh was
+ *   built without UCX
+ *
+ * Since: 1.0
+ */
+CpMesh *
+cp_mesh_new_from_env (GError **error)
+{
+  CpMeshConfig config;
+  CpMesh *mesh;
+
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!_cp_mesh_config_init_from_environ (&config, NULL, error))
+    return NULL;
+  mesh = connect_here (&config, error);
+  _cp_mesh_config_clear (&config);
+  return mesh;
+}
+
+/**
+ * cp_mesh_new_ucx: (constructor)
+ * @rank: this process's rank, in `[0, world_size)`
+ * @world_size: the number of processes, at most 1024
+ * @address: (nullable): the host rank 0 listens on; %NULL for `127.0.0.1`
+ * @port: the port rank 0 listens on; 0 only for a mesh of one rank
+ * @token: (nullable): the shared secret every rank must prove it holds,
+ *   or %NULL for none
+ * @dim_names: (array zero-terminated=1) (nullable): the dimension names,
+ *   outermost first; %NULL for one dimension `cp` over all ranks
+ * @dim_sizes: (array length=n_dims) (nullable): the size of each dimension
+ * @n_dims: the number of dimensions
+ * @timeout_ms: the bound on the rendezvous and on every later operation,
+ *   in milliseconds; 0 for the default of 120000
+ * @error: return location for a #GError
+ *
+ * Joins this process to a multi-process mesh, like
+ * [ctor@Cp.Mesh.new_from_env] with every setting given explicitly: rank 0
+ * listens at @address:@port, every other rank connects there and proves
+ * it holds @token, and the call returns once every rank has joined.
+ *
+ * Returns: (transfer full): this rank's mesh, or %NULL with an error
+ *
+ * Since: 1.0
+ */
+CpMesh *
+cp_mesh_new_ucx (int                  rank,
+                 int                  world_size,
+                 const char          *address,
+                 guint                port,
+                 const char          *token,
+                 const char * const  *dim_names,
+                 const int           *dim_sizes,
+                 gsize                n_dims,
+                 guint                timeout_ms,
+                 GError             **error)
+{
+  CpMeshConfig config;
+  CpMesh *mesh;
+
+  g_return_val_if_fail (dim_names == NULL || dim_sizes != NULL, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!_cp_mesh_config_init (&config, rank, world_size, address, port, token, dim_names, dim_sizes,
+                             n_dims, timeout_ms, error))
+    return NULL;
+  mesh = connect_here (&config, error);
+  _cp_mesh_config_clear (&config);
+  return mesh;
+}
+
+typedef struct
+{
+  CpMeshConfig config;
+  GMainContext *context;
+} ConnectData;
+
+static void
+connect_data_free (ConnectData *data)
+{
+  _cp_mesh_config_clear (&data->config);
+  g_main_context_unref (data->context);
+  g_free (data);
+}
+
+static void
+connect_thread (GTask        *task,
+                gpointer      source_object,
+                gpointer      task_data,
+                GCancellable *cancellable)
+{
+  ConnectData *data = task_data;
+  GError *error = NULL;
+  CpMesh *mesh = connect_mesh (&data->config, data->context, cancellable, &error);
+
+  if (mesh != NULL)
+    g_task_return_pointer (task, mesh, g_object_unref);
+  else
+    g_task_return_error (task, error);
+}
+
+/**
+ * cp_mesh_connect_async:
+ * @environment: (array zero-terminated=1) (nullable): `NAME=VALUE`
+ *   strings to read the settings from, or %NULL for this process's
+ *   environment
+ * @cancellable: (nullable): a #GCancellable to give up waiting for the
+ *   other ranks
+ * @callback: called in the thread-default main context when done
+ * @user_data: data for @callback
+ *
+ * Joins a multi-process mesh in a worker thread, like
+ * [ctor@Cp.Mesh.new_from_env], so that main-loop programs (gjs, GTK) keep
+ * running while the ranks meet. The settings are read from @environment,
+ * which lets a program give explicit values by building an environment of
+ * its own (`RANK=1`, `WORLD_SIZE=2`, `MASTER_PORT=…`).
+ * [signal@Cp.Mesh::rank-lost] is emitted in the thread-default main
+ * context of the calling thread.
+ *
+ * Since: 1.0
+ */
+void
+cp_mesh_connect_async (const char * const  *environment,
+                       GCancellable        *cancellable,
+                       GAsyncReadyCallback  callback,
+                       gpointer             user_data)
+{
+  g_autoptr(GTask) task = NULL;
+  ConnectData *data = g_new0 (ConnectData, 1);
+  GError *error = NULL;
+
+  g_return_if_fail (cancellable == NULL || G_IS_CANCELLABLE (cancellable));
+
+  task = g_task_new (NULL, cancellable, callback, user_data);
+  g_task_set_source_tag (task, cp_mesh_connect_async);
+  g_task_set_name (task, "[libcpmesh] connect");
+  data->context = g_main_context_ref_thread_default ();
+  if (!_cp_mesh_config_init_from_environ (&data->config, environment, &error))
+    {
+      connect_data_free (data);
+      g_task_return_error (task, error);
+      return;
+    }
+  g_task_set_task_data (task, data, (GDestroyNotify) connect_data_free);
+  g_task_run_in_thread (task, connect_thread);
+}
+
+/**
+ * cp_mesh_connect_finish:
+ * @result: the result given to the callback
+ * @error: return location for a #GError
+ *
+ * Completes [func@Cp.Mesh.connect_async].
+ *
+ * Returns: (transfer full): this rank's mesh, or %NULL with the errors of
+ *   [ctor@Cp.Mesh.new_from_env], or %G_IO_ERROR_CANCELLED
+ *
+ * Since: 1.0
+ */
+CpMesh *
+cp_mesh_connect_finish (GAsyncResult  *result,
+                        GError       **error)
+{
+  g_return_val_if_fail (g_task_is_valid (result, NULL), NULL);
+  g_return_val_if_fail (g_task_get_source_tag (G_TASK (result)) == cp_mesh_connect_async, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  return g_task_propagate_pointer (G_TASK (result), error);
+}

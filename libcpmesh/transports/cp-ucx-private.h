@@ -1,0 +1,158 @@
+/* cp-ucx-private.h: what the files of the UCX backend share
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include <sys/socket.h>
+#include <gio/gio.h>
+#include <ucp/api/ucp.h>
+
+#include "cp-mesh-config-private.h"
+#include "cp-transport-private.h"
+
+G_BEGIN_DECLS
+
+typedef struct _CpUcxWorker CpUcxWorker;
+typedef struct _CpUcxEndpoint CpUcxEndpoint;
+
+/* Called, with the worker lock held, when UCX reports that the peer of
+ * @endpoint failed. */
+typedef void (*CpUcxFailedFunc) (CpUcxEndpoint *endpoint,
+                                 gpointer       user_data);
+
+/* One UCP context and worker.  UCX runs it in serialized mode: every call
+ * into it holds @lock, so a mesh's operations and the main-context poll
+ * that notices lost peers never enter UCX at the same time. */
+struct _CpUcxWorker
+{
+  ucp_context_h context;
+  ucp_worker_h worker;
+  GMutex lock;
+  GPtrArray *endpoints; /* CpUcxEndpoint*, owned: UCX may call back into them until the worker goes */
+  GArray *retained;     /* what abandoned sends may still read: freed with the worker */
+};
+
+/* An endpoint and what its error callback learnt.  Endpoints belong to
+ * their worker and are freed with it, so a late callback never sees
+ * freed memory. */
+struct _CpUcxEndpoint
+{
+  ucp_ep_h ep;            /* NULL once closed */
+  ucs_status_t failure;   /* UCS_OK until the peer fails */
+  int peer;               /* a world rank, or -1 */
+  CpUcxFailedFunc failed_func;
+  gpointer failed_data;
+};
+
+/* An operation in flight: UCX's request, and its outcome once done. */
+typedef struct
+{
+  void *request;               /* NULL once complete */
+  ucs_status_t status;         /* UCS_INPROGRESS until complete */
+  gboolean is_recv;
+  gboolean may_truncate;       /* a receive into too small a buffer is fine */
+  ucp_tag_recv_info_t info;    /* tag receives: what arrived */
+  ucp_dt_iov_t *iov;           /* owned; strided buffers */
+  int peer;                    /* the world rank it involves */
+} CpUcxOp;
+
+CpUcxWorker   *_cp_ucx_worker_new          (guint            keepalive_ms,
+                                            GError         **error);
+void           _cp_ucx_worker_free         (CpUcxWorker     *self);
+GBytes        *_cp_ucx_worker_dup_address  (CpUcxWorker     *self,
+                                            GError         **error);
+/* Keeps @data until the worker is gone, then frees it with @destroy. */
+void           _cp_ucx_worker_retain       (CpUcxWorker     *self,
+                                            gpointer         data,
+                                            GDestroyNotify   destroy);
+/* One locked round of progress; returns the number of events. */
+unsigned       _cp_ucx_worker_progress     (CpUcxWorker     *self);
+/* Backs off a polling loop that found nothing to do, so that ranks
+ * sharing a core leave it to the one doing work. */
+void           _cp_ucx_idle                (guint           *idle_rounds);
+
+/* Endpoints, all with peer error handling.  Call with the lock held. */
+CpUcxEndpoint *_cp_ucx_connect_address     (CpUcxWorker     *self,
+                                            GBytes          *address,
+                                            int              peer,
+                                            GError         **error);
+CpUcxEndpoint *_cp_ucx_connect_sockaddr    (CpUcxWorker     *self,
+                                            const struct sockaddr *sockaddr,
+                                            socklen_t        length,
+                                            GError         **error);
+CpUcxEndpoint *_cp_ucx_accept              (CpUcxWorker     *self,
+                                            ucp_conn_request_h request,
+                                            GError         **error);
+/* Closes @endpoints (NULL entries skipped).  When @graceful, first waits
+ * until @deadline at most for what was sent to arrive. */
+void           _cp_ucx_close_endpoints     (CpUcxWorker     *self,
+                                            CpUcxEndpoint  **endpoints,
+                                            guint            n,
+                                            gboolean         graceful,
+                                            gint64           deadline);
+
+/* Records what a non-blocking call returned.  Call with the lock held. */
+void           _cp_ucx_op_begin            (CpUcxOp         *op,
+                                            ucs_status_ptr_t ptr);
+/* TRUE once @op is complete; with the lock held. */
+gboolean       _cp_ucx_op_poll             (CpUcxOp         *op);
+void           _cp_ucx_op_clear            (CpUcxOp         *op);
+
+/* Maps a UCX status to a CpMeshError code. */
+int            _cp_ucx_error_code          (ucs_status_t     status);
+
+#define CP_UCX_NONCE_SIZE 32
+#define CP_UCX_MAC_SIZE 32
+
+/* HMAC-SHA256 keyed with @token (NULL: empty) over @purpose and @data. */
+void           _cp_ucx_mac                 (const char      *token,
+                                            const char      *purpose,
+                                            const guint8    *data,
+                                            gsize            length,
+                                            guint8           mac[CP_UCX_MAC_SIZE]);
+/* Compares in a time independent of where the first difference lies. */
+gboolean       _cp_ucx_mac_equal           (const guint8    *a,
+                                            const guint8    *b);
+gboolean       _cp_ucx_fill_nonce          (guint8          *nonce,
+                                            GError         **error);
+
+/* The gate: a TCP socket on the rendezvous port that tells only token
+ * holders where rank 0's UCX listener is (see cp-ucx-gate.c). */
+typedef struct _CpUcxGate CpUcxGate;
+
+CpUcxGate     *_cp_ucx_gate_new            (GSocketAddress  *address,
+                                            const char      *token,
+                                            guint16          ucx_port,
+                                            GError         **error);
+/* Serves the visitors waiting; never blocks. */
+void           _cp_ucx_gate_serve          (CpUcxGate       *self);
+void           _cp_ucx_gate_free           (CpUcxGate       *self);
+/* Knocks until rank 0 answers or @deadline; returns its UCX port. */
+gboolean       _cp_ucx_gate_pass           (GSocketAddress  *address,
+                                            const char      *token,
+                                            const char      *where,
+                                            gint64           deadline,
+                                            GCancellable    *cancellable,
+                                            guint16         *ucx_port,
+                                            GError         **error);
+
+/* The rendezvous: rank 0 listens and authenticates every other rank, then
+ * hands each the worker addresses of all ranks.  The session stays open
+ * until the caller has proved the new endpoints work, so that no rank
+ * sees the rendezvous closed before it received the addresses. */
+typedef struct _CpUcxRendezvous CpUcxRendezvous;
+
+CpUcxRendezvous *_cp_ucx_rendezvous_run    (CpUcxWorker     *worker,
+                                            const CpMeshConfig *config,
+                                            GBytes          *my_address,
+                                            gint64           deadline,
+                                            GCancellable    *cancellable,
+                                            GError         **error);
+/* The worker address of each rank, in rank order. */
+GBytes * const  *_cp_ucx_rendezvous_get_addresses (CpUcxRendezvous *self);
+void             _cp_ucx_rendezvous_free   (CpUcxRendezvous *self,
+                                            gint64           deadline);
+
+G_END_DECLS

@@ -1,0 +1,241 @@
+/* test-ucx-netns.c: two hosts in two network namespaces
+ *
+ * Two ranks run in separate network namespaces joined by a veth pair and
+ * talk UCX over TCP across it, as two hosts would.  Once both are in the
+ * middle of all_gathers, the link goes down: both must fail with
+ * PEER_LOST or TIMED_OUT within the mesh timeout and tear down quickly.
+ *
+ * Needs root and iproute2; exits 77 (skipped) where namespaces cannot be
+ * made.
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <gio/gio.h>
+#include <libcpmesh.h>
+
+#define SKIP 77
+#define TIMEOUT_MS 3000
+#define LIMIT_US (60 * G_TIME_SPAN_SECOND)
+
+typedef struct
+{
+  char *namespace;
+  char *device;
+  char *address;
+} Host;
+
+typedef struct
+{
+  GSubprocess *process;
+  GDataInputStream *out;
+  char *failed;
+  char *closed;
+  gboolean ready;
+} Rank;
+
+static gboolean
+ip (const char *arguments)
+{
+  g_autofree char *command = g_strdup_printf ("ip %s", arguments);
+  g_autofree char *err = NULL;
+  int status = -1;
+
+  if (!g_spawn_command_line_sync (command, NULL, &err, &status, NULL) ||
+      !g_spawn_check_wait_status (status, NULL))
+    {
+      g_printerr ("# %s: %s", command, err ? err : "failed\n");
+      return FALSE;
+    }
+  return TRUE;
+}
+
+static void
+tear_down (Host *hosts)
+{
+  for (int h = 0; h < 2; h++)
+    {
+      g_autofree char *command = g_strdup_printf ("netns del %s", hosts[h].namespace);
+
+      ip (command);
+    }
+}
+
+static gboolean
+set_up (Host *hosts)
+{
+  g_autofree char *veth = g_strdup_printf ("link add %s type veth peer name %s", hosts[0].device,
+                                           hosts[1].device);
+
+  for (int h = 0; h < 2; h++)
+    {
+      g_autofree char *add = g_strdup_printf ("netns add %s", hosts[h].namespace);
+
+      if (!ip (add))
+        return FALSE;
+    }
+  if (!ip (veth))
+    return FALSE;
+  for (int h = 0; h < 2; h++)
+    {
+      g_autofree char *move = g_strdup_printf ("link set %s netns %s", hosts[h].device, hosts[h].namespace);
+      g_autofree char *addr = g_strdup_printf ("-n %s addr add %s/24 dev %s", hosts[h].namespace,
+                                               hosts[h].address, hosts[h].device);
+      g_autofree char *up = g_strdup_printf ("-n %s link set %s up", hosts[h].namespace, hosts[h].device);
+      g_autofree char *lo = g_strdup_printf ("-n %s link set lo up", hosts[h].namespace);
+
+      if (!ip (move) || !ip (addr) || !ip (up) || !ip (lo))
+        return FALSE;
+    }
+  return TRUE;
+}
+
+static Rank *
+spawn_rank (const Host *hosts,
+            int         rank,
+            GError    **error)
+{
+  g_autoptr(GSubprocessLauncher) launcher = g_subprocess_launcher_new (G_SUBPROCESS_FLAGS_STDOUT_PIPE);
+  g_autofree char *program = g_build_filename (g_getenv ("G_TEST_BUILDDIR"), "cp-test-ucx-rank", NULL);
+  g_autofree char *rank_text = g_strdup_printf ("%d", rank);
+  Rank *self = g_new0 (Rank, 1);
+
+  g_subprocess_launcher_setenv (launcher, "RANK", rank_text, TRUE);
+  g_subprocess_launcher_setenv (launcher, "WORLD_SIZE", "2", TRUE);
+  g_subprocess_launcher_setenv (launcher, "MASTER_ADDR", hosts[0].address, TRUE);
+  g_subprocess_launcher_setenv (launcher, "MASTER_PORT", "29500", TRUE);
+  g_subprocess_launcher_setenv (launcher, "CPMESH_TIMEOUT_MS", G_STRINGIFY (TIMEOUT_MS), TRUE);
+  g_subprocess_launcher_setenv (launcher, "CPMESH_TOKEN", "two hosts", TRUE);
+  /* TCP over the veth only: the namespaces share this kernel's memory,
+   * which UCX would otherwise use. */
+  g_subprocess_launcher_setenv (launcher, "UCX_TLS", "tcp", TRUE);
+  g_subprocess_launcher_setenv (launcher, "UCX_NET_DEVICES", hosts[rank].device, TRUE);
+  g_subprocess_launcher_unsetenv (launcher, "CPMESH_MESH_DIMS");
+  self->process = g_subprocess_launcher_spawn (launcher, error, "ip", "netns", "exec", hosts[rank].namespace,
+                                               program, "gather-loop", NULL);
+  if (self->process == NULL)
+    {
+      g_free (self);
+      return NULL;
+    }
+  self->out = g_data_input_stream_new (g_subprocess_get_stdout_pipe (self->process));
+  return self;
+}
+
+static void
+rank_free (Rank *rank)
+{
+  if (rank == NULL)
+    return;
+  g_subprocess_force_exit (rank->process);
+  g_subprocess_wait (rank->process, NULL, NULL);
+  g_object_unref (rank->process);
+  g_object_unref (rank->out);
+  g_free (rank->failed);
+  g_free (rank->closed);
+  g_free (rank);
+}
+
+/* Reads lines until @prefix; the process's output is small and its
+ * lifetime bounded by the mesh timeout. */
+static char *
+read_until (Rank       *rank,
+            const char *prefix)
+{
+  char *line;
+
+  while ((line = g_data_input_stream_read_line_utf8 (rank->out, NULL, NULL, NULL)) != NULL)
+    {
+      if (g_str_has_prefix (line, prefix))
+        return line;
+      g_free (line);
+    }
+  return NULL;
+}
+
+static gboolean
+check_failure (Rank *rank,
+               int   index)
+{
+  int code = -1;
+  double waited = -1;
+
+  rank->failed = read_until (rank, "FAILED");
+  rank->closed = rank->failed ? read_until (rank, "CLOSED") : NULL;
+  if (rank->failed == NULL || rank->closed == NULL ||
+      sscanf (rank->failed, "FAILED %d %lf", &code, &waited) != 2)
+    {
+      g_printerr ("# rank %d reported no failure\n", index);
+      return FALSE;
+    }
+  printf ("# rank %d: %s; %s\n", index, rank->failed, rank->closed);
+  return (code == CP_MESH_ERROR_PEER_LOST || code == CP_MESH_ERROR_TIMED_OUT) &&
+         waited <= TIMEOUT_MS + 1000 && g_ascii_strtod (rank->closed + strlen ("CLOSED "), NULL) < 3000;
+}
+
+/* Both ranks all-gather across the link; then the link goes down. */
+static gboolean
+cut_the_link (const Host *hosts)
+{
+  g_autoptr(GError) error = NULL;
+  g_autofree char *down = g_strdup_printf ("-n %s link set %s down", hosts[1].namespace, hosts[1].device);
+  Rank *ranks[2] = { spawn_rank (hosts, 0, &error), NULL };
+  gboolean ok = ranks[0] != NULL && (ranks[1] = spawn_rank (hosts, 1, &error)) != NULL;
+  gint64 cut;
+
+  for (int r = 0; ok && r < 2; r++)
+    {
+      g_autofree char *ready = read_until (ranks[r], "READY");
+
+      ok = ready != NULL;
+    }
+  cut = g_get_monotonic_time ();
+  ok = ok && ip (down);
+  for (int r = 0; ok && r < 2; r++)
+    ok = check_failure (ranks[r], r);
+  if (ok && g_get_monotonic_time () - cut > (TIMEOUT_MS + 3000) * G_TIME_SPAN_MILLISECOND)
+    ok = FALSE;
+  if (error != NULL)
+    g_printerr ("# %s\n", error->message);
+  rank_free (ranks[0]);
+  rank_free (ranks[1]);
+  return ok;
+}
+
+int
+main (int   argc,
+      char *argv[])
+{
+  g_autofree char *ip_path = g_find_program_in_path ("ip");
+  int id = (int) getpid () % 100000;
+  Host hosts[2] = {
+    { g_strdup_printf ("cpmesh-a-%d", id), g_strdup_printf ("cpa%d", id), "10.199.0.1" },
+    { g_strdup_printf ("cpmesh-b-%d", id), g_strdup_printf ("cpb%d", id), "10.199.0.2" },
+  };
+  gboolean ok;
+
+  if (!CP_HAS_UCX || ip_path == NULL || getuid () != 0)
+    {
+      printf ("# skipped: needs UCX, iproute2 and root\n");
+      return SKIP;
+    }
+  if (!set_up (hosts))
+    {
+      tear_down (hosts);
+      printf ("# skipped: network namespaces are not permitted here\n");
+      return SKIP;
+    }
+  ok = cut_the_link (hosts);
+  tear_down (hosts);
+  for (int h = 0; h < 2; h++)
+    {
+      g_free (hosts[h].namespace);
+      g_free (hosts[h].device);
+    }
+  printf ("%s\n", ok ? "# both ranks failed within the timeout" : "# FAILED");
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,640 @@
+/* cpmesh-bench-ucx.c: `cpmesh bench mesh --backend ucx`
+ *
+ * Measures all_gather and all_reduce between N local processes over UCX
+ * (loopback) at 1 MiB and 64 MiB per rank, and ucx_perftest's tag_bw and
+ * ucp_put_bw between two processes at the same sizes in the same run, and
+ * prints algorithm and bus bandwidth next to the better perftest figure.
+ * Then it kills one rank in the middle of all_gathers and reports how long
+ * the others took to fail.
+ *
+ * Ranks are this same command started again with CPMESH_BENCH_ROLE set,
+ * so they are fresh processes, as a launcher would start them.
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <gio/gio.h>
+
+#include "cpmesh-tool.h"
+
+#define MIB ((gsize) 1 << 20)
+#define ROLE_VARIABLE "CPMESH_BENCH_ROLE"
+#define FAILURE_TIMEOUT_MS 2000
+
+static const gsize sizes[] = { MIB, 64 * MIB };
+
+typedef struct
+{
+  int n_ranks;
+  gboolean skip_perftest;
+  gboolean skip_failure;
+  char *backend;
+} Options;
+
+/* ---- helpers ---- */
+
+static const char *
+size_name (gsize size)
+{
+  return size >= 64 * MIB ? "64 MiB" : "1 MiB";
+}
+
+static guint
+iterations_for (gsize size)
+{
+  return size >= 64 * MIB ? 10 : 200;
+}
+
+/* The command line of this process, to start it again as a rank. */
+static GStrv
+own_command_line (GError **error)
+{
+  g_autofree char *text = NULL;
+  gsize length = 0;
+  g_autoptr(GPtrArray) words = g_ptr_array_new_with_free_func (g_free);
+
+  if (!g_file_get_contents ("/proc/self/cmdline", &text, &length, error))
+    return NULL;
+  for (gsize at = 0; at < length; at += strlen (text + at) + 1)
+    g_ptr_array_add (words, g_strdup (text + at));
+  g_ptr_array_add (words, NULL);
+  g_free (words->pdata[0]);
+  words->pdata[0] = g_file_read_link ("/proc/self/exe", NULL);
+  return (GStrv) g_ptr_array_free (g_steal_pointer (&words), FALSE);
+}
+
+/* ---- the rank side ---- */
+
+static double
+max_over_ranks (CpMesh *mesh,
+                double  seconds)
+{
+  const gint64 one[] = { 1 };
+  g_autoptr(CpTensor) value = cp_tensor_new_full (CP_DTYPE_FLOAT64, one, 1, seconds, NULL);
+
+  if (!cp_mesh_all_reduce (mesh, value, CP_REDUCE_OP_MAX, NULL))
+    return -1;
+  return cp_tensor_get_value (value, 0);
+}
+
+typedef struct
+{
+  CpTensor *piece;      /* this rank's S bytes */
+  CpTensor *gathered;   /* the reused all_gather output, N·S bytes */
+} Buffers;
+
+typedef gboolean (*CallFunc) (CpMesh   *mesh,
+                              Buffers  *buffers,
+                              GError  **error);
+
+static gboolean
+call_all_gather (CpMesh   *mesh,
+                 Buffers  *buffers,
+                 GError  **error)
+{
+  return cp_mesh_all_gather_into (mesh, buffers->piece, 0, buffers->gathered, error);
+}
+
+static gboolean
+call_all_reduce (CpMesh   *mesh,
+                 Buffers  *buffers,
+                 GError  **error)
+{
+  return cp_mesh_all_reduce (mesh, buffers->piece, CP_REDUCE_OP_SUM, error);
+}
+
+/* Seconds per call after two warm-up calls, the slowest rank's. */
+static double
+time_calls (CpMesh    *mesh,
+            CallFunc   call,
+            Buffers   *buffers,
+            guint      iterations,
+            GError   **error)
+{
+  gint64 started = 0;
+
+  for (guint i = 0; i < iterations + 2; i++)
+    {
+      if (i == 2 && !cp_mesh_barrier (mesh, error))
+        return -1;
+      if (i == 2)
+        started = g_get_monotonic_time ();
+      if (!call (mesh, buffers, error))
+        return -1;
+    }
+  return max_over_ranks (mesh, (g_get_monotonic_time () - started) / 1e6 / iterations);
+}
+
+static gboolean
+time_size (CpMesh   *mesh,
+           gsize     size,
+           double   *gather,
+           double   *reduce,
+           GError  **error)
+{
+  const gint64 shape[] = { (gint64) (size / 4) };
+  const gint64 gathered_shape[] = { shape[0] * cp_mesh_get_world_size (mesh) };
+  g_autoptr(CpTensor) piece = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 1, error);
+  g_autoptr(CpTensor) gathered = piece ? cp_tensor_new (CP_DTYPE_FLOAT32, gathered_shape, 1, error) : NULL;
+  Buffers buffers = { piece, gathered };
+
+  if (gathered == NULL)
+    return FALSE;
+  *gather = time_calls (mesh, call_all_gather, &buffers, iterations_for (size), error);
+  *reduce = *gather < 0 ? -1 : time_calls (mesh, call_all_reduce, &buffers, iterations_for (size), error);
+  return *reduce >= 0;
+}
+
+static int
+run_timing_rank (CpMesh *mesh)
+{
+  g_autoptr(GError) error = NULL;
+
+  for (guint s = 0; s < G_N_ELEMENTS (sizes); s++)
+    {
+      double gather = -1, reduce = -1;
+
+      if (!time_size (mesh, sizes[s], &gather, &reduce, &error))
+        {
+          g_printerr ("rank %d: %s\n", cp_mesh_get_rank (mesh), error ? error->message : "failed");
+          return 1;
+        }
+      if (cp_mesh_get_rank (mesh) == 0)
+        printf ("RESULT %" G_GSIZE_FORMAT " %.9f %.9f\n", sizes[s], gather, reduce);
+    }
+  return 0;
+}
+
+/* All-gathers until one fails; reports how long the failing call took. */
+static int
+run_failure_rank (CpMesh *mesh)
+{
+  const gint64 shape[] = { (gint64) (4 * MIB / 4) };
+  g_autoptr(CpTensor) mine = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 1, NULL);
+  g_autoptr(GError) error = NULL;
+  gint64 started;
+
+  for (guint i = 0;; i++)
+    {
+      g_autoptr(CpTensor) out = NULL;
+
+      started = g_get_monotonic_time ();
+      out = cp_mesh_all_gather (mesh, mine, 0, &error);
+      if (out == NULL)
+        break;
+      if (i == 0)
+        printf ("READY\n");
+      fflush (stdout);
+    }
+  printf ("FAILED %d %.1f %s\n", error->code, (g_get_monotonic_time () - started) / 1e3,
+          error->message);
+  started = g_get_monotonic_time ();
+  g_clear_object (&mesh);
+  printf ("CLOSED %.1f\n", (g_get_monotonic_time () - started) / 1e3);
+  return 0;
+}
+
+static int
+run_rank (const char *role)
+{
+  g_autoptr(GError) error = NULL;
+  CpMesh *mesh = cp_mesh_new_from_env (&error);
+  int status;
+
+  if (mesh == NULL)
+    {
+      g_printerr ("%s\n", error->message);
+      return 1;
+    }
+  if (g_str_equal (role, "failure"))
+    return run_failure_rank (mesh);
+  status = run_timing_rank (mesh);
+  g_object_unref (mesh);
+  return status;
+}
+
+/* ---- the coordinating side ---- */
+
+typedef struct
+{
+  GSubprocess *process;
+  GDataInputStream *out;
+} Rank;
+
+static void
+rank_clear (Rank *rank)
+{
+  g_clear_object (&rank->out);
+  g_clear_object (&rank->process);
+}
+
+static gboolean
+spawn_ranks (const Options  *options,
+             const char     *role,
+             Rank           *ranks,
+             GError        **error)
+{
+  g_auto(GStrv) argv = own_command_line (error);
+  g_autofree char *port = g_strdup_printf ("%u", cpmesh_free_port ());
+  g_autofree char *world = g_strdup_printf ("%d", options->n_ranks);
+  g_autofree char *token = g_uuid_string_random ();
+  g_autofree char *timeout = g_strdup_printf ("%d", g_str_equal (role, "failure") ? FAILURE_TIMEOUT_MS : 120000);
+
+  if (argv == NULL)
+    return FALSE;
+  for (int r = 0; r < options->n_ranks; r++)
+    {
+      g_autoptr(GSubprocessLauncher) launcher = g_subprocess_launcher_new (G_SUBPROCESS_FLAGS_STDOUT_PIPE);
+      g_autofree char *rank = g_strdup_printf ("%d", r);
+
+      g_subprocess_launcher_setenv (launcher, ROLE_VARIABLE, role, TRUE);
+      g_subprocess_launcher_setenv (launcher, "RANK", rank, TRUE);
+      g_subprocess_launcher_setenv (launcher, "LOCAL_RANK", rank, TRUE);
+      g_subprocess_launcher_setenv (launcher, "WORLD_SIZE", world, TRUE);
+      g_subprocess_launcher_setenv (launcher, "MASTER_ADDR", "127.0.0.1", TRUE);
+      g_subprocess_launcher_setenv (launcher, "MASTER_PORT", port, TRUE);
+      g_subprocess_launcher_setenv (launcher, "CPMESH_TOKEN", token, TRUE);
+      g_subprocess_launcher_setenv (launcher, "CPMESH_TIMEOUT_MS", timeout, TRUE);
+      g_subprocess_launcher_setenv (launcher, "UCX_NET_DEVICES", "lo", FALSE);
+      g_subprocess_launcher_unsetenv (launcher, "CPMESH_MESH_DIMS");
+      ranks[r].process = g_subprocess_launcher_spawnv (launcher, (const char * const *) argv, error);
+      if (ranks[r].process == NULL)
+        return FALSE;
+      ranks[r].out = g_data_input_stream_new (g_subprocess_get_stdout_pipe (ranks[r].process));
+    }
+  return TRUE;
+}
+
+typedef struct
+{
+  double gather[G_N_ELEMENTS (sizes)];
+  double reduce[G_N_ELEMENTS (sizes)];
+} MeshFigures;
+
+static gboolean
+read_results (Rank         *rank0,
+              MeshFigures  *figures,
+              GError      **error)
+{
+  char *line;
+  guint found = 0;
+
+  while ((line = g_data_input_stream_read_line_utf8 (rank0->out, NULL, NULL, error)) != NULL)
+    {
+      guint64 size = 0;
+      double gather = 0, reduce = 0;
+
+      for (guint s = 0; s < G_N_ELEMENTS (sizes); s++)
+        if (sscanf (line, "RESULT %" G_GUINT64_FORMAT " %lf %lf", &size, &gather, &reduce) == 3 &&
+            size == sizes[s])
+          {
+            figures->gather[s] = gather;
+            figures->reduce[s] = reduce;
+            found++;
+          }
+      g_free (line);
+    }
+  if (found == G_N_ELEMENTS (sizes))
+    return TRUE;
+  if (error != NULL && *error == NULL)
+    g_set_error (error, G_IO_ERROR, G_IO_ERROR_FAILED, "the ranks did not report their timings");
+  return FALSE;
+}
+
+static gboolean
+wait_ranks (Rank    *ranks,
+            int      n,
+            GError **error)
+{
+  gboolean ok = TRUE;
+
+  for (int r = 0; r < n; r++)
+    {
+      if (!g_subprocess_wait_check (ranks[r].process, NULL, ok ? error : NULL))
+        ok = FALSE;
+    }
+  return ok;
+}
+
+static gboolean
+measure_mesh (const Options  *options,
+              MeshFigures    *figures,
+              GError        **error)
+{
+  g_autofree Rank *ranks = g_new0 (Rank, options->n_ranks);
+  gboolean ok = spawn_ranks (options, "timing", ranks, error) &&
+                read_results (&ranks[0], figures, error);
+
+  for (int r = 0; r < options->n_ranks; r++)
+    if (ranks[r].process != NULL && !ok)
+      g_subprocess_force_exit (ranks[r].process);
+  ok = wait_ranks (ranks, options->n_ranks, ok ? error : NULL) && ok;
+  for (int r = 0; r < options->n_ranks; r++)
+    rank_clear (&ranks[r]);
+  return ok;
+}
+
+/* ---- ucx_perftest ---- */
+
+/* MB/s (2^20 bytes) from the "Final:" line of the client's report. */
+static double
+parse_perftest (const char *report)
+{
+  const char *final = strstr (report, "Final:");
+  double values[6] = { 0 };
+
+  if (final == NULL ||
+      sscanf (final, "Final: %lf %lf %lf %lf %lf %lf", &values[0], &values[1], &values[2], &values[3],
+              &values[4], &values[5]) != 6)
+    return -1;
+  return values[4];
+}
+
+static GSubprocess *
+spawn_perftest (const char * const  *argv,
+                GSubprocessFlags     flags,
+                GError             **error)
+{
+  g_autoptr(GSubprocessLauncher) launcher = g_subprocess_launcher_new (flags);
+
+  g_subprocess_launcher_setenv (launcher, "UCX_NET_DEVICES", "lo", FALSE);
+  return g_subprocess_launcher_spawnv (launcher, argv, error);
+}
+
+/* GB/s of one ucx_perftest run; the server exits after each test.  The
+ * client retries while the server is still starting. */
+static double
+run_perftest (const char  *perftest,
+              const char  *test,
+              gsize        size,
+              GError     **error)
+{
+  g_autofree char *port = g_strdup_printf ("%u", cpmesh_free_port ());
+  g_autofree char *size_text = g_strdup_printf ("%" G_GSIZE_FORMAT, size);
+  const char *iterations = size >= 64 * MIB ? "20" : "1000";
+  const char *warmup = size >= 64 * MIB ? "3" : "50";
+  const char *server_argv[] = { perftest, "-p", port, NULL };
+  const char *client_argv[] = { perftest, "127.0.0.1", "-p", port, "-t", test, "-s", size_text,
+                                "-n", iterations, "-w", warmup, NULL };
+  g_autoptr(GSubprocess) server = spawn_perftest (server_argv, G_SUBPROCESS_FLAGS_STDOUT_SILENCE |
+                                                  G_SUBPROCESS_FLAGS_STDERR_SILENCE, error);
+  double mib_per_s = -1;
+
+  for (int attempt = 0; server != NULL && attempt < 50 && mib_per_s < 0; attempt++)
+    {
+      g_autoptr(GSubprocess) client = NULL;
+      g_autofree char *report = NULL;
+
+      g_usleep (100 * G_TIME_SPAN_MILLISECOND);
+      client = spawn_perftest (client_argv, G_SUBPROCESS_FLAGS_STDOUT_PIPE | G_SUBPROCESS_FLAGS_STDERR_MERGE, error);
+      if (client == NULL || !g_subprocess_communicate_utf8 (client, NULL, NULL, &report, NULL, error))
+        break;
+      mib_per_s = parse_perftest (report);
+    }
+  if (server != NULL)
+    {
+      g_subprocess_force_exit (server);
+      g_subprocess_wait (server, NULL, NULL);
+    }
+  if (mib_per_s < 0 && error != NULL && *error == NULL)
+    g_set_error (error, G_IO_ERROR, G_IO_ERROR_FAILED, "ucx_perftest %s %s gave no result", test, size_text);
+  return mib_per_s < 0 ? -1 : mib_per_s * MIB / 1e9;
+}
+
+typedef struct
+{
+  double tag[G_N_ELEMENTS (sizes)];
+  double put[G_N_ELEMENTS (sizes)];
+} PerftestFigures;
+
+static gboolean
+measure_perftest (PerftestFigures  *figures,
+                  GError          **error)
+{
+  g_autofree char *perftest = g_find_program_in_path ("ucx_perftest");
+
+  if (perftest == NULL)
+    {
+      g_set_error (error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND,
+                   "ucx_perftest is not installed (Debian: apt-get install ucx-utils); "
+                   "pass --no-perftest to skip the baseline");
+      return FALSE;
+    }
+  for (guint s = 0; s < G_N_ELEMENTS (sizes); s++)
+    {
+      figures->tag[s] = run_perftest (perftest, "tag_bw", sizes[s], error);
+      if (figures->tag[s] < 0)
+        return FALSE;
+      figures->put[s] = run_perftest (perftest, "ucp_put_bw", sizes[s], error);
+      if (figures->put[s] < 0)
+        return FALSE;
+    }
+  return TRUE;
+}
+
+/* ---- failure detection ---- */
+
+static gboolean
+wait_for_line (Rank       *rank,
+               const char *prefix,
+               char      **line)
+{
+  char *text;
+
+  while ((text = g_data_input_stream_read_line_utf8 (rank->out, NULL, NULL, NULL)) != NULL)
+    {
+      if (g_str_has_prefix (text, prefix))
+        {
+          *line = text;
+          return TRUE;
+        }
+      g_free (text);
+    }
+  return FALSE;
+}
+
+static gboolean
+measure_failure (const Options  *options,
+                 GError        **error)
+{
+  int n = options->n_ranks;
+  g_autofree Rank *ranks = g_new0 (Rank, n);
+  gboolean ok = spawn_ranks (options, "failure", ranks, error);
+  gint64 killed;
+
+  for (int r = 0; ok && r < n; r++)
+    {
+      g_autofree char *line = NULL;
+
+      ok = wait_for_line (&ranks[r], "READY", &line);
+    }
+  killed = g_get_monotonic_time ();
+  if (ok)
+    g_subprocess_send_signal (ranks[n - 1].process, SIGKILL);
+  printf ("\nfailure detection (rank %d killed with SIGKILL during 4 MiB all_gathers, "
+          "CPMESH_TIMEOUT_MS=%d):\n", n - 1, FAILURE_TIMEOUT_MS);
+  for (int r = 0; ok && r < n - 1; r++)
+    {
+      g_autofree char *failed = NULL;
+      g_autofree char *closed = NULL;
+
+      if (wait_for_line (&ranks[r], "FAILED", &failed) && wait_for_line (&ranks[r], "CLOSED", &closed))
+        printf ("  rank %d: %s (%.0f ms after the kill); teardown %s ms\n", r, failed,
+                (g_get_monotonic_time () - killed) / 1e3, closed + strlen ("CLOSED "));
+    }
+  for (int r = 0; r < n; r++)
+    {
+      if (!ok && ranks[r].process != NULL)
+        g_subprocess_force_exit (ranks[r].process);
+      if (ranks[r].process != NULL)
+        g_subprocess_wait (ranks[r].process, NULL, NULL);
+      rank_clear (&ranks[r]);
+    }
+  if (!ok && error != NULL && *error == NULL)
+    g_set_error (error, G_IO_ERROR, G_IO_ERROR_FAILED, "the failure-detection ranks did not start");
+  return ok;
+}
+
+/* ---- report ---- */
+
+static void
+print_perftest (const PerftestFigures *perftest)
+{
+  printf ("ucx_perftest, 2 processes (server and client), same sizes:\n");
+  printf ("  %-12s %12s %12s\n", "", size_name (sizes[0]), size_name (sizes[1]));
+  printf ("  %-12s %9.2f GB/s %7.2f GB/s\n", "tag_bw", perftest->tag[0], perftest->tag[1]);
+  printf ("  %-12s %9.2f GB/s %7.2f GB/s\n", "ucp_put_bw", perftest->put[0], perftest->put[1]);
+}
+
+static void
+print_line (const char *name,
+            gsize       size,
+            double      seconds,
+            double      bus_factor,
+            double      algo_bytes,
+            double      best)
+{
+  double algbw = algo_bytes / seconds / 1e9;
+  double busbw = algbw * bus_factor;
+
+  printf ("  %-10s %-7s %9.3f ms %8.2f GB/s %8.2f GB/s", name, size_name (size), seconds * 1e3, algbw, busbw);
+  if (best > 0)
+    printf ("   %.2fx", busbw / best);
+  printf ("\n");
+}
+
+static void
+print_mesh (const Options         *options,
+            const MeshFigures     *mesh,
+            const PerftestFigures *perftest)
+{
+  int n = options->n_ranks;
+
+  printf ("\nmesh over UCX, %d processes (per-rank size; bus bandwidth as in nccl-tests):\n", n);
+  printf ("  %-10s %-7s %12s %13s %13s   %s\n", "collective", "size", "time", "algbw", "busbw",
+          perftest ? "busbw / best perftest" : "");
+  for (guint s = 0; s < G_N_ELEMENTS (sizes); s++)
+    {
+      double best = perftest ? MAX (perftest->tag[s], perftest->put[s]) : 0;
+
+      print_line ("all_gather", sizes[s], mesh->gather[s], (n - 1.0) / n, (double) sizes[s] * n, best);
+      print_line ("all_reduce", sizes[s], mesh->reduce[s], 2.0 * (n - 1.0) / n, (double) sizes[s], best);
+    }
+  if (perftest != NULL)
+    {
+      double best = MAX (perftest->tag[1], perftest->put[1]);
+      double busbw = (double) sizes[1] * n / mesh->gather[1] / 1e9 * (n - 1.0) / n;
+
+      printf ("\ntarget: all_gather busbw at 64 MiB >= 0.70 x the better ucx_perftest figure "
+              "(%.2f GB/s): %.2fx, %s\n", best, busbw / best, busbw / best >= 0.7 ? "met" : "missed");
+    }
+}
+
+static gboolean
+parse_options (Options   *options,
+               int        argc,
+               char     **argv,
+               GError   **error)
+{
+  GOptionEntry entries[] = {
+    { "ranks", 'n', 0, G_OPTION_ARG_INT, &options->n_ranks, "Number of processes (default 4)", "N" },
+    { "backend", 0, 0, G_OPTION_ARG_STRING, &options->backend, "Transport: ucx", "NAME" },
+    { "no-perftest", 0, 0, G_OPTION_ARG_NONE, &options->skip_perftest, "Skip the ucx_perftest baseline", NULL },
+    { "no-failure", 0, 0, G_OPTION_ARG_NONE, &options->skip_failure, "Skip the failure-detection run", NULL },
+    { NULL },
+  };
+  g_autoptr(GOptionContext) context = g_option_context_new ("- time collectives between processes over UCX");
+
+  g_option_context_add_main_entries (context, entries, NULL);
+  if (!g_option_context_parse (context, &argc, &argv, error))
+    return FALSE;
+  if (options->n_ranks < 2 || options->n_ranks > 64)
+    {
+      g_set_error (error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE, "-n %d: use 2 to 64 processes",
+                   options->n_ranks);
+      return FALSE;
+    }
+  if (options->backend != NULL && !g_str_equal (options->backend, "ucx"))
+    {
+      g_set_error (error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE, "--backend %s: this benchmark "
+                   "measures the ucx backend", options->backend);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+/**
+ * cpmesh_bench_mesh_ucx:
+ * @argc: the number of arguments
+ * @argv: the arguments after `cpmesh bench mesh`, the first being the
+ *   command's name
+ *
+ * Runs `cpmesh bench mesh --backend ucx [-n N]`.
+ *
+ * Returns: the exit status
+ */
+int
+cpmesh_bench_mesh_ucx (int    argc,
+                       char **argv)
+{
+  const char *role = g_getenv (ROLE_VARIABLE);
+  Options options = { .n_ranks = 4 };
+  PerftestFigures perftest;
+  MeshFigures mesh;
+  g_autoptr(GError) error = NULL;
+
+  if (role != NULL)
+    return run_rank (role);
+  if (!CP_HAS_UCX)
+    {
+      g_printerr ("cpmesh bench mesh --backend ucx: this libcpmesh was built without UCX\n");
+      return 1;
+    }
+  if (!parse_options (&options, argc, argv, &error) ||
+      (!options.skip_perftest && !measure_perftest (&perftest, &error)) ||
+      !measure_mesh (&options, &mesh, &error))
+    {
+      g_printerr ("cpmesh bench mesh: %s\n", error->message);
+      g_free (options.backend);
+      return 1;
+    }
+  printf ("cpmesh bench mesh --backend ucx: %d processes on this host, UCX_NET_DEVICES=%s\n\n",
+          options.n_ranks, g_getenv ("UCX_NET_DEVICES") ? g_getenv ("UCX_NET_DEVICES") : "lo");
+  if (!options.skip_perftest)
+    print_perftest (&perftest);
+  print_mesh (&options, &mesh, options.skip_perftest ? NULL : &perftest);
+  fflush (stdout);
+  if (!options.skip_failure && !measure_failure (&options, &error))
+    {
+      g_printerr ("cpmesh bench mesh: %s\n", error->message);
+      g_free (options.backend);
+      return 1;
+    }
+  g_free (options.backend);
+  return 0;
+}
