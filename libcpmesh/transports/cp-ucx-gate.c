@@ -6,7 +6,6 @@
 #include "config.h"
 
 #include <string.h>
-#include <sys/random.h>
 
 #include <gio/gio.h>
 
@@ -20,19 +19,12 @@
  * visitor to prove it holds the token and only then tells it the
  * ephemeral port of the UCX listener, where the rendezvous proper runs.
  *
- *   gate → joiner   "CPMESH\0\1" and a 32-byte random challenge
- *   joiner → gate   HMAC-SHA256 (token, "cpmesh gate" ‖ challenge)
- *   gate → joiner   a verdict byte: 0xff, then the UCX port (2 bytes, big
- *                   endian); or a CpMeshError code, then the length (2
- *                   bytes) and text of the reason
+ * The exchange is in cp-ucx-wire-private.h.
  *
  * The gate never reads more than the 32 bytes it expects, gives every
  * visitor a few seconds, and admits a bounded number at once, so garbage
  * costs a closed socket and nothing else. */
 
-#define MAGIC "CPMESH\0\1"
-#define MAGIC_SIZE 8
-#define ACCEPTED_BYTE 0xff
 #define VISIT_US (5 * G_TIME_SPAN_SECOND)
 #define MAX_VISITORS 64
 
@@ -52,44 +44,6 @@ struct _CpUcxGate
   guint16 ucx_port;
   GPtrArray *visitors;  /* Visitor* */
 };
-
-void
-_cp_ucx_mac (const char   *token,
-             const char   *purpose,
-             const guint8 *data,
-             gsize         length,
-             guint8        mac[CP_UCX_MAC_SIZE])
-{
-  g_autoptr(GHmac) hmac = g_hmac_new (G_CHECKSUM_SHA256, (const guchar *) (token ? token : ""),
-                                      token ? strlen (token) : 0);
-  gsize mac_length = CP_UCX_MAC_SIZE;
-
-  g_hmac_update (hmac, (const guchar *) purpose, (gssize) strlen (purpose) + 1);
-  g_hmac_update (hmac, data, (gssize) length);
-  g_hmac_get_digest (hmac, mac, &mac_length);
-}
-
-gboolean
-_cp_ucx_mac_equal (const guint8 *a,
-                   const guint8 *b)
-{
-  guint8 difference = 0;
-
-  for (gsize i = 0; i < CP_UCX_MAC_SIZE; i++)
-    difference |= a[i] ^ b[i];
-  return difference == 0;
-}
-
-gboolean
-_cp_ucx_fill_nonce (guint8  *nonce,
-                    GError **error)
-{
-  if (getrandom (nonce, CP_UCX_NONCE_SIZE, 0) == CP_UCX_NONCE_SIZE)
-    return TRUE;
-  g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_FAILED,
-               "rendezvous: no random bytes for a challenge: %s", g_strerror (errno));
-  return FALSE;
-}
 
 static void
 visitor_free (Visitor *visitor)
@@ -137,7 +91,7 @@ admit (CpUcxGate *self,
        GSocket   *socket)
 {
   Visitor *visitor = g_new0 (Visitor, 1);
-  guint8 greeting[MAGIC_SIZE + CP_UCX_NONCE_SIZE];
+  guint8 greeting[CP_UCX_GATE_GREETING_SIZE];
 
   visitor->socket = socket;
   visitor->deadline = g_get_monotonic_time () + VISIT_US;
@@ -147,8 +101,8 @@ admit (CpUcxGate *self,
       visitor_free (visitor);
       return;
     }
-  memcpy (greeting, MAGIC, MAGIC_SIZE);
-  memcpy (greeting + MAGIC_SIZE, visitor->challenge, CP_UCX_NONCE_SIZE);
+  memcpy (greeting, CP_UCX_GATE_MAGIC, CP_UCX_GATE_MAGIC_SIZE);
+  memcpy (greeting + CP_UCX_GATE_MAGIC_SIZE, visitor->challenge, CP_UCX_NONCE_SIZE);
   if (g_socket_send (socket, (const char *) greeting, sizeof greeting, NULL, NULL) != sizeof greeting)
     visitor_free (visitor);
   else
@@ -161,13 +115,13 @@ answer (CpUcxGate *self,
 {
   static const char refusal[] = "it did not prove it holds the mesh token (CPMESH_TOKEN)";
   guint8 expected[CP_UCX_MAC_SIZE];
-  guint8 reply[3 + sizeof refusal];
+  guint8 reply[CP_UCX_GATE_VERDICT_HEAD + sizeof refusal];
   gsize length;
 
   _cp_ucx_mac (self->token, "cpmesh gate", visitor->challenge, CP_UCX_NONCE_SIZE, expected);
   if (_cp_ucx_mac_equal (expected, visitor->answer))
     {
-      reply[0] = ACCEPTED_BYTE;
+      reply[0] = CP_UCX_GATE_ACCEPTED;
       reply[1] = self->ucx_port >> 8;
       reply[2] = self->ucx_port & 0xff;
       length = 3;
@@ -241,24 +195,17 @@ read_verdict (GInputStream  *in,
               GCancellable  *cancellable,
               GError       **error)
 {
-  guint8 head[3];
-  g_autofree char *text = NULL;
-  gsize length;
+  guint8 head[CP_UCX_GATE_VERDICT_HEAD];
+  g_autofree guint8 *verdict = NULL;
+  gsize size;
 
   if (!read_exactly (in, head, sizeof head, cancellable, error))
     return FALSE;
-  if (head[0] == ACCEPTED_BYTE)
-    {
-      *ucx_port = (guint16) (head[1] << 8 | head[2]);
-      return TRUE;
-    }
-  length = (gsize) (head[1] << 8 | head[2]);
-  text = g_malloc0 (length + 1);
-  if (!read_exactly (in, (guint8 *) text, length, cancellable, error))
-    return FALSE;
-  g_set_error (error, CP_MESH_ERROR, head[0] <= CP_MESH_ERROR_NO_DEVICE ? head[0] : CP_MESH_ERROR_FAILED,
-               "rank 0 at %s refused this process: %s", where, text);
-  return FALSE;
+  size = _cp_ucx_gate_verdict_size (head);
+  verdict = g_malloc (size);
+  memcpy (verdict, head, sizeof head);
+  return read_exactly (in, verdict + sizeof head, size - sizeof head, cancellable, error) &&
+         _cp_ucx_gate_parse_verdict (verdict, size, where, ucx_port, error);
 }
 
 /* One visit; fails with a GIOError when nothing answered at all. */
@@ -272,18 +219,14 @@ visit (GSocketConnection  *connection,
 {
   GInputStream *in = g_io_stream_get_input_stream (G_IO_STREAM (connection));
   GOutputStream *out = g_io_stream_get_output_stream (G_IO_STREAM (connection));
-  guint8 greeting[MAGIC_SIZE + CP_UCX_NONCE_SIZE];
+  guint8 greeting[CP_UCX_GATE_GREETING_SIZE];
+  guint8 challenge[CP_UCX_NONCE_SIZE];
   guint8 mac[CP_UCX_MAC_SIZE];
 
-  if (!read_exactly (in, greeting, sizeof greeting, cancellable, error))
+  if (!read_exactly (in, greeting, sizeof greeting, cancellable, error) ||
+      !_cp_ucx_gate_parse_greeting (greeting, sizeof greeting, where, challenge, error))
     return FALSE;
-  if (memcmp (greeting, MAGIC, MAGIC_SIZE) != 0)
-    {
-      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
-                   "%s is not the rendezvous of a libcpmesh rank 0", where);
-      return FALSE;
-    }
-  _cp_ucx_mac (token, "cpmesh gate", greeting + MAGIC_SIZE, CP_UCX_NONCE_SIZE, mac);
+  _cp_ucx_mac (token, "cpmesh gate", challenge, CP_UCX_NONCE_SIZE, mac);
   return g_output_stream_write_all (out, mac, sizeof mac, NULL, cancellable, error) &&
          read_verdict (in, where, ucx_port, cancellable, error);
 }

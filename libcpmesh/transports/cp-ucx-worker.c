@@ -359,6 +359,10 @@ _cp_ucx_op_poll (CpUcxOp *op)
     status = ucp_request_check_status (op->request);
   if (status == UCS_INPROGRESS)
     return FALSE;
+  /* Tagged receives take any message that fits; one that is shorter than
+   * the sender's buffer was cut on the way. */
+  if (status == UCS_OK && op->is_recv && op->expected > 0 && op->info.length != op->expected)
+    status = UCS_ERR_MESSAGE_TRUNCATED;
   op->status = status;
   g_clear_pointer (&op->request, ucp_request_free);
   return TRUE;
@@ -383,6 +387,9 @@ _cp_ucx_error_code (ucs_status_t status)
     case UCS_ERR_UNREACHABLE:
     case UCS_ERR_REJECTED:
     case UCS_ERR_NOT_CONNECTED:
+    /* A peer that died takes its shared-memory segments with it: a
+     * transfer from them fails this way before the keepalive notices. */
+    case UCS_ERR_SHMEM_SEGMENT:
       return CP_MESH_ERROR_PEER_LOST;
     case UCS_ERR_TIMED_OUT:
       return CP_MESH_ERROR_TIMED_OUT;
