@@ -250,23 +250,42 @@ append_record_line (const char *line)
   pthread_mutex_unlock (&lock);
 }
 
+static void
+record (const char *subject,
+        const char *what,
+        const char *outcome,
+        const char *message)
+{
+  g_autoptr(GString) line = g_string_new ("{");
+  const char *test = g_test_get_path ();
+
+  g_assert_cmpstr (message, !=, "");
+  append_json_field (line, "subject", subject);
+  append_json_field (line, "case", what);
+  append_json_field (line, "error", outcome);
+  append_json_field (line, "message", message);
+  append_json_field (line, "test", test != NULL ? test : g_get_prgname ());
+  g_string_append (line, "}\n");
+  append_record_line (line->str);
+}
+
 void
 cp_test_record_error (const char   *subject,
                       const char   *what,
                       const GError *error)
 {
-  g_autoptr(GString) line = g_string_new ("{");
   g_autofree char *code = NULL;
-  const char *test = g_test_get_path ();
 
   g_assert_nonnull (error);
-  g_assert_cmpstr (error->message, !=, "");
   code = describe_error_code (error);
-  append_json_field (line, "subject", subject);
-  append_json_field (line, "case", what);
-  append_json_field (line, "error", code);
-  append_json_field (line, "message", error->message);
-  append_json_field (line, "test", test != NULL ? test : g_get_prgname ());
-  g_string_append (line, "}\n");
-  append_record_line (line->str);
+  record (subject, what, code, error->message);
+}
+
+void
+cp_test_record_outcome (const char *subject,
+                        const char *what,
+                        const char *outcome,
+                        const char *message)
+{
+  record (subject, what, outcome, message);
 }

@@ -95,6 +95,13 @@ void       cp_test_record_error       (const char     *subject,
                                        const char     *what,
                                        const GError   *error);
 
+/* The same for a case whose outcome is not a GError, such as a
+ * connection the peer closes: @outcome reads like "connection closed". */
+void       cp_test_record_outcome     (const char     *subject,
+                                       const char     *what,
+                                       const char     *outcome,
+                                       const char     *message);
+
 /* Asserts that @error is (@domain, @code) and records the case.  Every
  * bad-input or fault case a test checks goes through here, so the
  * reliability table lists it. */
