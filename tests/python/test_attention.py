@@ -5,12 +5,9 @@
 import threading
 import unittest
 
-import gi
+import numpy as np
 
-gi.require_version('Cp', '1')
-from gi.repository import Cp, GLib  # noqa: E402
-
-import numpy as np  # noqa: E402
+from cptest import Cp, GLib, record_error
 
 
 def reference(q, k, v, dout, causal, real_len):
