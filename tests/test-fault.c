@@ -297,6 +297,54 @@ test_alloc_prepare (void)
   cp_test_free_group (group);
 }
 
+/* A 1×8 batch of two documents of 3 real and 4 padded tokens. */
+static CpBatch *
+thd_batch (void)
+{
+  const gint64 row[] = { 1, 8 }, docs[] = { 1, 2 };
+  CpBatch *batch = cp_batch_new ();
+
+  cp_test_batch_take (batch, "input_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, row, 2, 1));
+  cp_test_batch_take (batch, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, row, 2, 2));
+  cp_test_batch_take (batch, "position_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, row, 2, 3));
+  cp_test_batch_take (batch, "seq_lens", CP_TEST_TENSOR (CP_DTYPE_INT64, docs, 3, 3));
+  cp_test_batch_take (batch, "seq_lens_padded", CP_TEST_TENSOR (CP_DTYPE_INT64, docs, 4, 4));
+  return batch;
+}
+
+/* Fails each host allocation of one sharded cp_batch_to_thd in turn:
+ * every failure is OUT_OF_MEMORY and leaves the input batch as it was. */
+static void
+test_alloc_to_thd (void)
+{
+  GList *group = cp_test_local_group ("cp", 2);
+  g_autoptr(CpBatch) batch = thd_batch ();
+  g_autoptr(CpTensor) ids_before = cp_tensor_copy (cp_batch_get (batch, "input_ids"), NULL);
+  guint failures = 0;
+
+  g_test_summary ("An allocation that fails anywhere in cp_batch_to_thd is OUT_OF_MEMORY, "
+                  "never an abort, and the input batch is untouched");
+  for (guint skip = 0;; skip++)
+    {
+      g_autoptr(GError) error = NULL;
+      g_autoptr(CpBatch) thd = NULL;
+
+      _cp_fault_fail_allocation (skip);
+      thd = cp_batch_to_thd (batch, group->data, NULL, &error);
+      _cp_fault_disarm ();
+      if (thd != NULL)
+        break;
+      CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_MEMORY, "CpBatch (THD)",
+                           "fault: each allocation of a sharded cp_batch_to_thd fails in turn");
+      g_assert_true (cp_tensor_equal (cp_batch_get (batch, "input_ids"), ids_before));
+      g_assert_cmpuint (cp_batch_get_n_keys (batch), ==, 5);
+      failures++;
+    }
+  g_test_message ("%u allocations, each failed once", failures);
+  g_assert_cmpuint (failures, >=, 8);
+  cp_test_free_group (group);
+}
+
 /* After a peer is lost the communicator stays failed: later calls fail
  * at once, naming the first error. */
 static void
@@ -381,6 +429,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Fault/local/alloc/all-gather", test_alloc_all_gather);
   g_test_add_func ("/Cp/Fault/local/alloc/enter", test_alloc_enter);
   g_test_add_func ("/Cp/Fault/local/alloc/prepare", test_alloc_prepare);
+  g_test_add_func ("/Cp/Fault/local/alloc/to-thd", test_alloc_to_thd);
   g_test_add_func ("/Cp/Fault/local/left/p2p", test_peer_left);
 
   return g_test_run ();

@@ -63,6 +63,7 @@ typedef struct
 /* Arms @fault, replacing any armed one, and restarts every rank's count
  * of collectives. */
 void        _cp_fault_arm               (const CpFault *fault);
+/* Disarms the fault, and the allocation failure of the calling thread. */
 void        _cp_fault_disarm            (void);
 
 /* Called by a backend as rank @rank starts a collective: its index since

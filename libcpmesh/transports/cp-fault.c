@@ -46,6 +46,7 @@ _cp_fault_disarm (void)
   _cp_mutex_lock (&fault_lock);
   armed.kind = CP_FAULT_NONE;
   _cp_mutex_unlock (&fault_lock);
+  allocations_left = -1;
 }
 
 guint
