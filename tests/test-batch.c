@@ -163,7 +163,8 @@ test_mesh_without_cp (void)
 
   g_assert_no_error (error);
   g_assert_null (cp_batch_prepare (batch, meshes->data, NULL, &error));
-  g_assert_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY, "CpBatch",
+                       "cp_batch_prepare on a mesh without a cp dimension");
   g_assert_nonnull (strstr (error->message, "\"cp\""));
   g_assert_false (cp_batch_contains (batch, "position_ids"));
   cp_test_free_group (meshes);
@@ -837,6 +838,7 @@ typedef struct
   GQuark domain;
   int code;
   const char *needle;
+  const char *what;      /* for the reliability table */
 } ErrorCase;
 
 static void
@@ -933,19 +935,32 @@ bad_positions (CpBatch *batch, CpBatchOptions *options)
 }
 
 static const ErrorCase error_cases[] = {
-  { "missing-labels", drop_labels, 0, CP_BATCH_ERROR_MISSING_KEY, "no 'labels'" },
-  { "both-primaries", add_embeds, 0, CP_BATCH_ERROR_CONFLICTING_KEYS, "both 'input_ids' and 'inputs_embeds'" },
-  { "no-primary", drop_primary, 0, CP_BATCH_ERROR_MISSING_KEY, "neither 'input_ids' nor 'inputs_embeds'" },
-  { "wrong-axis", bad_extra_axis, 1, CP_TENSOR_ERROR_SHAPE, "dimension 3 does not exist" },
-  { "missing-extra", missing_extra, 0, CP_BATCH_ERROR_MISSING_KEY, "'teacher_logits' is missing" },
-  { "length-mismatch", short_labels, 1, CP_TENSOR_ERROR_SHAPE, "'labels' (int64[1, 5] on host) has length 5" },
-  { "extra-length-mismatch", short_extra, 1, CP_TENSOR_ERROR_SHAPE, "'teacher_logits' (float32[1, 7, 5] on host) has length 7 along its sequence dimension 1, but 'input_ids' has sequence length 6" },
-  { "unknown-rotate-name", unknown_rotate, 0, CP_BATCH_ERROR_INVALID_OPTION, "\"addtoall\"" },
-  { "out-of-range-rotate", out_of_range_rotate, 0, CP_BATCH_ERROR_INVALID_OPTION, "rotate method 7" },
-  { "same-object-twice", shared_object, 0, CP_BATCH_ERROR_CONFLICTING_KEYS, "'labels' and 'padding_mask' are the same tensor" },
-  { "two-loss-masks", two_loss_masks, 0, CP_BATCH_ERROR_CONFLICTING_KEYS, "loss mask" },
-  { "standard-key-as-extra", extra_is_labels, 0, CP_BATCH_ERROR_CONFLICTING_KEYS, "'labels' is already registered as a standard buffer" },
-  { "bad-position-ids", bad_positions, 1, CP_TENSOR_ERROR_SHAPE, "'position_ids' is int64[6] on host" },
+  { "missing-labels", drop_labels, 0, CP_BATCH_ERROR_MISSING_KEY, "no 'labels'",
+    "cp_batch_prepare of a batch without labels" },
+  { "both-primaries", add_embeds, 0, CP_BATCH_ERROR_CONFLICTING_KEYS, "both 'input_ids' and 'inputs_embeds'",
+    "cp_batch_prepare of a batch with both input_ids and inputs_embeds" },
+  { "no-primary", drop_primary, 0, CP_BATCH_ERROR_MISSING_KEY, "neither 'input_ids' nor 'inputs_embeds'",
+    "cp_batch_prepare of a batch with neither input_ids nor inputs_embeds" },
+  { "wrong-axis", bad_extra_axis, 1, CP_TENSOR_ERROR_SHAPE, "dimension 3 does not exist",
+    "cp_batch_prepare with an extra buffer along a dimension it does not have" },
+  { "missing-extra", missing_extra, 0, CP_BATCH_ERROR_MISSING_KEY, "'teacher_logits' is missing",
+    "cp_batch_prepare naming an extra buffer the batch lacks" },
+  { "length-mismatch", short_labels, 1, CP_TENSOR_ERROR_SHAPE, "'labels' (int64[1, 5] on host) has length 5",
+    "cp_batch_prepare with labels shorter than input_ids" },
+  { "extra-length-mismatch", short_extra, 1, CP_TENSOR_ERROR_SHAPE, "'teacher_logits' (float32[1, 7, 5] on host) has length 7 along its sequence dimension 1, but 'input_ids' has sequence length 6",
+    "cp_batch_prepare with an extra buffer of another sequence length" },
+  { "unknown-rotate-name", unknown_rotate, 0, CP_BATCH_ERROR_INVALID_OPTION, "\"addtoall\"",
+    "cp_batch_prepare with an unknown rotate method name" },
+  { "out-of-range-rotate", out_of_range_rotate, 0, CP_BATCH_ERROR_INVALID_OPTION, "rotate method 7",
+    "cp_batch_prepare with a rotate method outside the enum" },
+  { "same-object-twice", shared_object, 0, CP_BATCH_ERROR_CONFLICTING_KEYS, "'labels' and 'padding_mask' are the same tensor",
+    "cp_batch_prepare with one tensor under two keys" },
+  { "two-loss-masks", two_loss_masks, 0, CP_BATCH_ERROR_CONFLICTING_KEYS, "loss mask",
+    "cp_batch_prepare with a loss mask in the options and another in the batch" },
+  { "standard-key-as-extra", extra_is_labels, 0, CP_BATCH_ERROR_CONFLICTING_KEYS, "'labels' is already registered as a standard buffer",
+    "cp_batch_prepare with labels also named as an extra buffer" },
+  { "bad-position-ids", bad_positions, 1, CP_TENSOR_ERROR_SHAPE, "'position_ids' is int64[6] on host",
+    "cp_batch_prepare with 1-d position_ids" },
 };
 
 typedef struct
@@ -1017,7 +1032,7 @@ error_rank (CpMesh   *mesh,
   c->spoil (batch, options);
   snapshots = snapshot_batch (batch);
   g_assert_null (cp_batch_prepare (batch, mesh, options, &error));
-  g_assert_error (error, domain, c->code);
+  CP_TEST_ASSERT_CASE (error, domain, c->code, "CpBatch", c->what);
   if (strstr (error->message, c->needle) == NULL)
     g_error ("\"%s\" does not contain \"%s\"", error->message, c->needle);
   assert_unchanged (batch, snapshots);

@@ -819,6 +819,7 @@ typedef struct
   GQuark (*domain) (void);
   int code;
   const char *needle;
+  const char *what;      /* for the reliability table */
 } ErrorCase;
 
 static CpBatch *
@@ -958,33 +959,49 @@ mrope_positions (CpThdOptions *options)
 
 static const ErrorCase error_cases[] = {
   { "unsupported-format", 2, bshd_format, cp_batch_error_quark, CP_BATCH_ERROR_UNSUPPORTED_FORMAT,
-    "only 'thd' format is supported, got: bshd" },
-  { "missing-seq-lens", 1, no_seq_lens, cp_batch_error_quark, CP_BATCH_ERROR_MISSING_KEY, "'seq_lens'" },
-  { "missing-position-ids", 2, no_positions, cp_batch_error_quark, CP_BATCH_ERROR_MISSING_KEY, "'position_ids'" },
-  { "missing-seq-lens-padded", 2, no_padded, cp_batch_error_quark, CP_BATCH_ERROR_MISSING_KEY, "'seq_lens_padded'" },
+    "only 'thd' format is supported, got: bshd",
+    "cp_batch_to_thd with a qkv format other than thd" },
+  { "missing-seq-lens", 1, no_seq_lens, cp_batch_error_quark, CP_BATCH_ERROR_MISSING_KEY, "'seq_lens'",
+    "cp_batch_to_thd of a padded batch without seq_lens" },
+  { "missing-position-ids", 2, no_positions, cp_batch_error_quark, CP_BATCH_ERROR_MISSING_KEY, "'position_ids'",
+    "cp_batch_to_thd without position_ids" },
+  { "missing-seq-lens-padded", 2, no_padded, cp_batch_error_quark, CP_BATCH_ERROR_MISSING_KEY, "'seq_lens_padded'",
+    "cp_batch_to_thd without seq_lens_padded" },
   { "indivisible-document", 2, indivisible, cp_batch_error_quark, CP_BATCH_ERROR_INDIVISIBLE,
-    "document 0 has padded length 6, not a multiple of 2·C = 4" },
+    "document 0 has padded length 6, not a multiple of 2·C = 4",
+    "cp_batch_to_thd with a padded document length not a multiple of 2·C" },
   { "negative-length", 2, negative, cp_batch_error_quark, CP_BATCH_ERROR_INVALID_SEQ_LENS,
-    "negative length at [0, 1]: seq_lens -3" },
+    "negative length at [0, 1]: seq_lens -3",
+    "cp_batch_to_thd with a negative sequence length" },
   { "real-past-padded", 2, real_past_padded, cp_batch_error_quark, CP_BATCH_ERROR_INVALID_SEQ_LENS,
-    "seq_lens[0, 0] = 5 exceeds seq_lens_padded[0, 0] = 4" },
+    "seq_lens[0, 0] = 5 exceeds seq_lens_padded[0, 0] = 4",
+    "cp_batch_to_thd with a real length above its padded length" },
   { "sentinel-mismatch", 2, sentinel_mismatch, cp_batch_error_quark, CP_BATCH_ERROR_INVALID_SEQ_LENS,
-    "seq_lens[0, 1] = -1000 but seq_lens_padded[0, 1] = 4" },
+    "seq_lens[0, 1] = -1000 but seq_lens_padded[0, 1] = 4",
+    "cp_batch_to_thd with the sentinel in seq_lens but not in seq_lens_padded" },
   { "past-the-row", 2, past_the_row, cp_batch_error_quark, CP_BATCH_ERROR_INVALID_SEQ_LENS,
-    "run past the row length 8 at seq_lens_padded[0, 1] = 8" },
+    "run past the row length 8 at seq_lens_padded[0, 1] = 8",
+    "cp_batch_to_thd with padded lengths that run past the row" },
   { "chunks-indivisible", 2, bad_chunks, cp_batch_error_quark, CP_BATCH_ERROR_INDIVISIBLE,
-    "num_chunks 3 does not divide the 4 batch rows" },
+    "num_chunks 3 does not divide the 4 batch rows",
+    "cp_batch_to_thd with num_chunks not dividing the batch rows" },
   { "cu-seqlens-not-int32", 2, int64_cu, cp_batch_error_quark, CP_BATCH_ERROR_INVALID_SEQ_LENS,
-    "'cu_seqlens' is int64[2] on host; it must be int32" },
+    "'cu_seqlens' is int64[2] on host; it must be int32",
+    "cp_batch_to_thd of a packed batch whose cu_seqlens are not int32" },
   { "uncovered-tokens", 2, uncovered, cp_batch_error_quark, CP_BATCH_ERROR_INVALID_SEQ_LENS,
-    "the padded documents cover 2 of the 4 tokens" },
-  { "extra-buffers", 2, extras, cp_batch_error_quark, CP_BATCH_ERROR_UNSUPPORTED_FORMAT, "'teacher_logits'" },
+    "the padded documents cover 2 of the 4 tokens",
+    "cp_batch_to_thd of a packed batch with tokens outside every document (sharded)" },
+  { "extra-buffers", 2, extras, cp_batch_error_quark, CP_BATCH_ERROR_UNSUPPORTED_FORMAT, "'teacher_logits'",
+    "cp_batch_to_thd of a batch with extra sequence buffers" },
   { "row-without-documents", 1, empty_row, cp_batch_error_quark, CP_BATCH_ERROR_INVALID_SEQ_LENS,
-    "row 1 holds 4 tokens but no document" },
+    "row 1 holds 4 tokens but no document",
+    "cp_batch_to_thd with a row that holds tokens but no document" },
   { "token-rule-embeddings", 1, token_rule_embeddings, cp_batch_error_quark, CP_BATCH_ERROR_INVALID_OPTION,
-    "needs token ids" },
+    "needs token ids",
+    "cp_batch_to_thd with the token-id padding-mask rule on embeddings" },
   { "mrope-positions", 2, mrope_positions, cp_tensor_error_quark, CP_TENSOR_ERROR_SHAPE,
-    "'position_ids' is int64[3, 1, 4] on host; it must be [1, 4] like 'input_ids'" },
+    "'position_ids' is int64[3, 1, 4] on host; it must be [1, 4] like 'input_ids'",
+    "cp_batch_to_thd with mRoPE position_ids [3, B, S]" },
 };
 
 static void
@@ -997,7 +1014,7 @@ error_rank (CpMesh   *mesh,
   g_autoptr(GError) error = NULL;
 
   g_assert_null (cp_batch_to_thd (batch, mesh, options, &error));
-  g_assert_error (error, c->domain (), c->code);
+  CP_TEST_ASSERT_CASE (error, c->domain (), c->code, "CpBatch (THD)", c->what);
   if (strstr (error->message, c->needle) == NULL)
     g_error ("\"%s\" does not contain \"%s\"", error->message, c->needle);
 }

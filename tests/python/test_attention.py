@@ -156,6 +156,8 @@ class AttentionTest(unittest.TestCase):
             attention.forward(q, k, k)
         self.assertTrue(raised.exception.matches(Cp.attention_error_quark(), Cp.AttentionError.SHAPE))
         self.assertIn('not divisible', raised.exception.message)
+        record_error(self, 'CpAttention', 'forward with q heads not a multiple of k/v heads (GQA)',
+                     raised.exception)
 
 
 if __name__ == '__main__':
