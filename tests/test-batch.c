@@ -934,6 +934,32 @@ bad_positions (CpBatch *batch, CpBatchOptions *options)
   cp_test_batch_take (batch, "position_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, shape, 0, 1, 2, 3, 4, 5));
 }
 
+/* Rank 0 holds 6 tokens and rank 1 holds 8: both pad to 8, the same
+ * layout, yet they are not the same batch.  Enter fails on both and
+ * shards nothing. */
+static void
+unpadded_disagree_rank (CpMesh   *mesh,
+                        gpointer  user_data)
+{
+  gint64 shape[] = { 1, cp_mesh_get_rank (mesh) == 0 ? 6 : 8 };
+  g_autoptr(CpBatch) batch = cp_batch_new ();
+  g_autoptr(CpContext) context = NULL;
+  g_autoptr(GError) error = NULL;
+  CpTensor *ids;
+
+  cp_test_batch_take (batch, "input_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 2, 1));
+  cp_test_batch_take (batch, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 2, 2));
+  context = cp_batch_prepare (batch, mesh, NULL, &error);
+  g_assert_no_error (error);
+  ids = cp_batch_get (batch, "input_ids");
+  g_assert_false (cp_context_enter (context, &error));
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY, "CpContext",
+                       "cp_context_enter where ranks' batches differ in length but pad to the same "
+                       "length (every rank fails)");
+  g_assert_nonnull (strstr (error->message, "sequence length before padding"));
+  CP_TEST_ASSERT_SHAPE (ids, 1, 8);
+}
+
 static const ErrorCase error_cases[] = {
   { "missing-labels", drop_labels, 0, CP_BATCH_ERROR_MISSING_KEY, "no 'labels'",
     "cp_batch_prepare of a batch without labels" },
@@ -1076,6 +1102,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Batch/prepare/global-token-mean", test_global_token_mean);
   g_test_add_data_func ("/Cp/Batch/prepare/unshard-e5", unshard_rank, test_on_two_ranks);
   g_test_add_func ("/Cp/Batch/prepare/property", test_property);
+  g_test_add_data_func ("/Cp/Batch/enter/unpadded-lengths-disagree", unpadded_disagree_rank, test_on_two_ranks);
   for (guint i = 0; i < G_N_ELEMENTS (error_cases); i++)
     {
       g_autofree char *path = g_strdup_printf ("/Cp/Batch/errors/%s", error_cases[i].name);
