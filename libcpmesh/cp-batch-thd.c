@@ -796,7 +796,8 @@ add_max_seqlen (Thd      *thd,
 }
 
 /* Marks, for the positions of @runs in order, those between their
- * document's real end and padded end. */
+ * document's real end and padded end.  Unsharded, a packed batch may hold
+ * tokens past its last document: those are padding too. */
 static guint8 *
 write_layout_mask (Chunk       *chunk,
                    const CpRun *runs,
@@ -804,6 +805,7 @@ write_layout_mask (Chunk       *chunk,
                    guint8      *mask)
 {
   const gint64 *cu = (const gint64 *) chunk->cu_padded->data;
+  guint n_docs = MAX (chunk->cu_padded->len, 1) - 1;
   guint doc = 0;
 
   for (guint i = 0; i < n_runs; i++)
@@ -811,8 +813,14 @@ write_layout_mask (Chunk       *chunk,
       {
         gint64 stop, real_stop;
 
-        while (cu[doc + 1] <= p)
+        while (doc < n_docs && cu[doc + 1] <= p)
           doc++;
+        if (doc == n_docs)
+          {
+            memset (mask, TRUE, (gsize) (end - p));
+            mask += end - p;
+            break;
+          }
         stop = MIN (end, cu[doc + 1]);
         real_stop = CLAMP (cu[doc] + BOUND (chunk->real, doc), p, stop);
         memset (mask, FALSE, (gsize) (real_stop - p));

@@ -810,6 +810,26 @@ test_property (void)
     }
 }
 
+/* Unsharded, a packed batch may end with tokens no document covers: they
+ * are padding, and the mask is never read past the last bound. */
+static void
+test_packed_tail (void)
+{
+  const gint64 twelve[] = { 12 }, three[] = { 3 };
+  g_autoptr(CpBatch) batch = cp_batch_new ();
+  g_autoptr(CpBatch) thd = NULL;
+  g_autoptr(GError) error = NULL;
+
+  cp_test_batch_take (batch, "input_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, twelve, 1, 1));
+  cp_test_batch_take (batch, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, twelve, 1, 2));
+  cp_test_batch_take (batch, "position_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, twelve, 1, 3));
+  cp_test_batch_take (batch, "cu_seqlens", CP_TEST_TENSOR (CP_DTYPE_INT32, three, 0, 2, 6));
+  cp_test_batch_take (batch, "cu_seqlens_padded", CP_TEST_TENSOR (CP_DTYPE_INT32, three, 0, 4, 8));
+  thd = cp_batch_to_thd (batch, NULL, NULL, &error);
+  g_assert_no_error (error);
+  CP_TEST_ASSERT_VALUES (cp_batch_get (thd, "padding_mask"), 0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
+}
+
 /* Errors: a specific code, the offending values, and no output. */
 typedef struct
 {
@@ -1041,6 +1061,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Thd/chunks/document-counts", test_chunk_document_counts);
   g_test_add_func ("/Cp/Thd/chunks/sentinels", test_sentinels);
   g_test_add_func ("/Cp/Thd/padding-mask/rules", test_padding_mask_rules);
+  g_test_add_func ("/Cp/Thd/padding-mask/packed-tail", test_packed_tail);
   g_test_add_func ("/Cp/Thd/absorption/examples", test_absorption);
   g_test_add_data_func ("/Cp/Thd/shard/te-basic", te_basic_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Thd/shard/packed-input", packed_input_rank, test_on_two_ranks);
