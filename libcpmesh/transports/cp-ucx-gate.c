@@ -26,6 +26,8 @@
  * costs a closed socket and nothing else. */
 
 #define VISIT_US (5 * G_TIME_SPAN_SECOND)
+#define FIRST_KNOCK_PAUSE_US G_TIME_SPAN_MILLISECOND
+#define LAST_KNOCK_PAUSE_US (100 * G_TIME_SPAN_MILLISECOND)
 #define MAX_VISITORS 64
 
 typedef struct
@@ -249,8 +251,11 @@ _cp_ucx_gate_pass (GSocketAddress  *address,
                    GError         **error)
 {
   g_autoptr(GSocketClient) client = g_socket_client_new ();
+  gint64 pause = FIRST_KNOCK_PAUSE_US;
 
-  /* Rank 0 may not listen yet: knock again until it answers. */
+  /* Rank 0 may not listen yet: knock again until it answers, soon at
+   * first (ranks usually start within milliseconds of each other), then
+   * every 100 ms. */
   for (;;)
     {
       g_autoptr(GError) attempt_error = NULL;
@@ -269,6 +274,7 @@ _cp_ucx_gate_pass (GSocketAddress  *address,
                        "rank 0 did not answer at %s: %s", where, attempt_error->message);
           return FALSE;
         }
-      g_usleep (MIN (100 * G_TIME_SPAN_MILLISECOND, MAX (deadline - g_get_monotonic_time (), 0)));
+      g_usleep (MIN (pause, MAX (deadline - g_get_monotonic_time (), 0)));
+      pause = MIN (2 * pause, LAST_KNOCK_PAUSE_US);
     }
 }
