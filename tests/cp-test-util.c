@@ -160,6 +160,30 @@ cp_test_batch_take (CpBatch    *batch,
   g_object_unref (tensor);
 }
 
+gsize
+cp_test_resident_kib (void)
+{
+  g_autofree char *statm = NULL;
+  g_auto(GStrv) fields = NULL;
+
+  g_assert_true (g_file_get_contents ("/proc/self/statm", &statm, NULL, NULL));
+  fields = g_strsplit (statm, " ", -1);
+  g_assert_cmpuint (g_strv_length (fields), >=, 2);
+  return (gsize) g_ascii_strtoull (fields[1], NULL, 10) * (gsize) sysconf (_SC_PAGESIZE) / 1024;
+}
+
+gsize
+cp_test_open_fds (void)
+{
+  g_autoptr(GDir) dir = g_dir_open ("/proc/self/fd", 0, NULL);
+  gsize n = 0;
+
+  g_assert_nonnull (dir);
+  while (g_dir_read_name (dir) != NULL)
+    n++;
+  return n - 1; /* the directory's own descriptor */
+}
+
 /* Reliability records ------------------------------------------------ */
 
 static void

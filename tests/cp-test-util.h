@@ -85,6 +85,12 @@ void       cp_test_assert_shape       (CpTensor       *tensor,
                           G_N_ELEMENTS (cp_test_shape_));                   \
   } G_STMT_END
 
+/* Resident memory of this process, in KiB (/proc/self/statm). */
+gsize      cp_test_resident_kib       (void);
+
+/* Descriptors this process has open (/proc/self/fd). */
+gsize      cp_test_open_fds           (void);
+
 /* Records, for doc/reliability.md, that the running test tried @what
  * against @subject and got @error.  The record is a JSON line appended to
  * the file named by $CP_RELIABILITY_LOG; without that variable nothing is
