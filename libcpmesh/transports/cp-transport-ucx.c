@@ -198,13 +198,13 @@ post_recv (UcxTransport *self,
 static void
 lock (UcxTransport *self)
 {
-  g_mutex_lock (&self->worker->lock);
+  _cp_mutex_lock (&self->worker->lock);
 }
 
 static void
 unlock (UcxTransport *self)
 {
-  g_mutex_unlock (&self->worker->lock);
+  _cp_mutex_unlock (&self->worker->lock);
 }
 
 static char *
@@ -1165,12 +1165,12 @@ ucx_poll (CpTransport *transport)
 {
   UcxTransport *self = (UcxTransport *) transport;
 
-  if (!g_mutex_trylock (&self->worker->lock))
+  if (!_cp_mutex_trylock (&self->worker->lock))
     return;
   /* UCX 1.13 looks at the keepalive clock once in 32 rounds of progress. */
   for (guint i = 0; i < 32; i++)
     ucp_worker_progress (self->worker->worker);
-  g_mutex_unlock (&self->worker->lock);
+  _cp_mutex_unlock (&self->worker->lock);
 }
 
 static const CpTransportOps ucx_ops = {

@@ -10,6 +10,7 @@
 #include <ucp/api/ucp.h>
 
 #include "cp-mesh-config-private.h"
+#include "cp-sync-private.h"
 #include "cp-transport-private.h"
 #include "cp-ucx-wire-private.h"
 
@@ -30,7 +31,7 @@ struct _CpUcxWorker
 {
   ucp_context_h context;
   ucp_worker_h worker;
-  GMutex lock;
+  CpMutex lock;
   GPtrArray *endpoints; /* CpUcxEndpoint*, owned: UCX may call back into them until the worker goes */
   GArray *retained;     /* what abandoned sends may still read: freed with the worker */
 };

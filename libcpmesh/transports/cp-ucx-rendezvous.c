@@ -314,11 +314,11 @@ start_listening (CpUcxRendezvous  *self,
 
   if (address == NULL)
     return FALSE;
-  g_mutex_lock (&self->worker->lock);
+  _cp_mutex_lock (&self->worker->lock);
   params.sockaddr.addr = (const struct sockaddr *) &native;
   if (to_native (ephemeral, &native, &params.sockaddr.addrlen))
     status = ucp_listener_create (self->worker->worker, &params, &self->listener);
-  g_mutex_unlock (&self->worker->lock);
+  _cp_mutex_unlock (&self->worker->lock);
   if (status == UCS_OK)
     self->gate = _cp_ucx_gate_new (address, self->config->token, listener_port (self->listener), &gate_error);
   if (self->gate != NULL)
@@ -495,11 +495,11 @@ wait_for_ranks (CpUcxRendezvous  *self,
       if (_cp_ucx_worker_progress (self->worker) > 0)
         idle = 0;
       _cp_ucx_gate_serve (self->gate);
-      g_mutex_lock (&self->worker->lock);
+      _cp_mutex_lock (&self->worker->lock);
       accept_connections (self);
       handle_inbox (self);
       reap_sends (self, FALSE);
-      g_mutex_unlock (&self->worker->lock);
+      _cp_mutex_unlock (&self->worker->lock);
       if (self->n_joined == self->config->world_size - 1)
         break;
       missing = describe_missing (self);
@@ -517,7 +517,7 @@ send_tables (CpUcxRendezvous  *self,
   g_autoptr(GBytes) table = _cp_ucx_pack_table (self->addresses, self->config->world_size);
   gboolean ok = TRUE;
 
-  g_mutex_lock (&self->worker->lock);
+  _cp_mutex_lock (&self->worker->lock);
   for (guint i = 0; ok && i < self->joiners->len; i++)
     {
       Joiner *joiner = g_ptr_array_index (self->joiners, i);
@@ -525,7 +525,7 @@ send_tables (CpUcxRendezvous  *self,
       if (joiner->state == JOINED)
         ok = send_message (self, joiner->endpoint, MSG_TABLE, g_bytes_ref (table), error);
     }
-  g_mutex_unlock (&self->worker->lock);
+  _cp_mutex_unlock (&self->worker->lock);
   return ok;
 }
 
@@ -559,12 +559,12 @@ wait_for (CpUcxRendezvous  *self,
 
       if (_cp_ucx_worker_progress (self->worker) > 0)
         idle = 0;
-      g_mutex_lock (&self->worker->lock);
+      _cp_mutex_lock (&self->worker->lock);
       while ((message = g_queue_pop_head (&self->inbox)) != NULL && message->kind != kind)
         message_free (message);
       reap_sends (self, FALSE);
       failure = self->server->failure;
-      g_mutex_unlock (&self->worker->lock);
+      _cp_mutex_unlock (&self->worker->lock);
       if (message != NULL)
         return message;
       if (failure != UCS_OK)
@@ -599,9 +599,9 @@ connect_to_server (CpUcxRendezvous  *self,
   listener = with_port (address, port);
   if (!to_native (listener, &native, &length))
     return FALSE;
-  g_mutex_lock (&self->worker->lock);
+  _cp_mutex_lock (&self->worker->lock);
   self->server = _cp_ucx_connect_sockaddr (self->worker, (struct sockaddr *) &native, length, error);
-  g_mutex_unlock (&self->worker->lock);
+  _cp_mutex_unlock (&self->worker->lock);
   return self->server != NULL;
 }
 
@@ -670,9 +670,9 @@ send_hello (CpUcxRendezvous  *self,
   memcpy (hello.nonce, self->nonce, NONCE_SIZE);
   _cp_ucx_hello_mac (config->token, "cpmesh join", self->server_nonce, self->nonce, config->rank,
                      config->world_size, hello.mac);
-  g_mutex_lock (&self->worker->lock);
+  _cp_mutex_lock (&self->worker->lock);
   ok = send_hello_as (self, &hello, error);
-  g_mutex_unlock (&self->worker->lock);
+  _cp_mutex_unlock (&self->worker->lock);
   return ok;
 }
 
@@ -773,9 +773,9 @@ _cp_ucx_rendezvous_run (CpUcxWorker         *worker,
   self->pending = g_ptr_array_new ();
   self->world_size = config->world_size;
   self->addresses = g_new0 (GBytes *, config->world_size);
-  g_mutex_lock (&worker->lock);
+  _cp_mutex_lock (&worker->lock);
   ok = set_message_handler (self, TRUE, error);
-  g_mutex_unlock (&worker->lock);
+  _cp_mutex_unlock (&worker->lock);
   if (ok && config->rank == 0)
     {
       self->addresses[0] = g_bytes_ref (my_address);
@@ -831,14 +831,14 @@ _cp_ucx_rendezvous_free (CpUcxRendezvous *self,
   CpUcxWorker *worker = self->worker;
 
   g_clear_pointer (&self->gate, _cp_ucx_gate_free);
-  g_mutex_lock (&worker->lock);
+  _cp_mutex_lock (&worker->lock);
   stop_listening (self);
-  g_mutex_unlock (&worker->lock);
+  _cp_mutex_unlock (&worker->lock);
   close_all (self, deadline);
-  g_mutex_lock (&worker->lock);
+  _cp_mutex_lock (&worker->lock);
   set_message_handler (self, FALSE, NULL);
   reap_sends (self, TRUE);
-  g_mutex_unlock (&worker->lock);
+  _cp_mutex_unlock (&worker->lock);
   g_queue_clear_full (&self->inbox, (GDestroyNotify) message_free);
   g_clear_pointer (&self->joiners, g_ptr_array_unref);
   for (int r = 0; r < self->world_size; r++)
