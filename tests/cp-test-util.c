@@ -26,6 +26,35 @@ rank_thread (gpointer data)
   return NULL;
 }
 
+/* GLib sets up type classes, its own locks (the type system's, the error
+ * domains') and G_DEFINE_QUARK's quarks on first use, through atomics in
+ * code ThreadSanitizer does not instrument or plain static variables:
+ * rank threads making those first uses together read as races.  They are
+ * made here, on the calling thread, first. */
+static void
+set_up_glib_once (void)
+{
+  static gsize done;
+  const GType types[] = {
+    CP_TYPE_ATTENTION, CP_TYPE_ATTENTION_OPTIONS, CP_TYPE_BATCH, CP_TYPE_BATCH_OPTIONS,
+    CP_TYPE_CONTEXT, CP_TYPE_MESH, CP_TYPE_TENSOR, CP_TYPE_THD_OPTIONS,
+    CP_TYPE_TENSOR_ERROR, CP_TYPE_MESH_ERROR, CP_TYPE_BATCH_ERROR, CP_TYPE_ATTENTION_ERROR,
+    CP_TYPE_DTYPE, CP_TYPE_DEVICE_KIND, CP_TYPE_LOAD_BALANCE, CP_TYPE_REDUCE_OP,
+    CP_TYPE_ROTATE_METHOD, CP_TYPE_PADDING_MASK_RULE,
+  };
+
+  if (!g_once_init_enter (&done))
+    return;
+  for (guint i = 0; i < G_N_ELEMENTS (types); i++)
+    if (G_TYPE_IS_CLASSED (types[i]))
+      g_type_class_unref (g_type_class_ref (types[i]));
+  g_error_free (g_error_new_literal (CP_MESH_ERROR, CP_MESH_ERROR_FAILED, "set up"));
+  (void) CP_TENSOR_ERROR;
+  (void) CP_BATCH_ERROR;
+  (void) CP_ATTENTION_ERROR;
+  g_once_init_leave (&done, 1);
+}
+
 void
 cp_test_run_ranks (GList          *meshes,
                    CpTestRankFunc  func,
@@ -36,6 +65,7 @@ cp_test_run_ranks (GList          *meshes,
   g_autofree GThread **threads = g_new0 (GThread *, n);
   guint i = 0;
 
+  set_up_glib_once ();
   for (GList *l = meshes; l != NULL; l = l->next, i++)
     {
       jobs[i] = (RankJob) { l->data, func, user_data };
