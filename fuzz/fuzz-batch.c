@@ -29,9 +29,9 @@
  */
 
 #include "fuzz-common.h"
+#include "cp-test-util.h"
 
 #define MAX_RANKS 8
-#define TIMEOUT_MS 60000
 
 typedef struct
 {
@@ -59,33 +59,6 @@ enum
   KEY_EXTRA = 1 << 6,
   KEY_REQUIRES_GRAD = 1 << 7,
 };
-
-typedef struct
-{
-  char *key;
-  CpTensor *tensor;
-  CpStorage *storage;
-  CpTensor *copy;
-} Snapshot;
-
-static GList *groups[MAX_RANKS + 1];
-
-static GList *
-group_of (int size)
-{
-  const char *names[] = { "cp", NULL };
-
-  if (groups[size] == NULL)
-    {
-      g_autoptr(GError) error = NULL;
-
-      groups[size] = cp_mesh_new_local_group (names, &size, 1, &error);
-      g_assert_no_error (error);
-      for (GList *l = groups[size]; l != NULL; l = l->next)
-        cp_mesh_set_timeout_ms (l->data, TIMEOUT_MS);
-    }
-  return groups[size];
-}
 
 static void
 read_shape (FuzzInput *in,
@@ -118,30 +91,6 @@ length_of (const Shape *shape,
 }
 
 static CpTensor *
-pattern (CpDType       dtype,
-         const gint64 *dims,
-         guint         n_dims,
-         int           seed)
-{
-  g_autoptr(GError) error = NULL;
-  CpTensor *tensor = cp_tensor_new (dtype, dims, n_dims, &error);
-
-  g_assert_no_error (error);
-  for (gint64 i = 0; i < cp_tensor_get_numel (tensor); i++)
-    cp_tensor_set_value (tensor, i, dtype == CP_DTYPE_BOOL ? (i + seed) % 2 : (i * 7 + seed) % 101);
-  return tensor;
-}
-
-static void
-put (CpBatch    *batch,
-     const char *key,
-     CpTensor   *tensor)
-{
-  cp_batch_set (batch, key, tensor);
-  g_object_unref (tensor);
-}
-
-static CpTensor *
 position_ids (const Shape *shape,
               gint64       length)
 {
@@ -151,16 +100,16 @@ position_ids (const Shape *shape,
     {
     case 1:
       dims[0] = 1;
-      return pattern (CP_DTYPE_INT64, dims, 2, 5);
+      return cp_test_tensor_pattern (CP_DTYPE_INT64, dims, 2, 5);
     case 2:
       dims[0] = 3;
       dims[1] = shape->rows;
       dims[2] = length;
-      return pattern (CP_DTYPE_INT64, dims, 3, 5);
+      return cp_test_tensor_pattern (CP_DTYPE_INT64, dims, 3, 5);
     case 3:
-      return pattern (CP_DTYPE_INT64, &length, 1, 5);
+      return cp_test_tensor_pattern (CP_DTYPE_INT64, &length, 1, 5);
     default:
-      return pattern (CP_DTYPE_INT64, dims, 2, 5);
+      return cp_test_tensor_pattern (CP_DTYPE_INT64, dims, 2, 5);
     }
 }
 
@@ -172,29 +121,33 @@ make_batch (const Shape *shape,
   gint64 two[2] = { shape->rows, length_of (shape, rank, 0) };
   gint64 three[3] = { shape->rows, length_of (shape, rank, 0), shape->hidden };
   CpDType ids_dtype = shape->dtypes & 1 ? CP_DTYPE_INT32 : CP_DTYPE_INT64;
-  CpTensor *primary = shape->keys & KEY_EMBEDS ? pattern (CP_DTYPE_FLOAT32, three, 3, 1)
-                                               : pattern (ids_dtype, two, 2, 1);
+  CpTensor *primary = shape->keys & KEY_EMBEDS ? cp_test_tensor_pattern (CP_DTYPE_FLOAT32, three, 3, 1)
+                                               : cp_test_tensor_pattern (ids_dtype, two, 2, 1);
 
   cp_tensor_set_requires_grad (primary, (shape->keys & KEY_REQUIRES_GRAD) != 0);
-  put (batch, shape->keys & KEY_EMBEDS ? "inputs_embeds" : "input_ids", primary);
+  cp_test_batch_take (batch, shape->keys & KEY_EMBEDS ? "inputs_embeds" : "input_ids", primary);
   two[1] = length_of (shape, rank, 1);
   if (shape->keys & KEY_LABELS)
-    put (batch, "labels", pattern (shape->dtypes & 2 ? CP_DTYPE_INT32 : CP_DTYPE_INT64, two, 2, 2));
+    cp_test_batch_take (batch, "labels",
+                        cp_test_tensor_pattern (shape->dtypes & 2 ? CP_DTYPE_INT32 : CP_DTYPE_INT64, two, 2, 2));
   if (shape->keys & KEY_POSITIONS)
-    put (batch, "position_ids", position_ids (shape, length_of (shape, rank, 2)));
+    cp_test_batch_take (batch, "position_ids", position_ids (shape, length_of (shape, rank, 2)));
   two[1] = length_of (shape, rank, 3);
   if (shape->keys & KEY_LOSS_MASK)
-    put (batch, "loss_mask", pattern (shape->dtypes & 4 ? CP_DTYPE_FLOAT32 : CP_DTYPE_BOOL, two, 2, 3));
+    cp_test_batch_take (batch, "loss_mask",
+                        cp_test_tensor_pattern (shape->dtypes & 4 ? CP_DTYPE_FLOAT32 : CP_DTYPE_BOOL, two, 2, 3));
   two[1] = length_of (shape, rank, 4);
   if (shape->keys & KEY_PADDING_MASK)
-    put (batch, "padding_mask", pattern (shape->dtypes & 8 ? CP_DTYPE_UINT8 : CP_DTYPE_BOOL, two, 2, 4));
+    cp_test_batch_take (batch, "padding_mask",
+                        cp_test_tensor_pattern (shape->dtypes & 8 ? CP_DTYPE_UINT8 : CP_DTYPE_BOOL, two, 2, 4));
   if (shape->keys & KEY_ATTENTION_MASK)
-    put (batch, "attention_mask", pattern (CP_DTYPE_INT64, two, 2, 6));
+    cp_test_batch_take (batch, "attention_mask", cp_test_tensor_pattern (CP_DTYPE_INT64, two, 2, 6));
   three[1] = length_of (shape, rank, 5);
   if (shape->keys & KEY_EXTRA)
     {
-      put (batch, "teacher_logits", pattern (shape->dtypes & 16 ? CP_DTYPE_BFLOAT16 : CP_DTYPE_FLOAT32,
-                                             three, 3, 7));
+      CpDType dtype = shape->dtypes & 16 ? CP_DTYPE_BFLOAT16 : CP_DTYPE_FLOAT32;
+
+      cp_test_batch_take (batch, "teacher_logits", cp_test_tensor_pattern (dtype, three, 3, 7));
       if (!(shape->options & 4))
         cp_batch_set_seq_dim (batch, "teacher_logits", shape->extra_dim);
     }
@@ -214,8 +167,8 @@ make_options (const Shape *shape,
   if (shape->options & 1)
     {
       CpTensor *own = cp_batch_get (batch, "loss_mask");
-      g_autoptr(CpTensor) mask = own != NULL && (shape->options & 2) ? g_object_ref (own)
-                                                                      : pattern (CP_DTYPE_BOOL, dims, 2, 8);
+      g_autoptr(CpTensor) mask = own != NULL && (shape->options & 2)
+                                   ? g_object_ref (own) : cp_test_tensor_pattern (CP_DTYPE_BOOL, dims, 2, 8);
 
       cp_batch_options_set_loss_mask (options, mask);
     }
@@ -225,59 +178,6 @@ make_options (const Shape *shape,
   if (name != NULL)
     cp_batch_options_set_rotate_method_name (options, name);
   return options;
-}
-
-static void
-snapshot_free (Snapshot *snapshot)
-{
-  g_free (snapshot->key);
-  g_object_unref (snapshot->tensor);
-  g_object_unref (snapshot->copy);
-  g_free (snapshot);
-}
-
-static GPtrArray *
-snapshot_batch (CpBatch *batch)
-{
-  GPtrArray *snapshots = g_ptr_array_new_with_free_func ((GDestroyNotify) snapshot_free);
-  const char * const *keys = cp_batch_get_keys (batch);
-
-  for (guint i = 0; keys[i] != NULL; i++)
-    {
-      Snapshot *snapshot = g_new0 (Snapshot, 1);
-
-      snapshot->key = g_strdup (keys[i]);
-      snapshot->tensor = g_object_ref (cp_batch_get (batch, keys[i]));
-      snapshot->storage = cp_tensor_get_storage (snapshot->tensor);
-      snapshot->copy = cp_tensor_copy (snapshot->tensor, NULL);
-      g_ptr_array_add (snapshots, snapshot);
-    }
-  return snapshots;
-}
-
-static void
-check_unchanged (CpBatch   *batch,
-                 GPtrArray *snapshots)
-{
-  g_assert_cmpuint (cp_batch_get_n_keys (batch), ==, snapshots->len);
-  for (guint i = 0; i < snapshots->len; i++)
-    {
-      Snapshot *snapshot = g_ptr_array_index (snapshots, i);
-
-      g_assert_true (cp_batch_get (batch, snapshot->key) == snapshot->tensor);
-      g_assert_true (cp_tensor_get_storage (snapshot->tensor) == snapshot->storage);
-      g_assert_true (cp_tensor_equal (snapshot->tensor, snapshot->copy));
-    }
-}
-
-static Snapshot *
-find_snapshot (GPtrArray  *snapshots,
-               const char *key)
-{
-  for (guint i = 0; i < snapshots->len; i++)
-    if (g_str_equal (((Snapshot *) g_ptr_array_index (snapshots, i))->key, key))
-      return g_ptr_array_index (snapshots, i);
-  return NULL;
 }
 
 /* A registered buffer is padded to a multiple of 2·C and starts with
@@ -291,7 +191,7 @@ check_padded (CpContext *context,
     {
       CpTensor *buffer = cp_context_get_buffer (context, i);
       int dim = cp_context_get_buffer_seq_dim (context, i);
-      Snapshot *original = find_snapshot (originals, cp_context_get_buffer_name (context, i));
+      CpTestSnapshot *original = cp_test_snapshot_find (originals, cp_context_get_buffer_name (context, i));
       gint64 length = cp_tensor_get_dim (buffer, dim);
       g_autoptr(CpTensor) prefix = NULL;
 
@@ -356,7 +256,7 @@ check_round_trip (CpContext **contexts,
       CpTensor *pieces[MAX_RANKS];
       g_autoptr(CpTensor) whole = NULL;
       const char *name = cp_context_get_buffer_name (contexts[0], i);
-      Snapshot *padded = find_snapshot (prepared[0], name);
+      CpTestSnapshot *padded = cp_test_snapshot_find (prepared[0], name);
 
       for (int r = 0; r < n; r++)
         pieces[r] = cp_context_get_buffer (contexts[r], i);
@@ -381,7 +281,7 @@ check_exit (CpContext **contexts,
       for (guint i = 0; i < cp_context_get_n_buffers (contexts[r]); i++)
         if (cp_context_get_buffer_restores (contexts[r], i))
           {
-            Snapshot *padded = find_snapshot (prepared[r], cp_context_get_buffer_name (contexts[r], i));
+            CpTestSnapshot *padded = cp_test_snapshot_find (prepared[r], cp_context_get_buffer_name (contexts[r], i));
 
             g_assert_nonnull (padded);
             g_assert_true (cp_tensor_equal (cp_context_get_buffer (contexts[r], i), padded->copy));
@@ -393,18 +293,11 @@ check_exit (CpContext **contexts,
 static GPtrArray *
 snapshot_context (CpContext *context)
 {
-  GPtrArray *snapshots = g_ptr_array_new_with_free_func ((GDestroyNotify) snapshot_free);
+  GPtrArray *snapshots = g_ptr_array_new_with_free_func ((GDestroyNotify) cp_test_snapshot_free);
 
   for (guint i = 0; i < cp_context_get_n_buffers (context); i++)
-    {
-      Snapshot *snapshot = g_new0 (Snapshot, 1);
-
-      snapshot->key = g_strdup (cp_context_get_buffer_name (context, i));
-      snapshot->tensor = g_object_ref (cp_context_get_buffer (context, i));
-      snapshot->storage = cp_tensor_get_storage (snapshot->tensor);
-      snapshot->copy = cp_tensor_copy (snapshot->tensor, NULL);
-      g_ptr_array_add (snapshots, snapshot);
-    }
+    g_ptr_array_add (snapshots, cp_test_snapshot_new (cp_context_get_buffer_name (context, i),
+                                                      cp_context_get_buffer (context, i)));
   return snapshots;
 }
 
@@ -424,12 +317,7 @@ check_entered_or_untouched (CpContext **contexts,
   else
     for (int r = 0; r < n; r++)
       for (guint i = 0; i < prepared[r]->len; i++)
-        {
-          Snapshot *snapshot = g_ptr_array_index (prepared[r], i);
-
-          g_assert_true (cp_tensor_get_storage (snapshot->tensor) == snapshot->storage);
-          g_assert_true (cp_tensor_equal (snapshot->tensor, snapshot->copy));
-        }
+        cp_test_snapshot_assert_unchanged (g_ptr_array_index (prepared[r], i));
   for (int r = 0; r < n; r++)
     g_ptr_array_unref (prepared[r]);
 }
@@ -450,7 +338,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data,
 
   fuzz_init ();
   read_shape (&in, &shape);
-  group = group_of (shape.cp_size);
+  group = fuzz_local_group (shape.cp_size);
   for (int r = 0; r < shape.cp_size; r++)
     {
       g_autoptr(GPtrArray) before = NULL;
@@ -458,12 +346,12 @@ LLVMFuzzerTestOneInput (const uint8_t *data,
 
       batches[r] = make_batch (&shape, r);
       options = make_options (&shape, batches[r], r);
-      before = snapshot_batch (batches[r]);
+      before = cp_test_snapshot_batch (batches[r]);
       contexts[r] = cp_batch_prepare (batches[r], g_list_nth_data (group, (guint) r), options, &errors[r]);
       if (contexts[r] == NULL)
         {
           fuzz_assert_rejected (errors[r]);
-          check_unchanged (batches[r], before);
+          cp_test_assert_batch_unchanged (batches[r], before);
           rejected++;
         }
       else

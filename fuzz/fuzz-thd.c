@@ -30,6 +30,7 @@
  */
 
 #include "fuzz-common.h"
+#include "cp-test-util.h"
 
 #define MAX_RANKS 8
 #define MAX_DOCS 4
@@ -57,23 +58,6 @@ typedef struct
   gint64 padded[4][MAX_DOCS];
   int n_docs;
 } Input;
-
-static GList *groups[MAX_RANKS + 1];
-
-static GList *
-group_of (int size)
-{
-  const char *names[] = { "cp", NULL };
-
-  if (groups[size] == NULL)
-    {
-      g_autoptr(GError) error = NULL;
-
-      groups[size] = cp_mesh_new_local_group (names, &size, 1, &error);
-      g_assert_no_error (error);
-    }
-  return groups[size];
-}
 
 /* In valid mode: padded lengths of 2·C, 4·C or 6·C, real ones below;
  * an unused entry (byte 0xff) holds the sentinel. */
@@ -131,28 +115,6 @@ read_input (FuzzInput *in,
 }
 
 static CpTensor *
-numbered (CpDType       dtype,
-          const gint64 *dims,
-          guint         n_dims,
-          int           seed)
-{
-  CpTensor *tensor = cp_tensor_new (dtype, dims, n_dims, NULL);
-
-  for (gint64 i = 0; i < cp_tensor_get_numel (tensor); i++)
-    cp_tensor_set_value (tensor, i, (double) ((i * 3 + seed) % 1000));
-  return tensor;
-}
-
-static void
-put (CpBatch    *batch,
-     const char *key,
-     CpTensor   *tensor)
-{
-  cp_batch_set (batch, key, tensor);
-  g_object_unref (tensor);
-}
-
-static CpTensor *
 lengths (const Input *input,
          gint64     (*values)[MAX_DOCS])
 {
@@ -196,22 +158,22 @@ make_batch (const Input *input)
     {
       gint64 embeds[3] = { shape[0], n == 2 ? shape[1] : 2, 2 };
 
-      put (batch, "input_ids", numbered (CP_DTYPE_FLOAT32, embeds, n + 1, 1));
+      cp_test_batch_take (batch, "input_ids", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, embeds, n + 1, 1));
     }
   else
-    put (batch, "input_ids", numbered (CP_DTYPE_INT32, shape, n, 1));
-  put (batch, "labels", numbered (CP_DTYPE_INT64, shape, n, 2));
-  put (batch, "position_ids", numbered (CP_DTYPE_INT64, shape, n, 3));
+    cp_test_batch_take (batch, "input_ids", cp_test_tensor_pattern (CP_DTYPE_INT32, shape, n, 1));
+  cp_test_batch_take (batch, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, shape, n, 2));
+  cp_test_batch_take (batch, "position_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, shape, n, 3));
   if (packed)
     {
-      put (batch, "cu_seqlens", packed_bounds (input, (gint64 (*)[MAX_DOCS]) input->real));
+      cp_test_batch_take (batch, "cu_seqlens", packed_bounds (input, (gint64 (*)[MAX_DOCS]) input->real));
       if (!(input->form & FORM_NO_PADDED))
-        put (batch, "cu_seqlens_padded", packed_bounds (input, (gint64 (*)[MAX_DOCS]) input->padded));
+        cp_test_batch_take (batch, "cu_seqlens_padded", packed_bounds (input, (gint64 (*)[MAX_DOCS]) input->padded));
       return batch;
     }
-  put (batch, "seq_lens", lengths (input, (gint64 (*)[MAX_DOCS]) input->real));
+  cp_test_batch_take (batch, "seq_lens", lengths (input, (gint64 (*)[MAX_DOCS]) input->real));
   if (!(input->form & FORM_NO_PADDED))
-    put (batch, "seq_lens_padded", lengths (input, (gint64 (*)[MAX_DOCS]) input->padded));
+    cp_test_batch_take (batch, "seq_lens_padded", lengths (input, (gint64 (*)[MAX_DOCS]) input->padded));
   return batch;
 }
 
@@ -447,7 +409,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data,
 
   fuzz_init ();
   read_input (&in, &input);
-  group = group_of (input.cp_size);
+  group = fuzz_local_group (input.cp_size);
   check.in = make_batch (&input);
   options = make_options (&input);
   copies = copy_batch (check.in);

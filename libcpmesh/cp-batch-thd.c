@@ -1202,18 +1202,6 @@ pad_lengths (Pad     *pad,
   return g_steal_pointer (&out);
 }
 
-static gboolean
-pad_set (CpBatch     *out,
-         const char  *key,
-         CpTensor    *tensor)
-{
-  if (tensor == NULL)
-    return FALSE;
-  cp_batch_set (out, key, tensor);
-  g_object_unref (tensor);
-  return TRUE;
-}
-
 /**
  * cp_batch_pad_documents:
  * @self: a batch of packed documents: `input_ids` `[B, S]` (or
@@ -1264,13 +1252,13 @@ cp_batch_pad_documents (CpBatch       *self,
     return NULL;
   ids_dtype = cp_tensor_get_dtype (pad.primary);
   position_dtype = pad.positions != NULL ? cp_tensor_get_dtype (pad.positions) : CP_DTYPE_INT64;
-  if (!pad_set (out, pad.primary_key, pad_buffer (&pad, pad.primary, ids_dtype,
+  if (!add_tensor (out, pad.primary_key, pad_buffer (&pad, pad.primary, ids_dtype,
                                                   cp_dtype_is_floating (ids_dtype) ? 0.0 : (double) pad.pad_id,
                                                   FALSE, error)) ||
-      !pad_set (out, "labels", pad_buffer (&pad, pad.labels, cp_tensor_get_dtype (pad.labels), -100, FALSE, error)) ||
-      !pad_set (out, "position_ids", pad_buffer (&pad, pad.positions, position_dtype, 0, TRUE, error)) ||
-      !pad_set (out, "seq_lens", cp_tensor_copy (pad.seq_lens, error)) ||
-      !pad_set (out, "seq_lens_padded", pad_lengths (&pad, error)))
+      !add_tensor (out, "labels", pad_buffer (&pad, pad.labels, cp_tensor_get_dtype (pad.labels), -100, FALSE, error)) ||
+      !add_tensor (out, "position_ids", pad_buffer (&pad, pad.positions, position_dtype, 0, TRUE, error)) ||
+      !add_tensor (out, "seq_lens", cp_tensor_copy (pad.seq_lens, error)) ||
+      !add_tensor (out, "seq_lens_padded", pad_lengths (&pad, error)))
     return NULL;
   return g_steal_pointer (&out);
 }

@@ -190,6 +190,75 @@ cp_test_batch_take (CpBatch    *batch,
   g_object_unref (tensor);
 }
 
+CpTestSnapshot *
+cp_test_snapshot_new (const char *key,
+                      CpTensor   *tensor)
+{
+  CpTestSnapshot *snapshot = g_new0 (CpTestSnapshot, 1);
+
+  snapshot->key = g_strdup (key);
+  snapshot->tensor = g_object_ref (tensor);
+  snapshot->storage = cp_tensor_get_storage (tensor);
+  snapshot->copy = cp_tensor_copy (tensor, NULL);
+  return snapshot;
+}
+
+void
+cp_test_snapshot_free (CpTestSnapshot *snapshot)
+{
+  g_free (snapshot->key);
+  g_object_unref (snapshot->tensor);
+  g_object_unref (snapshot->copy);
+  g_free (snapshot);
+}
+
+void
+cp_test_snapshot_assert_unchanged (const CpTestSnapshot *snapshot)
+{
+  g_assert_true (cp_tensor_get_storage (snapshot->tensor) == snapshot->storage);
+  g_assert_true (cp_tensor_equal (snapshot->tensor, snapshot->copy));
+}
+
+CpTestSnapshot *
+cp_test_snapshot_find (GPtrArray  *snapshots,
+                       const char *key)
+{
+  for (guint i = 0; i < snapshots->len; i++)
+    {
+      CpTestSnapshot *snapshot = g_ptr_array_index (snapshots, i);
+
+      if (g_str_equal (snapshot->key, key))
+        return snapshot;
+    }
+  return NULL;
+}
+
+GPtrArray *
+cp_test_snapshot_batch (CpBatch *batch)
+{
+  GPtrArray *snapshots = g_ptr_array_new_with_free_func ((GDestroyNotify) cp_test_snapshot_free);
+  const char * const *keys = cp_batch_get_keys (batch);
+
+  for (guint i = 0; keys[i] != NULL; i++)
+    g_ptr_array_add (snapshots, cp_test_snapshot_new (keys[i], cp_batch_get (batch, keys[i])));
+  return snapshots;
+}
+
+void
+cp_test_assert_batch_unchanged (CpBatch   *batch,
+                                GPtrArray *snapshots)
+{
+  g_assert_cmpuint (cp_batch_get_n_keys (batch), ==, snapshots->len);
+  for (guint i = 0; i < snapshots->len; i++)
+    {
+      CpTestSnapshot *snapshot = g_ptr_array_index (snapshots, i);
+
+      g_assert_cmpstr (cp_batch_get_keys (batch)[i], ==, snapshot->key);
+      g_assert_true (cp_batch_get (batch, snapshot->key) == snapshot->tensor);
+      cp_test_snapshot_assert_unchanged (snapshot);
+    }
+}
+
 gsize
 cp_test_resident_kib (void)
 {

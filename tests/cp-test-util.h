@@ -85,6 +85,32 @@ void       cp_test_assert_shape       (CpTensor       *tensor,
                           G_N_ELEMENTS (cp_test_shape_));                   \
   } G_STMT_END
 
+/* A tensor of a batch as it was: the object, its storage and a copy of
+ * its contents, to check later that nothing changed it. */
+typedef struct
+{
+  char *key;
+  CpTensor *tensor;
+  CpStorage *storage;
+  CpTensor *copy;
+} CpTestSnapshot;
+
+CpTestSnapshot *cp_test_snapshot_new    (const char     *key,
+                                         CpTensor       *tensor);
+void       cp_test_snapshot_free      (CpTestSnapshot *snapshot);
+/* Asserts that the tensor is the same object over the same storage with
+ * the same contents. */
+void       cp_test_snapshot_assert_unchanged (const CpTestSnapshot *snapshot);
+/* The snapshot of @key in @snapshots, or NULL. */
+CpTestSnapshot *cp_test_snapshot_find   (GPtrArray      *snapshots,
+                                         const char     *key);
+
+/* Snapshots of every tensor of @batch, in key order. */
+GPtrArray *cp_test_snapshot_batch     (CpBatch        *batch);
+/* Asserts that @batch has the same keys, in order, each unchanged. */
+void       cp_test_assert_batch_unchanged (CpBatch    *batch,
+                                           GPtrArray  *snapshots);
+
 /* Resident memory of this process, in KiB (/proc/self/statm). */
 gsize      cp_test_resident_kib       (void);
 

@@ -989,60 +989,6 @@ static const ErrorCase error_cases[] = {
     "cp_batch_prepare with 1-d position_ids" },
 };
 
-typedef struct
-{
-  char *key;
-  CpTensor *tensor;
-  CpStorage *storage;
-  CpTensor *copy;
-} Snapshot;
-
-static void
-snapshot_free (gpointer data)
-{
-  Snapshot *snapshot = data;
-
-  g_free (snapshot->key);
-  g_object_unref (snapshot->tensor);
-  g_object_unref (snapshot->copy);
-  g_free (snapshot);
-}
-
-static GPtrArray *
-snapshot_batch (CpBatch *batch)
-{
-  GPtrArray *snapshots = g_ptr_array_new_with_free_func (snapshot_free);
-  const char * const *keys = cp_batch_get_keys (batch);
-
-  for (guint i = 0; keys[i] != NULL; i++)
-    {
-      Snapshot *snapshot = g_new0 (Snapshot, 1);
-
-      snapshot->key = g_strdup (keys[i]);
-      snapshot->tensor = g_object_ref (cp_batch_get (batch, keys[i]));
-      snapshot->storage = cp_tensor_get_storage (snapshot->tensor);
-      snapshot->copy = cp_tensor_copy (snapshot->tensor, NULL);
-      g_ptr_array_add (snapshots, snapshot);
-    }
-  return snapshots;
-}
-
-static void
-assert_unchanged (CpBatch   *batch,
-                  GPtrArray *snapshots)
-{
-  g_assert_cmpuint (cp_batch_get_n_keys (batch), ==, snapshots->len);
-  for (guint i = 0; i < snapshots->len; i++)
-    {
-      Snapshot *snapshot = snapshots->pdata[i];
-
-      g_assert_cmpstr (cp_batch_get_keys (batch)[i], ==, snapshot->key);
-      g_assert_true (cp_batch_get (batch, snapshot->key) == snapshot->tensor);
-      g_assert_true (cp_tensor_get_storage (snapshot->tensor) == snapshot->storage);
-      g_assert_true (cp_tensor_equal (snapshot->tensor, snapshot->copy));
-    }
-}
-
 static void
 error_rank (CpMesh   *mesh,
             gpointer  user_data)
@@ -1056,12 +1002,12 @@ error_rank (CpMesh   *mesh,
 
   cp_test_batch_take (batch, "attention_mask", CP_TEST_TENSOR (CP_DTYPE_INT64, row6, 1, 1, 1, 1, 1, 1));
   c->spoil (batch, options);
-  snapshots = snapshot_batch (batch);
+  snapshots = cp_test_snapshot_batch (batch);
   g_assert_null (cp_batch_prepare (batch, mesh, options, &error));
   CP_TEST_ASSERT_CASE (error, domain, c->code, "CpBatch", c->what);
   if (strstr (error->message, c->needle) == NULL)
     g_error ("\"%s\" does not contain \"%s\"", error->message, c->needle);
-  assert_unchanged (batch, snapshots);
+  cp_test_assert_batch_unchanged (batch, snapshots);
 }
 
 static void

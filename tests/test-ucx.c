@@ -23,17 +23,6 @@
 typedef CpTestRank Rank;
 typedef CpTestGroup Group;
 
-static Rank *
-spawn (Group              *group,
-       const char         *scenario,
-       int                 rank,
-       int                 world_size,
-       guint16             port,
-       const char * const *extra)
-{
-  return cp_test_group_spawn (group, scenario, rank, world_size, port, extra);
-}
-
 /* ---- collectives ---- */
 
 static void
@@ -46,7 +35,7 @@ test_collectives (gconstpointer data)
   g_test_summary ("Every collective over UCX between processes equals the in-process "
                   "backend bit for bit");
   for (int r = 0; r < n; r++)
-    spawn (&group, "collectives", r, n, port,
+    cp_test_group_spawn (&group, "collectives", r, n, port,
            n == 4 ? SETTINGS ("CPMESH_MESH_DIMS=dp=2,cp=2", "CPMESH_TIMEOUT_MS=30000")
                   : SETTINGS ("CPMESH_TIMEOUT_MS=30000"));
   cp_test_run_until (group.ranks, group.n, cp_test_all_done);
@@ -86,11 +75,11 @@ check_rejection (const char * const *impostor,
   Group group = { 0 };
   Rank *root, *bad, *good;
 
-  root = spawn (&group, "join", 0, 2, port, SETTINGS ("CPMESH_TOKEN=right"));
-  bad = spawn (&group, "join", 1, impostor_world, port, impostor);
+  root = cp_test_group_spawn (&group, "join", 0, 2, port, SETTINGS ("CPMESH_TOKEN=right"));
+  bad = cp_test_group_spawn (&group, "join", 1, impostor_world, port, impostor);
   cp_test_run_until (&bad, 1, cp_test_all_done);
   assert_join_error (bad, code, text, what);
-  good = spawn (&group, "join", 1, 2, port, SETTINGS ("CPMESH_TOKEN=right"));
+  good = cp_test_group_spawn (&group, "join", 1, 2, port, SETTINGS ("CPMESH_TOKEN=right"));
   cp_test_run_until (group.ranks, group.n, cp_test_all_done);
   cp_test_assert_exit (root, 0);
   cp_test_assert_exit (good, 0);
@@ -129,15 +118,15 @@ test_duplicate_rank (void)
   Group group = { 0 };
   Rank *first, *second, *refused, *accepted;
 
-  spawn (&group, "join", 0, 3, port, NULL);
-  first = spawn (&group, "join", 1, 3, port, NULL);
-  second = spawn (&group, "join", 1, 3, port, NULL);
+  cp_test_group_spawn (&group, "join", 0, 3, port, NULL);
+  first = cp_test_group_spawn (&group, "join", 1, 3, port, NULL);
+  second = cp_test_group_spawn (&group, "join", 1, 3, port, NULL);
   cp_test_run_until ((Rank *[]) { first, second }, 2, cp_test_any_done);
   refused = cp_test_rank_is_done (first) ? first : second;
   accepted = refused == first ? second : first;
   assert_join_error (refused, CP_MESH_ERROR_INVALID_TOPOLOGY, "rank 1 has already joined",
                      "two processes claim the same rank (the second is refused)");
-  spawn (&group, "join", 2, 3, port, NULL);
+  cp_test_group_spawn (&group, "join", 2, 3, port, NULL);
   cp_test_run_until (group.ranks, group.n, cp_test_all_done);
   cp_test_assert_exit (group.ranks[0], 0);
   cp_test_assert_exit (accepted, 0);
@@ -185,7 +174,7 @@ test_garbage (void)
   int lingering, closed;
   guint64 small_header[2] = { 8, 0 };
 
-  spawn (&group, "join", 0, 2, port, NULL);
+  cp_test_group_spawn (&group, "join", 0, 2, port, NULL);
   lingering = connect_raw (port);
   send_garbage (lingering, 4096);
   closed = connect_raw (port);
@@ -193,7 +182,7 @@ test_garbage (void)
   g_assert_cmpint (write (closed, small_header, sizeof small_header), ==, sizeof small_header);
   send_garbage (closed, 64);
   close (closed);
-  spawn (&group, "join", 1, 2, port, NULL);
+  cp_test_group_spawn (&group, "join", 1, 2, port, NULL);
   cp_test_run_until (group.ranks, group.n, cp_test_all_done);
   cp_test_assert_exit (group.ranks[0], 0);
   cp_test_assert_exit (group.ranks[1], 0);
@@ -209,7 +198,7 @@ test_nobody_listens (void)
 {
   Group group = { 0 };
   gint64 started = g_get_monotonic_time ();
-  Rank *lonely = spawn (&group, "join", 1, 2, cp_test_free_port (), SETTINGS ("CPMESH_TIMEOUT_MS=500"));
+  Rank *lonely = cp_test_group_spawn (&group, "join", 1, 2, cp_test_free_port (), SETTINGS ("CPMESH_TIMEOUT_MS=500"));
 
   cp_test_run_until (&lonely, 1, cp_test_all_done);
   assert_join_error (lonely, CP_MESH_ERROR_TIMED_OUT, "rank 0 did not answer at 127.0.0.1:",
@@ -251,7 +240,7 @@ test_sigkill (void)
   g_test_summary ("A rank killed in the middle of all_gathers makes the others fail with "
                   "PEER_LOST or TIMED_OUT within the timeout, and nothing is left behind");
   for (int r = 0; r < 3; r++)
-    spawn (&group, "gather-loop", r, 3, port, NULL);
+    cp_test_group_spawn (&group, "gather-loop", r, 3, port, NULL);
   cp_test_run_until (group.ranks, group.n, cp_test_all_ready);
   g_subprocess_send_signal (group.ranks[2]->process, SIGKILL);
   killed = g_get_monotonic_time ();
@@ -272,8 +261,8 @@ test_rank_lost (void)
   gint64 after_ms;
 
   g_test_summary ("An idle main-loop program hears CpMesh::rank-lost when a peer leaves");
-  spawn (&group, "wait-lost", 0, 2, port, NULL);
-  spawn (&group, "wait-lost", 1, 2, port, NULL);
+  cp_test_group_spawn (&group, "wait-lost", 0, 2, port, NULL);
+  cp_test_group_spawn (&group, "wait-lost", 1, 2, port, NULL);
   cp_test_run_until (group.ranks, group.n, cp_test_all_done);
   cp_test_assert_exit (group.ranks[0], 0);
   cp_test_assert_exit (group.ranks[1], 0);
@@ -292,8 +281,8 @@ test_async (void)
   guint16 port = cp_test_free_port ();
   Group group = { 0 };
 
-  spawn (&group, "async", 0, 2, port, NULL);
-  spawn (&group, "async", 1, 2, port, NULL);
+  cp_test_group_spawn (&group, "async", 0, 2, port, NULL);
+  cp_test_group_spawn (&group, "async", 1, 2, port, NULL);
   cp_test_run_until (group.ranks, group.n, cp_test_all_done);
   g_assert_nonnull (cp_test_rank_find_line (group.ranks[0], "OK 0"));
   g_assert_nonnull (cp_test_rank_find_line (group.ranks[1], "OK 1"));
