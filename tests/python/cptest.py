@@ -14,21 +14,6 @@ from reliability import record_error, record_outcome  # noqa: E402
 
 __all__ = ['Cp', 'GLib', 'record_error', 'record_outcome', 'run_ranks']
 
-
-
-def _resolve_every_name(module):
-    """PyGObject builds a function's argument cache on its first call, and
-    building it imports wrapper classes, which runs Python code: another
-    thread may run in the middle. When two rank threads make the first
-    call of one function together, both build a cache and one is leaked,
-    which LeakSanitizer reports. Resolving every name on the importing
-    thread first leaves nothing to import on that path."""
-    for name in dir(module):
-        getattr(module, name)
-
-
-_resolve_every_name(Cp)
-
 # Long enough for a loaded 2-core machine, short enough that a broken test
 # fails instead of stalling the suite.
 RANK_TIMEOUT_MS = 20000

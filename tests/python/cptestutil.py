@@ -7,7 +7,7 @@ import traceback
 
 import numpy as np
 
-from cptest import Cp  # resolves the bindings before any rank thread runs
+from cptest import Cp
 
 
 def T(values, dtype=np.int64):
