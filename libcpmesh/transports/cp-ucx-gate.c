@@ -58,7 +58,6 @@ visitor_free (Visitor *visitor)
 CpUcxGate *
 _cp_ucx_gate_new (GSocketAddress  *address,
                   const char      *token,
-                  guint16          ucx_port,
                   GError         **error)
 {
   g_autoptr(GSocket) listener = g_socket_new (g_socket_address_get_family (address), G_SOCKET_TYPE_STREAM,
@@ -72,9 +71,15 @@ _cp_ucx_gate_new (GSocketAddress  *address,
   self = g_new0 (CpUcxGate, 1);
   self->listener = g_steal_pointer (&listener);
   self->token = g_strdup (token);
-  self->ucx_port = ucx_port;
   self->visitors = g_ptr_array_new_with_free_func ((GDestroyNotify) visitor_free);
   return self;
+}
+
+void
+_cp_ucx_gate_open (CpUcxGate *self,
+                   guint16    ucx_port)
+{
+  self->ucx_port = ucx_port;
 }
 
 void
@@ -164,6 +169,8 @@ _cp_ucx_gate_serve (CpUcxGate *self)
 {
   GSocket *socket;
 
+  if (self->ucx_port == 0)
+    return;
   while ((socket = g_socket_accept (self->listener, NULL, NULL)) != NULL)
     admit (self, socket);
   for (guint i = self->visitors->len; i-- > 0;)

@@ -111,11 +111,14 @@ int            _cp_ucx_error_code          (ucs_status_t     status);
  * holders where rank 0's UCX listener is (see cp-ucx-gate.c). */
 typedef struct _CpUcxGate CpUcxGate;
 
+/* Binds and listens; visitors wait until _cp_ucx_gate_open() tells the
+ * gate where to send them. */
 CpUcxGate     *_cp_ucx_gate_new            (GSocketAddress  *address,
                                             const char      *token,
-                                            guint16          ucx_port,
                                             GError         **error);
-/* Serves the visitors waiting; never blocks. */
+void           _cp_ucx_gate_open           (CpUcxGate       *self,
+                                            guint16          ucx_port);
+/* Serves the visitors waiting, once open; never blocks. */
 void           _cp_ucx_gate_serve          (CpUcxGate       *self);
 void           _cp_ucx_gate_free           (CpUcxGate       *self);
 /* Knocks until rank 0 answers or @deadline; returns its UCX port. */

@@ -297,7 +297,10 @@ listener_port (ucp_listener_h listener)
   return G_IS_INET_SOCKET_ADDRESS (address) ? g_inet_socket_address_get_port (G_INET_SOCKET_ADDRESS (address)) : 0;
 }
 
-/* The UCX listener takes any free port; the gate, the one users gave. */
+/* The UCX listener takes any free port; the gate, the one users gave.
+ * The gate binds first: a port picked free for MASTER_PORT (as launchers
+ * do) is free again until then, and the listener's ephemeral port could
+ * otherwise be that very port. */
 static gboolean
 start_listening (CpUcxRendezvous  *self,
                  GError          **error)
@@ -314,15 +317,20 @@ start_listening (CpUcxRendezvous  *self,
 
   if (address == NULL)
     return FALSE;
-  _cp_mutex_lock (&self->worker->lock);
-  params.sockaddr.addr = (const struct sockaddr *) &native;
-  if (to_native (ephemeral, &native, &params.sockaddr.addrlen))
-    status = ucp_listener_create (self->worker->worker, &params, &self->listener);
-  _cp_mutex_unlock (&self->worker->lock);
-  if (status == UCS_OK)
-    self->gate = _cp_ucx_gate_new (address, self->config->token, listener_port (self->listener), &gate_error);
+  self->gate = _cp_ucx_gate_new (address, self->config->token, &gate_error);
   if (self->gate != NULL)
-    return TRUE;
+    {
+      _cp_mutex_lock (&self->worker->lock);
+      params.sockaddr.addr = (const struct sockaddr *) &native;
+      if (to_native (ephemeral, &native, &params.sockaddr.addrlen))
+        status = ucp_listener_create (self->worker->worker, &params, &self->listener);
+      _cp_mutex_unlock (&self->worker->lock);
+    }
+  if (status == UCS_OK)
+    {
+      _cp_ucx_gate_open (self->gate, listener_port (self->listener));
+      return TRUE;
+    }
   g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
                "rank 0 cannot listen on %s (MASTER_ADDR, MASTER_PORT): %s", self->where,
                gate_error ? gate_error->message : ucs_status_string (status));
