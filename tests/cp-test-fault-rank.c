@@ -134,7 +134,11 @@ main (int   argc,
   const char *fault = g_getenv ("CP_TEST_FAULT");
   int alloc_rank = fault != NULL ? arm_fault (fault) : -1;
   g_autoptr(GError) error = NULL;
-  CpMesh *mesh = cp_mesh_new_from_env (&error);
+  CpMesh *mesh;
+
+  /* One line at a time, so that a report survives an abnormal exit. */
+  setvbuf (stdout, NULL, _IOLBF, 0);
+  mesh = cp_mesh_new_from_env (&error);
 
   if (mesh == NULL)
     {

@@ -607,6 +607,9 @@ main (int   argc,
   const char *scenario = argc > 1 ? argv[1] : "join";
   CpMesh *mesh;
 
+  /* One line at a time, so that a report survives an abnormal exit. */
+  setvbuf (stdout, NULL, _IOLBF, 0);
+
   if (g_str_equal (scenario, "async"))
     return play_async ();
   if (g_str_equal (scenario, "soak"))

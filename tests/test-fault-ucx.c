@@ -49,6 +49,8 @@ read_result (CpTestRank *rank,
   char domain[64];
   int intact = 0;
 
+  for (guint i = 0; line == NULL && i < rank->lines->len; i++)
+    g_test_message ("the rank reported: %s", (const char *) g_ptr_array_index (rank->lines, i));
   g_assert_nonnull (line);
   g_assert_cmpint (sscanf (line, "RESULT %63s %d %" G_GINT64_FORMAT " %d", domain, &result->code,
                            &result->ms, &intact), ==, 4);
