@@ -60,6 +60,29 @@ fuzz_assert_rejected (const GError *error)
   g_assert_cmpstr (error->message, !=, "");
 }
 
+/* An in-process mesh of @size ranks ("cp"), made on first use and kept:
+ * one per size for the life of the fuzzer. */
+static inline GList *
+fuzz_local_group (int size)
+{
+  static GList *groups[65];
+  const char *names[] = { "cp", NULL };
+
+  g_assert_cmpint (size, >=, 1);
+  g_assert_cmpint (size, <, (int) G_N_ELEMENTS (groups));
+  if (groups[size] == NULL)
+    {
+      g_autoptr(GError) error = NULL;
+
+      groups[size] = cp_mesh_new_local_group (names, &size, 1, &error);
+      g_assert_no_error (error);
+      /* Rank threads of a slow (sanitized, fuzzed) process still meet. */
+      for (GList *l = groups[size]; l != NULL; l = l->next)
+        cp_mesh_set_timeout_ms (l->data, 60000);
+    }
+  return groups[size];
+}
+
 /* Criticals and warnings abort: the library must turn bad input into a
  * GError, never into a g_return_if_fail. */
 static inline void

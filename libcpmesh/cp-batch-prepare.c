@@ -489,6 +489,7 @@ plan_commit (Plan           *plan,
       _cp_context_register_named (context, item->key, item->tensor, (int) item->dim, item->restore);
     }
   _cp_context_set_layout (context, plan->layout);
+  _cp_context_set_unpadded_length (context, plan->seq_len);
   return context;
 }
 

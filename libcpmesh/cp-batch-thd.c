@@ -658,8 +658,9 @@ typedef GArray *(*BoundsOf) (Chunk *chunk, Thd *thd);
 /* Per-chunk bounds as an int32 tensor: [n] for one chunk, [chunks, n]
  * right-padded with the sentinel otherwise. */
 static CpTensor *
-bounds_tensor (Thd      *thd,
-               BoundsOf  bounds_of)
+bounds_tensor (Thd       *thd,
+               BoundsOf   bounds_of,
+               GError   **error)
 {
   g_autoptr(GPtrArray) arrays = g_ptr_array_new_with_free_func ((GDestroyNotify) g_array_unref);
   gint64 shape[2] = { thd->num_chunks, 0 };
@@ -674,8 +675,9 @@ bounds_tensor (Thd      *thd,
       g_ptr_array_add (arrays, bounds);
     }
   tensor = _cp_tensor_new_uninit (CP_DTYPE_INT32, thd->num_chunks > 1 ? shape : shape + 1,
-                                  thd->num_chunks > 1 ? 2 : 1, NULL);
-  g_assert (tensor != NULL);
+                                  thd->num_chunks > 1 ? 2 : 1, error);
+  if (tensor == NULL)
+    return NULL;
   data = cp_tensor_get_data (tensor);
   for (int c = 0; c < thd->num_chunks; c++)
     {
@@ -740,22 +742,36 @@ local_padded_bounds (Chunk *chunk,
   return bounds;
 }
 
-static void
+/* Sets @tensor (taken) under @key; FALSE when its maker could not
+ * allocate it (NULL, with its error set). */
+static gboolean
+add_tensor (CpBatch     *out,
+            const char  *key,
+            CpTensor    *tensor)
+{
+  if (tensor == NULL)
+    return FALSE;
+  cp_batch_set (out, key, tensor);
+  g_object_unref (tensor);
+  return TRUE;
+}
+
+static gboolean
 add_bounds (Thd         *thd,
             CpBatch     *out,
             const char  *key,
-            BoundsOf     bounds_of)
+            BoundsOf     bounds_of,
+            GError     **error)
 {
-  g_autoptr(CpTensor) tensor = bounds_tensor (thd, bounds_of);
-
-  cp_batch_set (out, key, tensor);
+  return add_tensor (out, key, bounds_tensor (thd, bounds_of, error));
 }
 
 /* The widest document of each chunk, int32: 0-d for one chunk. */
-static void
-add_max_seqlen (Thd     *thd,
-                CpBatch *out,
-                gboolean padded)
+static gboolean
+add_max_seqlen (Thd      *thd,
+                CpBatch  *out,
+                gboolean  padded,
+                GError  **error)
 {
   gint64 shape[1] = { thd->num_chunks };
   g_autoptr(CpTensor) tensor = NULL;
@@ -763,8 +779,10 @@ add_max_seqlen (Thd     *thd,
 
   for (int c = 0; c < thd->num_chunks; c++)
     if (thd->chunks[c].cu->len < 2)
-      return; /* a chunk without documents has no maximum */
-  tensor = cp_tensor_new (CP_DTYPE_INT32, shape, thd->num_chunks > 1 ? 1 : 0, NULL);
+      return TRUE; /* a chunk without documents has no maximum */
+  tensor = cp_tensor_new (CP_DTYPE_INT32, shape, thd->num_chunks > 1 ? 1 : 0, error);
+  if (tensor == NULL)
+    return FALSE;
   data = cp_tensor_get_data (tensor);
   for (int c = 0; c < thd->num_chunks; c++)
     {
@@ -774,10 +792,12 @@ add_max_seqlen (Thd     *thd,
         data[c] = (gint32) MAX (data[c], BOUND (bounds, i) - BOUND (bounds, i - 1));
     }
   cp_batch_set (out, "max_seqlen", tensor);
+  return TRUE;
 }
 
 /* Marks, for the positions of @runs in order, those between their
- * document's real end and padded end. */
+ * document's real end and padded end.  Unsharded, a packed batch may hold
+ * tokens past its last document: those are padding too. */
 static guint8 *
 write_layout_mask (Chunk       *chunk,
                    const CpRun *runs,
@@ -785,6 +805,7 @@ write_layout_mask (Chunk       *chunk,
                    guint8      *mask)
 {
   const gint64 *cu = (const gint64 *) chunk->cu_padded->data;
+  guint n_docs = MAX (chunk->cu_padded->len, 1) - 1;
   guint doc = 0;
 
   for (guint i = 0; i < n_runs; i++)
@@ -792,8 +813,14 @@ write_layout_mask (Chunk       *chunk,
       {
         gint64 stop, real_stop;
 
-        while (cu[doc + 1] <= p)
+        while (doc < n_docs && cu[doc + 1] <= p)
           doc++;
+        if (doc == n_docs)
+          {
+            memset (mask, TRUE, (gsize) (end - p));
+            mask += end - p;
+            break;
+          }
         stop = MIN (end, cu[doc + 1]);
         real_stop = CLAMP (cu[doc] + BOUND (chunk->real, doc), p, stop);
         memset (mask, FALSE, (gsize) (real_stop - p));
@@ -818,17 +845,20 @@ write_token_mask (Thd      *thd,
                                        : (gint64) _cp_dtype_read (dtype, data, (gsize) i)) == thd->pad_id;
 }
 
-static void
-add_padding_mask (Thd     *thd,
-                  CpBatch *out,
-                  CpTensor *ids)
+static gboolean
+add_padding_mask (Thd       *thd,
+                  CpBatch   *out,
+                  CpTensor  *ids,
+                  GError   **error)
 {
   gint64 shape[CP_TENSOR_MAX_DIMS];
   guint n = token_shape (thd, thd->labels, cp_tensor_get_dim (ids, thd->num_chunks > 1 ? 1 : 0), shape);
-  g_autoptr(CpTensor) mask = _cp_tensor_new_uninit (CP_DTYPE_BOOL, shape, n, NULL);
-  guint8 *cursor = cp_tensor_get_data (mask);
+  g_autoptr(CpTensor) mask = _cp_tensor_new_uninit (CP_DTYPE_BOOL, shape, n, error);
+  guint8 *cursor;
 
-  g_assert (mask != NULL);
+  if (mask == NULL)
+    return FALSE;
+  cursor = cp_tensor_get_data (mask);
   if (thd->rule == CP_PADDING_MASK_RULE_TOKEN_ID)
     write_token_mask (thd, ids, cursor);
   else
@@ -842,21 +872,24 @@ add_padding_mask (Thd     *thd,
         cursor = write_layout_mask (&thd->chunks[c], runs, n_runs, cursor);
       }
   cp_batch_set (out, "padding_mask", mask);
+  return TRUE;
 }
 
-static void
-add_rank_info (Thd     *thd,
-               CpBatch *out)
+static gboolean
+add_rank_info (Thd      *thd,
+               CpBatch  *out,
+               GError  **error)
 {
-  g_autoptr(CpTensor) size = cp_tensor_new_full (CP_DTYPE_INT64, NULL, 0, thd->cp_size, NULL);
-  g_autoptr(CpTensor) rank = cp_tensor_new_full (CP_DTYPE_INT64, NULL, 0, thd->cp_rank, NULL);
-  GPtrArray *layouts = g_ptr_array_new_with_free_func ((GDestroyNotify) cp_layout_unref);
+  GPtrArray *layouts;
 
-  cp_batch_set (out, "cp_size", size);
-  cp_batch_set (out, "cp_rank", rank);
+  if (!add_tensor (out, "cp_size", cp_tensor_new_full (CP_DTYPE_INT64, NULL, 0, thd->cp_size, error)) ||
+      !add_tensor (out, "cp_rank", cp_tensor_new_full (CP_DTYPE_INT64, NULL, 0, thd->cp_rank, error)))
+    return FALSE;
+  layouts = g_ptr_array_new_with_free_func ((GDestroyNotify) cp_layout_unref);
   for (int c = 0; c < thd->num_chunks; c++)
     g_ptr_array_add (layouts, cp_layout_ref (thd->chunks[c].layout));
   _cp_batch_set_layouts (out, layouts);
+  return TRUE;
 }
 
 static CpBatch *
@@ -876,16 +909,17 @@ build_output (Thd      *thd,
     any_padded |= thd->chunks[c].emit_padded;
   /* Sharded, `cu_seqlens` is the global padded bounds, as Transformer
    * Engine's context-parallel attention expects. */
-  add_bounds (thd, out, "cu_seqlens", sharded ? padded_bounds : real_bounds);
-  if (!sharded && any_padded)
-    add_bounds (thd, out, "cu_seqlens_padded", padded_bounds);
-  add_max_seqlen (thd, out, sharded);
-  add_padding_mask (thd, out, cp_batch_get (out, thd->primary_key));
+  if (!add_bounds (thd, out, "cu_seqlens", sharded ? padded_bounds : real_bounds, error) ||
+      (!sharded && any_padded && !add_bounds (thd, out, "cu_seqlens_padded", padded_bounds, error)) ||
+      !add_max_seqlen (thd, out, sharded, error) ||
+      !add_padding_mask (thd, out, cp_batch_get (out, thd->primary_key), error))
+    return NULL;
   if (!sharded)
     return g_steal_pointer (&out);
-  add_rank_info (thd, out);
-  add_bounds (thd, out, "local_cu_seqlens", local_real_bounds);
-  add_bounds (thd, out, "local_cu_seqlens_padded", local_padded_bounds);
+  if (!add_rank_info (thd, out, error) ||
+      !add_bounds (thd, out, "local_cu_seqlens", local_real_bounds, error) ||
+      !add_bounds (thd, out, "local_cu_seqlens_padded", local_padded_bounds, error))
+    return NULL;
   return g_steal_pointer (&out);
 }
 
@@ -1168,18 +1202,6 @@ pad_lengths (Pad     *pad,
   return g_steal_pointer (&out);
 }
 
-static gboolean
-pad_set (CpBatch     *out,
-         const char  *key,
-         CpTensor    *tensor)
-{
-  if (tensor == NULL)
-    return FALSE;
-  cp_batch_set (out, key, tensor);
-  g_object_unref (tensor);
-  return TRUE;
-}
-
 /**
  * cp_batch_pad_documents:
  * @self: a batch of packed documents: `input_ids` `[B, S]` (or
@@ -1230,13 +1252,13 @@ cp_batch_pad_documents (CpBatch       *self,
     return NULL;
   ids_dtype = cp_tensor_get_dtype (pad.primary);
   position_dtype = pad.positions != NULL ? cp_tensor_get_dtype (pad.positions) : CP_DTYPE_INT64;
-  if (!pad_set (out, pad.primary_key, pad_buffer (&pad, pad.primary, ids_dtype,
+  if (!add_tensor (out, pad.primary_key, pad_buffer (&pad, pad.primary, ids_dtype,
                                                   cp_dtype_is_floating (ids_dtype) ? 0.0 : (double) pad.pad_id,
                                                   FALSE, error)) ||
-      !pad_set (out, "labels", pad_buffer (&pad, pad.labels, cp_tensor_get_dtype (pad.labels), -100, FALSE, error)) ||
-      !pad_set (out, "position_ids", pad_buffer (&pad, pad.positions, position_dtype, 0, TRUE, error)) ||
-      !pad_set (out, "seq_lens", cp_tensor_copy (pad.seq_lens, error)) ||
-      !pad_set (out, "seq_lens_padded", pad_lengths (&pad, error)))
+      !add_tensor (out, "labels", pad_buffer (&pad, pad.labels, cp_tensor_get_dtype (pad.labels), -100, FALSE, error)) ||
+      !add_tensor (out, "position_ids", pad_buffer (&pad, pad.positions, position_dtype, 0, TRUE, error)) ||
+      !add_tensor (out, "seq_lens", cp_tensor_copy (pad.seq_lens, error)) ||
+      !add_tensor (out, "seq_lens_padded", pad_lengths (&pad, error)))
     return NULL;
   return g_steal_pointer (&out);
 }

@@ -22,6 +22,12 @@ void  _cp_context_register_named  (CpContext   *self,
 void  _cp_context_set_layout      (CpContext   *self,
                                    CpLayout    *layout);
 
+/* The sequence length of the batch prepare padded: enter checks that
+ * every rank's is the same, since ranks whose lengths differ can still pad
+ * to the same length and layout. */
+void  _cp_context_set_unpadded_length (CpContext *self,
+                                       gint64     length);
+
 /* The context-parallel group of @mesh: @mesh itself when it is 1-D, its
  * "cp" dimension otherwise. */
 CpMesh *_cp_context_resolve_mesh  (CpMesh      *mesh,

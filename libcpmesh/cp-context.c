@@ -32,9 +32,10 @@
  *
  * Enter checks everything before it changes anything: every buffer is in
  * host memory, has its sequence dimension, and has the same padded length,
- * a multiple of 2·C; then all ranks compare their layouts in one small
- * all-gather. Any problem, on any rank, is an error on every rank and no
- * buffer is modified anywhere.
+ * a multiple of 2·C; then all ranks compare their layouts (and, for a
+ * context [method@Cp.Batch.prepare] made, the batch's length before
+ * padding) in one small all-gather. Any problem, on any rank, is an error
+ * on every rank and no buffer is modified anywhere.
  *
  * Restorable buffers are restored without a copy: enter gives the tensor
  * new local memory and keeps the original memory aside, untouched. Writes
@@ -80,6 +81,7 @@ struct _CpContext
   CpRotateMethod rotate_method;
   GPtrArray *buffers;    /* of Buffer* */
   CpLayout *layout;
+  gint64 unpadded_len;   /* the batch's length before prepare padded it, or -1 */
   gboolean entered;
 };
 
@@ -280,6 +282,7 @@ static void
 cp_context_init (CpContext *self)
 {
   self->buffers = g_ptr_array_new_with_free_func (buffer_free);
+  self->unpadded_len = -1;
 }
 
 /**
@@ -428,6 +431,13 @@ _cp_context_set_layout (CpContext *self,
 {
   g_clear_pointer (&self->layout, cp_layout_unref);
   self->layout = layout != NULL ? cp_layout_ref (layout) : NULL;
+}
+
+void
+_cp_context_set_unpadded_length (CpContext *self,
+                                 gint64     length)
+{
+  self->unpadded_len = length;
 }
 
 static gboolean
@@ -798,12 +808,14 @@ static gboolean
 enter_group (CpContext  *self,
              GError    **error)
 {
-  static const char * const names[] = { "padded sequence length", "layout fingerprint" };
+  static const char * const names[] = {
+    "padded sequence length", "layout fingerprint", "sequence length before padding",
+  };
   guint n = self->buffers->len;
   Step *steps = g_new0 (Step, MAX (n, 1));
   g_autoptr(CpLayout) layout = NULL;
   GError *invalid = NULL;
-  gint64 values[2] = { 0, 0 };
+  gint64 values[3] = { 0, 0, self->unpadded_len };
   gboolean agreed;
 
   layout = plan_enter (self, steps, &invalid);
@@ -814,7 +826,7 @@ enter_group (CpContext  *self,
     }
   /* One collective whatever happened locally: a rank whose buffers are
    * bad makes every rank fail, before any rank has changed anything. */
-  agreed = _cp_mesh_agree (self->mesh, "enter", names, values, 2, invalid, error);
+  agreed = _cp_mesh_agree (self->mesh, "enter", names, values, G_N_ELEMENTS (values), invalid, error);
   if (agreed)
     {
       commit_enter (self, steps);
@@ -832,14 +844,16 @@ enter_group (CpContext  *self,
  *
  * Shards every registered buffer in place to this rank's layout. Every
  * rank of the group calls it together. Checks run first, then all ranks
- * compare their padded lengths and layouts; on any error, on any rank,
- * every rank fails and no buffer is modified.
+ * compare their padded lengths and layouts, and the lengths of their
+ * batches before prepare padded them; on any error, on any rank, every
+ * rank fails and no buffer is modified.
  *
  * Returns: %TRUE on success, or %FALSE with %CP_TENSOR_ERROR_SHAPE
  *   (buffers disagree on the length, or a dimension does not exist),
  *   %CP_BATCH_ERROR_INDIVISIBLE (the length is not a multiple of 2·C),
  *   %CP_TENSOR_ERROR_DEVICE, or %CP_MESH_ERROR_INVALID_TOPOLOGY (ranks
- *   disagree on the layout); each names the buffer and the values
+ *   disagree on the layout or the batch length); each names the buffer
+ *   and the values
  *
  * Since: 1.0
  */

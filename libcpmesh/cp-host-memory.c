@@ -14,6 +14,7 @@
 #include "cp-error.h"
 #include "cp-host-memory-private.h"
 #include "cp-sync-private.h"
+#include "transports/cp-fault-private.h"
 
 /* Below this size malloc's own arenas already reuse warm memory. */
 #define LARGE_BLOCK (1u << 20)
@@ -145,6 +146,13 @@ _cp_host_alloc (gsize     size,
   gsize capacity;
   gpointer data;
 
+  if (_cp_fault_allocation_fails ())
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_MEMORY,
+                   "could not allocate %" G_GSIZE_FORMAT " bytes of host memory: an injected fault",
+                   size);
+      return NULL;
+    }
   if (size < LARGE_BLOCK)
     return alloc_small (size, zeroed, error);
 

@@ -42,6 +42,13 @@ _cp_mutex_lock (CpMutex *mutex)
   g_assert_cmpint (pthread_mutex_lock (mutex), ==, 0);
 }
 
+/* TRUE when it took the lock. */
+static inline gboolean
+_cp_mutex_trylock (CpMutex *mutex)
+{
+  return pthread_mutex_trylock (mutex) == 0;
+}
+
 static inline void
 _cp_mutex_unlock (CpMutex *mutex)
 {

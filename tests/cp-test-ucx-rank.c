@@ -16,6 +16,10 @@
  *                the other ranks leave after a barrier
  *   async        joins with cp_mesh_connect_async and runs a barrier with
  *                cp_mesh_barrier_async on a main loop
+ *   soak         joins, all_reduces and leaves CP_TEST_CYCLES times
+ *                (1000 unless set), then reports its resident memory and
+ *                open descriptors after the first tenth of the cycles
+ *                and at the end: "SOAK CYCLES MS RSS_KIB RSS_KIB FDS FDS"
  *
  * It reports on stdout, one line per fact ("JOINED 1", "ERROR 4 …",
  * "READY", "FAILED 2 153", "CLOSED 12", "LOST 1 320", "OK"), and fails
@@ -496,6 +500,56 @@ play_wait_lost (CpMesh *mesh)
   g_main_loop_unref (state.loop);
 }
 
+/* ---- soak ---- */
+
+static int
+soak_cycle (void)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = cp_mesh_new_from_env (&error);
+  g_autoptr(CpTensor) t = NULL;
+
+  if (mesh == NULL)
+    {
+      printf ("ERROR %d %s\n", error->code, error->message);
+      return 3;
+    }
+  t = cp_tensor_new_full (CP_DTYPE_FLOAT32, (const gint64[]) { 64 }, 1, 1.0, NULL);
+  g_assert_true (cp_mesh_all_reduce (mesh, t, CP_REDUCE_OP_SUM, &error));
+  g_assert_no_error (error);
+  g_assert_cmpfloat (cp_tensor_get_value (t, 63), ==, cp_mesh_get_world_size (mesh));
+  return 0;
+}
+
+static int
+play_soak (void)
+{
+  guint64 cycles = 1000;
+  guint64 warm_up;
+  gsize rss_warm = 0, fds_warm = 0;
+  gint64 started = g_get_monotonic_time ();
+
+  if (g_getenv ("CP_TEST_CYCLES") != NULL)
+    cycles = g_ascii_strtoull (g_getenv ("CP_TEST_CYCLES"), NULL, 10);
+  warm_up = MAX (cycles / 10, 1);
+  for (guint64 i = 0; i < cycles; i++)
+    {
+      int status = soak_cycle ();
+
+      if (status != 0)
+        return status;
+      if (i + 1 == warm_up)
+        {
+          rss_warm = cp_test_resident_kib ();
+          fds_warm = cp_test_open_fds ();
+        }
+    }
+  printf ("SOAK %" G_GUINT64_FORMAT " %" G_GINT64_FORMAT " %" G_GSIZE_FORMAT " %" G_GSIZE_FORMAT
+          " %" G_GSIZE_FORMAT " %" G_GSIZE_FORMAT "\n", cycles, (g_get_monotonic_time () - started) / 1000,
+          rss_warm, cp_test_resident_kib (), fds_warm, cp_test_open_fds ());
+  return 0;
+}
+
 /* ---- main-loop programs ---- */
 
 typedef struct
@@ -553,8 +607,13 @@ main (int   argc,
   const char *scenario = argc > 1 ? argv[1] : "join";
   CpMesh *mesh;
 
+  /* One line at a time, so that a report survives an abnormal exit. */
+  setvbuf (stdout, NULL, _IOLBF, 0);
+
   if (g_str_equal (scenario, "async"))
     return play_async ();
+  if (g_str_equal (scenario, "soak"))
+    return play_soak ();
   mesh = cp_mesh_new_from_env (&error);
   if (mesh == NULL)
     {

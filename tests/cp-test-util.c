@@ -26,6 +26,35 @@ rank_thread (gpointer data)
   return NULL;
 }
 
+/* GLib sets up type classes, its own locks (the type system's, the error
+ * domains') and G_DEFINE_QUARK's quarks on first use, through atomics in
+ * code ThreadSanitizer does not instrument or plain static variables:
+ * rank threads making those first uses together read as races.  They are
+ * made here, on the calling thread, first. */
+static void
+set_up_glib_once (void)
+{
+  static gsize done;
+  const GType types[] = {
+    CP_TYPE_ATTENTION, CP_TYPE_ATTENTION_OPTIONS, CP_TYPE_BATCH, CP_TYPE_BATCH_OPTIONS,
+    CP_TYPE_CONTEXT, CP_TYPE_MESH, CP_TYPE_TENSOR, CP_TYPE_THD_OPTIONS,
+    CP_TYPE_TENSOR_ERROR, CP_TYPE_MESH_ERROR, CP_TYPE_BATCH_ERROR, CP_TYPE_ATTENTION_ERROR,
+    CP_TYPE_DTYPE, CP_TYPE_DEVICE_KIND, CP_TYPE_LOAD_BALANCE, CP_TYPE_REDUCE_OP,
+    CP_TYPE_ROTATE_METHOD, CP_TYPE_PADDING_MASK_RULE,
+  };
+
+  if (!g_once_init_enter (&done))
+    return;
+  for (guint i = 0; i < G_N_ELEMENTS (types); i++)
+    if (G_TYPE_IS_CLASSED (types[i]))
+      g_type_class_unref (g_type_class_ref (types[i]));
+  g_error_free (g_error_new_literal (CP_MESH_ERROR, CP_MESH_ERROR_FAILED, "set up"));
+  (void) CP_TENSOR_ERROR;
+  (void) CP_BATCH_ERROR;
+  (void) CP_ATTENTION_ERROR;
+  g_once_init_leave (&done, 1);
+}
+
 void
 cp_test_run_ranks (GList          *meshes,
                    CpTestRankFunc  func,
@@ -36,6 +65,7 @@ cp_test_run_ranks (GList          *meshes,
   g_autofree GThread **threads = g_new0 (GThread *, n);
   guint i = 0;
 
+  set_up_glib_once ();
   for (GList *l = meshes; l != NULL; l = l->next, i++)
     {
       jobs[i] = (RankJob) { l->data, func, user_data };
@@ -160,6 +190,99 @@ cp_test_batch_take (CpBatch    *batch,
   g_object_unref (tensor);
 }
 
+CpTestSnapshot *
+cp_test_snapshot_new (const char *key,
+                      CpTensor   *tensor)
+{
+  CpTestSnapshot *snapshot = g_new0 (CpTestSnapshot, 1);
+
+  snapshot->key = g_strdup (key);
+  snapshot->tensor = g_object_ref (tensor);
+  snapshot->storage = cp_tensor_get_storage (tensor);
+  snapshot->copy = cp_tensor_copy (tensor, NULL);
+  return snapshot;
+}
+
+void
+cp_test_snapshot_free (CpTestSnapshot *snapshot)
+{
+  g_free (snapshot->key);
+  g_object_unref (snapshot->tensor);
+  g_object_unref (snapshot->copy);
+  g_free (snapshot);
+}
+
+void
+cp_test_snapshot_assert_unchanged (const CpTestSnapshot *snapshot)
+{
+  g_assert_true (cp_tensor_get_storage (snapshot->tensor) == snapshot->storage);
+  g_assert_true (cp_tensor_equal (snapshot->tensor, snapshot->copy));
+}
+
+CpTestSnapshot *
+cp_test_snapshot_find (GPtrArray  *snapshots,
+                       const char *key)
+{
+  for (guint i = 0; i < snapshots->len; i++)
+    {
+      CpTestSnapshot *snapshot = g_ptr_array_index (snapshots, i);
+
+      if (g_str_equal (snapshot->key, key))
+        return snapshot;
+    }
+  return NULL;
+}
+
+GPtrArray *
+cp_test_snapshot_batch (CpBatch *batch)
+{
+  GPtrArray *snapshots = g_ptr_array_new_with_free_func ((GDestroyNotify) cp_test_snapshot_free);
+  const char * const *keys = cp_batch_get_keys (batch);
+
+  for (guint i = 0; keys[i] != NULL; i++)
+    g_ptr_array_add (snapshots, cp_test_snapshot_new (keys[i], cp_batch_get (batch, keys[i])));
+  return snapshots;
+}
+
+void
+cp_test_assert_batch_unchanged (CpBatch   *batch,
+                                GPtrArray *snapshots)
+{
+  g_assert_cmpuint (cp_batch_get_n_keys (batch), ==, snapshots->len);
+  for (guint i = 0; i < snapshots->len; i++)
+    {
+      CpTestSnapshot *snapshot = g_ptr_array_index (snapshots, i);
+
+      g_assert_cmpstr (cp_batch_get_keys (batch)[i], ==, snapshot->key);
+      g_assert_true (cp_batch_get (batch, snapshot->key) == snapshot->tensor);
+      cp_test_snapshot_assert_unchanged (snapshot);
+    }
+}
+
+gsize
+cp_test_resident_kib (void)
+{
+  g_autofree char *statm = NULL;
+  g_auto(GStrv) fields = NULL;
+
+  g_assert_true (g_file_get_contents ("/proc/self/statm", &statm, NULL, NULL));
+  fields = g_strsplit (statm, " ", -1);
+  g_assert_cmpuint (g_strv_length (fields), >=, 2);
+  return (gsize) g_ascii_strtoull (fields[1], NULL, 10) * (gsize) sysconf (_SC_PAGESIZE) / 1024;
+}
+
+gsize
+cp_test_open_fds (void)
+{
+  g_autoptr(GDir) dir = g_dir_open ("/proc/self/fd", 0, NULL);
+  gsize n = 0;
+
+  g_assert_nonnull (dir);
+  while (g_dir_read_name (dir) != NULL)
+    n++;
+  return n - 1; /* the directory's own descriptor */
+}
+
 /* Reliability records ------------------------------------------------ */
 
 static void
@@ -250,23 +373,42 @@ append_record_line (const char *line)
   pthread_mutex_unlock (&lock);
 }
 
+static void
+record (const char *subject,
+        const char *what,
+        const char *outcome,
+        const char *message)
+{
+  g_autoptr(GString) line = g_string_new ("{");
+  const char *test = g_test_get_path ();
+
+  g_assert_cmpstr (message, !=, "");
+  append_json_field (line, "subject", subject);
+  append_json_field (line, "case", what);
+  append_json_field (line, "error", outcome);
+  append_json_field (line, "message", message);
+  append_json_field (line, "test", test != NULL ? test : g_get_prgname ());
+  g_string_append (line, "}\n");
+  append_record_line (line->str);
+}
+
 void
 cp_test_record_error (const char   *subject,
                       const char   *what,
                       const GError *error)
 {
-  g_autoptr(GString) line = g_string_new ("{");
   g_autofree char *code = NULL;
-  const char *test = g_test_get_path ();
 
   g_assert_nonnull (error);
-  g_assert_cmpstr (error->message, !=, "");
   code = describe_error_code (error);
-  append_json_field (line, "subject", subject);
-  append_json_field (line, "case", what);
-  append_json_field (line, "error", code);
-  append_json_field (line, "message", error->message);
-  append_json_field (line, "test", test != NULL ? test : g_get_prgname ());
-  g_string_append (line, "}\n");
-  append_record_line (line->str);
+  record (subject, what, code, error->message);
+}
+
+void
+cp_test_record_outcome (const char *subject,
+                        const char *what,
+                        const char *outcome,
+                        const char *message)
+{
+  record (subject, what, outcome, message);
 }

@@ -85,6 +85,38 @@ void       cp_test_assert_shape       (CpTensor       *tensor,
                           G_N_ELEMENTS (cp_test_shape_));                   \
   } G_STMT_END
 
+/* A tensor of a batch as it was: the object, its storage and a copy of
+ * its contents, to check later that nothing changed it. */
+typedef struct
+{
+  char *key;
+  CpTensor *tensor;
+  CpStorage *storage;
+  CpTensor *copy;
+} CpTestSnapshot;
+
+CpTestSnapshot *cp_test_snapshot_new    (const char     *key,
+                                         CpTensor       *tensor);
+void       cp_test_snapshot_free      (CpTestSnapshot *snapshot);
+/* Asserts that the tensor is the same object over the same storage with
+ * the same contents. */
+void       cp_test_snapshot_assert_unchanged (const CpTestSnapshot *snapshot);
+/* The snapshot of @key in @snapshots, or NULL. */
+CpTestSnapshot *cp_test_snapshot_find   (GPtrArray      *snapshots,
+                                         const char     *key);
+
+/* Snapshots of every tensor of @batch, in key order. */
+GPtrArray *cp_test_snapshot_batch     (CpBatch        *batch);
+/* Asserts that @batch has the same keys, in order, each unchanged. */
+void       cp_test_assert_batch_unchanged (CpBatch    *batch,
+                                           GPtrArray  *snapshots);
+
+/* Resident memory of this process, in KiB (/proc/self/statm). */
+gsize      cp_test_resident_kib       (void);
+
+/* Descriptors this process has open (/proc/self/fd). */
+gsize      cp_test_open_fds           (void);
+
 /* Records, for doc/reliability.md, that the running test tried @what
  * against @subject and got @error.  The record is a JSON line appended to
  * the file named by $CP_RELIABILITY_LOG; without that variable nothing is
@@ -94,6 +126,13 @@ void       cp_test_assert_shape       (CpTensor       *tensor,
 void       cp_test_record_error       (const char     *subject,
                                        const char     *what,
                                        const GError   *error);
+
+/* The same for a case whose outcome is not a GError, such as a
+ * connection the peer closes: @outcome reads like "connection closed". */
+void       cp_test_record_outcome     (const char     *subject,
+                                       const char     *what,
+                                       const char     *outcome,
+                                       const char     *message);
 
 /* Asserts that @error is (@domain, @code) and records the case.  Every
  * bad-input or fault case a test checks goes through here, so the

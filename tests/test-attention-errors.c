@@ -33,6 +33,7 @@ typedef struct
   MakeInputs make;
   int code;
   const char *needle;
+  const char *what;      /* for the reliability table */
 } Case;
 
 static void
@@ -49,7 +50,7 @@ expect_failure (CpMesh   *mesh,
   attention = cp_attention_new (mesh, options, &error);
   g_assert_no_error (error);
   g_assert_false (cp_attention_forward (attention, q, k, v, &out, NULL, &error));
-  g_assert_error (error, CP_ATTENTION_ERROR, c->code);
+  CP_TEST_ASSERT_CASE (error, CP_ATTENTION_ERROR, c->code, "CpAttention", c->what);
   if (strstr (error->message, c->needle) == NULL)
     g_error ("message \"%s\" does not name \"%s\"", error->message, c->needle);
   g_assert_null (out);
@@ -75,7 +76,8 @@ make_dtype_mismatch (int rank, CpTensor **q, CpTensor **k, CpTensor **v, CpAtten
 static void
 test_dtype_mismatch (void)
 {
-  Case c = { make_dtype_mismatch, CP_ATTENTION_ERROR_SHAPE, "k is bfloat16" };
+  Case c = { make_dtype_mismatch, CP_ATTENTION_ERROR_SHAPE, "k is bfloat16",
+             "forward where one rank's k has another dtype (every rank fails)" };
 
   g_test_summary ("A dtype disagreement on one rank fails on every rank, naming the tensor");
   run_case (&c);
@@ -92,7 +94,8 @@ make_shape_mismatch (int rank, CpTensor **q, CpTensor **k, CpTensor **v, CpAtten
 static void
 test_shape_mismatch (void)
 {
-  Case c = { make_shape_mismatch, CP_ATTENTION_ERROR_SHAPE, "v is float32[1, 2, 4, 16]" };
+  Case c = { make_shape_mismatch, CP_ATTENTION_ERROR_SHAPE, "v is float32[1, 2, 4, 16]",
+             "forward where one rank's v has another head dimension (every rank fails)" };
 
   run_case (&c);
 }
@@ -108,7 +111,8 @@ make_heads_indivisible (int rank, CpTensor **q, CpTensor **k, CpTensor **v, CpAt
 static void
 test_heads_indivisible (void)
 {
-  Case c = { make_heads_indivisible, CP_ATTENTION_ERROR_SHAPE, "n_heads 3 (q) is not divisible by n_kv_heads 2" };
+  Case c = { make_heads_indivisible, CP_ATTENTION_ERROR_SHAPE, "n_heads 3 (q) is not divisible by n_kv_heads 2",
+             "forward with q heads not a multiple of k/v heads (GQA)" };
 
   run_case (&c);
 }
@@ -124,7 +128,8 @@ make_odd_length (int rank, CpTensor **q, CpTensor **k, CpTensor **v, CpAttention
 static void
 test_local_length (void)
 {
-  Case c = { make_odd_length, CP_ATTENTION_ERROR_SHAPE, "local length S = 3" };
+  Case c = { make_odd_length, CP_ATTENTION_ERROR_SHAPE, "local length S = 3",
+             "forward with an odd local sequence length" };
 
   g_test_summary ("A local length no head-tail layout gives is an error");
   run_case (&c);
@@ -145,7 +150,8 @@ make_thd_length (int rank, CpTensor **q, CpTensor **k, CpTensor **v, CpAttention
 static void
 test_thd_length (void)
 {
-  Case c = { make_thd_length, CP_ATTENTION_ERROR_SHAPE, "cu_seqlens_padded gives rank 0 8 tokens" };
+  Case c = { make_thd_length, CP_ATTENTION_ERROR_SHAPE, "cu_seqlens_padded gives rank 0 8 tokens",
+             "forward (THD) with a local length other than cu_seqlens_padded gives the rank" };
 
   run_case (&c);
 }
@@ -160,7 +166,8 @@ make_disagreeing_options (int rank, CpTensor **q, CpTensor **k, CpTensor **v, Cp
 static void
 test_options_disagree (void)
 {
-  Case c = { make_disagreeing_options, CP_ATTENTION_ERROR_SHAPE, "ranks disagree on causal" };
+  Case c = { make_disagreeing_options, CP_ATTENTION_ERROR_SHAPE, "ranks disagree on causal",
+             "forward where ranks pass different options (every rank fails)" };
 
   g_test_summary ("Ranks called with different options fail together");
   run_case (&c);
@@ -177,7 +184,8 @@ make_float16 (int rank, CpTensor **q, CpTensor **k, CpTensor **v, CpAttentionOpt
 static void
 test_unsupported_dtype (void)
 {
-  Case c = { make_float16, CP_ATTENTION_ERROR_UNSUPPORTED, "q is float16" };
+  Case c = { make_float16, CP_ATTENTION_ERROR_UNSUPPORTED, "q is float16",
+             "forward in float16" };
 
   run_case (&c);
 }
@@ -193,7 +201,8 @@ make_wide_head (int rank, CpTensor **q, CpTensor **k, CpTensor **v, CpAttentionO
 static void
 test_head_dim (void)
 {
-  Case c = { make_wide_head, CP_ATTENTION_ERROR_UNSUPPORTED, "head dimension 300" };
+  Case c = { make_wide_head, CP_ATTENTION_ERROR_UNSUPPORTED, "head dimension 300",
+             "forward with a head dimension above 256" };
 
   run_case (&c);
 }
@@ -210,7 +219,8 @@ make_seq_lens (int rank, CpTensor **q, CpTensor **k, CpTensor **v, CpAttentionOp
 static void
 test_seq_lens_count (void)
 {
-  Case c = { make_seq_lens, CP_ATTENTION_ERROR_SHAPE, "seq_lens has 2 entries but q has batch size 1" };
+  Case c = { make_seq_lens, CP_ATTENTION_ERROR_SHAPE, "seq_lens has 2 entries but q has batch size 1",
+             "forward with seq_lens of another count than the batch" };
 
   run_case (&c);
 }
@@ -227,7 +237,8 @@ test_bad_cu_seqlens (void)
 
   cp_attention_options_set_cu_seqlens_padded (options, bounds, G_N_ELEMENTS (bounds));
   attention = cp_attention_new (meshes->data, options, &error);
-  g_assert_error (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_SHAPE, "CpAttention",
+                       "cp_attention_new with cu_seqlens_padded documents not a multiple of 2·C");
   g_assert_nonnull (strstr (error->message, "cu_seqlens_padded"));
   g_assert_null (attention);
   g_clear_error (&error);
@@ -236,7 +247,8 @@ test_bad_cu_seqlens (void)
   cp_attention_options_set_cu_seqlens_padded (options, bounds, G_N_ELEMENTS (bounds));
   cp_attention_options_set_cu_seqlens (options, real, G_N_ELEMENTS (real));
   attention = cp_attention_new (meshes->data, options, &error);
-  g_assert_error (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_SHAPE, "CpAttention",
+                       "cp_attention_new with a real document length above its padded length");
   g_assert_nonnull (strstr (error->message, "real length 9"));
   cp_test_free_group (meshes);
 }
@@ -257,7 +269,8 @@ backward_bad_lse (CpMesh   *mesh,
   g_assert_false (cp_attention_backward (attention, out, q, q, q, out,
                                          cp_mesh_get_rank (mesh) == 0 ? bad_lse : lse,
                                          &dq, &dk, &dv, &error));
-  g_assert_error (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_SHAPE);
+  CP_TEST_ASSERT_CASE (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_SHAPE, "CpAttention",
+                       "backward where one rank's lse has the wrong shape (every rank fails)");
   g_assert_nonnull (strstr (error->message, "lse is float32[1, 2, 5]"));
   g_assert_null (dq);
 }

@@ -163,7 +163,8 @@ test_mesh_without_cp (void)
 
   g_assert_no_error (error);
   g_assert_null (cp_batch_prepare (batch, meshes->data, NULL, &error));
-  g_assert_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY, "CpBatch",
+                       "cp_batch_prepare on a mesh without a cp dimension");
   g_assert_nonnull (strstr (error->message, "\"cp\""));
   g_assert_false (cp_batch_contains (batch, "position_ids"));
   cp_test_free_group (meshes);
@@ -837,6 +838,7 @@ typedef struct
   GQuark domain;
   int code;
   const char *needle;
+  const char *what;      /* for the reliability table */
 } ErrorCase;
 
 static void
@@ -932,75 +934,60 @@ bad_positions (CpBatch *batch, CpBatchOptions *options)
   cp_test_batch_take (batch, "position_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, shape, 0, 1, 2, 3, 4, 5));
 }
 
+/* Rank 0 holds 6 tokens and rank 1 holds 8: both pad to 8, the same
+ * layout, yet they are not the same batch.  Enter fails on both and
+ * shards nothing. */
+static void
+unpadded_disagree_rank (CpMesh   *mesh,
+                        gpointer  user_data)
+{
+  gint64 shape[] = { 1, cp_mesh_get_rank (mesh) == 0 ? 6 : 8 };
+  g_autoptr(CpBatch) batch = cp_batch_new ();
+  g_autoptr(CpContext) context = NULL;
+  g_autoptr(GError) error = NULL;
+  CpTensor *ids;
+
+  cp_test_batch_take (batch, "input_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 2, 1));
+  cp_test_batch_take (batch, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 2, 2));
+  context = cp_batch_prepare (batch, mesh, NULL, &error);
+  g_assert_no_error (error);
+  ids = cp_batch_get (batch, "input_ids");
+  g_assert_false (cp_context_enter (context, &error));
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY, "CpContext",
+                       "cp_context_enter where ranks' batches differ in length but pad to the same "
+                       "length (every rank fails)");
+  g_assert_nonnull (strstr (error->message, "sequence length before padding"));
+  CP_TEST_ASSERT_SHAPE (ids, 1, 8);
+}
+
 static const ErrorCase error_cases[] = {
-  { "missing-labels", drop_labels, 0, CP_BATCH_ERROR_MISSING_KEY, "no 'labels'" },
-  { "both-primaries", add_embeds, 0, CP_BATCH_ERROR_CONFLICTING_KEYS, "both 'input_ids' and 'inputs_embeds'" },
-  { "no-primary", drop_primary, 0, CP_BATCH_ERROR_MISSING_KEY, "neither 'input_ids' nor 'inputs_embeds'" },
-  { "wrong-axis", bad_extra_axis, 1, CP_TENSOR_ERROR_SHAPE, "dimension 3 does not exist" },
-  { "missing-extra", missing_extra, 0, CP_BATCH_ERROR_MISSING_KEY, "'teacher_logits' is missing" },
-  { "length-mismatch", short_labels, 1, CP_TENSOR_ERROR_SHAPE, "'labels' (int64[1, 5] on host) has length 5" },
-  { "extra-length-mismatch", short_extra, 1, CP_TENSOR_ERROR_SHAPE, "'teacher_logits' (float32[1, 7, 5] on host) has length 7 along its sequence dimension 1, but 'input_ids' has sequence length 6" },
-  { "unknown-rotate-name", unknown_rotate, 0, CP_BATCH_ERROR_INVALID_OPTION, "\"addtoall\"" },
-  { "out-of-range-rotate", out_of_range_rotate, 0, CP_BATCH_ERROR_INVALID_OPTION, "rotate method 7" },
-  { "same-object-twice", shared_object, 0, CP_BATCH_ERROR_CONFLICTING_KEYS, "'labels' and 'padding_mask' are the same tensor" },
-  { "two-loss-masks", two_loss_masks, 0, CP_BATCH_ERROR_CONFLICTING_KEYS, "loss mask" },
-  { "standard-key-as-extra", extra_is_labels, 0, CP_BATCH_ERROR_CONFLICTING_KEYS, "'labels' is already registered as a standard buffer" },
-  { "bad-position-ids", bad_positions, 1, CP_TENSOR_ERROR_SHAPE, "'position_ids' is int64[6] on host" },
+  { "missing-labels", drop_labels, 0, CP_BATCH_ERROR_MISSING_KEY, "no 'labels'",
+    "cp_batch_prepare of a batch without labels" },
+  { "both-primaries", add_embeds, 0, CP_BATCH_ERROR_CONFLICTING_KEYS, "both 'input_ids' and 'inputs_embeds'",
+    "cp_batch_prepare of a batch with both input_ids and inputs_embeds" },
+  { "no-primary", drop_primary, 0, CP_BATCH_ERROR_MISSING_KEY, "neither 'input_ids' nor 'inputs_embeds'",
+    "cp_batch_prepare of a batch with neither input_ids nor inputs_embeds" },
+  { "wrong-axis", bad_extra_axis, 1, CP_TENSOR_ERROR_SHAPE, "dimension 3 does not exist",
+    "cp_batch_prepare with an extra buffer along a dimension it does not have" },
+  { "missing-extra", missing_extra, 0, CP_BATCH_ERROR_MISSING_KEY, "'teacher_logits' is missing",
+    "cp_batch_prepare naming an extra buffer the batch lacks" },
+  { "length-mismatch", short_labels, 1, CP_TENSOR_ERROR_SHAPE, "'labels' (int64[1, 5] on host) has length 5",
+    "cp_batch_prepare with labels shorter than input_ids" },
+  { "extra-length-mismatch", short_extra, 1, CP_TENSOR_ERROR_SHAPE, "'teacher_logits' (float32[1, 7, 5] on host) has length 7 along its sequence dimension 1, but 'input_ids' has sequence length 6",
+    "cp_batch_prepare with an extra buffer of another sequence length" },
+  { "unknown-rotate-name", unknown_rotate, 0, CP_BATCH_ERROR_INVALID_OPTION, "\"addtoall\"",
+    "cp_batch_prepare with an unknown rotate method name" },
+  { "out-of-range-rotate", out_of_range_rotate, 0, CP_BATCH_ERROR_INVALID_OPTION, "rotate method 7",
+    "cp_batch_prepare with a rotate method outside the enum" },
+  { "same-object-twice", shared_object, 0, CP_BATCH_ERROR_CONFLICTING_KEYS, "'labels' and 'padding_mask' are the same tensor",
+    "cp_batch_prepare with one tensor under two keys" },
+  { "two-loss-masks", two_loss_masks, 0, CP_BATCH_ERROR_CONFLICTING_KEYS, "loss mask",
+    "cp_batch_prepare with a loss mask in the options and another in the batch" },
+  { "standard-key-as-extra", extra_is_labels, 0, CP_BATCH_ERROR_CONFLICTING_KEYS, "'labels' is already registered as a standard buffer",
+    "cp_batch_prepare with labels also named as an extra buffer" },
+  { "bad-position-ids", bad_positions, 1, CP_TENSOR_ERROR_SHAPE, "'position_ids' is int64[6] on host",
+    "cp_batch_prepare with 1-d position_ids" },
 };
-
-typedef struct
-{
-  char *key;
-  CpTensor *tensor;
-  CpStorage *storage;
-  CpTensor *copy;
-} Snapshot;
-
-static void
-snapshot_free (gpointer data)
-{
-  Snapshot *snapshot = data;
-
-  g_free (snapshot->key);
-  g_object_unref (snapshot->tensor);
-  g_object_unref (snapshot->copy);
-  g_free (snapshot);
-}
-
-static GPtrArray *
-snapshot_batch (CpBatch *batch)
-{
-  GPtrArray *snapshots = g_ptr_array_new_with_free_func (snapshot_free);
-  const char * const *keys = cp_batch_get_keys (batch);
-
-  for (guint i = 0; keys[i] != NULL; i++)
-    {
-      Snapshot *snapshot = g_new0 (Snapshot, 1);
-
-      snapshot->key = g_strdup (keys[i]);
-      snapshot->tensor = g_object_ref (cp_batch_get (batch, keys[i]));
-      snapshot->storage = cp_tensor_get_storage (snapshot->tensor);
-      snapshot->copy = cp_tensor_copy (snapshot->tensor, NULL);
-      g_ptr_array_add (snapshots, snapshot);
-    }
-  return snapshots;
-}
-
-static void
-assert_unchanged (CpBatch   *batch,
-                  GPtrArray *snapshots)
-{
-  g_assert_cmpuint (cp_batch_get_n_keys (batch), ==, snapshots->len);
-  for (guint i = 0; i < snapshots->len; i++)
-    {
-      Snapshot *snapshot = snapshots->pdata[i];
-
-      g_assert_cmpstr (cp_batch_get_keys (batch)[i], ==, snapshot->key);
-      g_assert_true (cp_batch_get (batch, snapshot->key) == snapshot->tensor);
-      g_assert_true (cp_tensor_get_storage (snapshot->tensor) == snapshot->storage);
-      g_assert_true (cp_tensor_equal (snapshot->tensor, snapshot->copy));
-    }
-}
 
 static void
 error_rank (CpMesh   *mesh,
@@ -1015,12 +1002,12 @@ error_rank (CpMesh   *mesh,
 
   cp_test_batch_take (batch, "attention_mask", CP_TEST_TENSOR (CP_DTYPE_INT64, row6, 1, 1, 1, 1, 1, 1));
   c->spoil (batch, options);
-  snapshots = snapshot_batch (batch);
+  snapshots = cp_test_snapshot_batch (batch);
   g_assert_null (cp_batch_prepare (batch, mesh, options, &error));
-  g_assert_error (error, domain, c->code);
+  CP_TEST_ASSERT_CASE (error, domain, c->code, "CpBatch", c->what);
   if (strstr (error->message, c->needle) == NULL)
     g_error ("\"%s\" does not contain \"%s\"", error->message, c->needle);
-  assert_unchanged (batch, snapshots);
+  cp_test_assert_batch_unchanged (batch, snapshots);
 }
 
 static void
@@ -1061,6 +1048,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Batch/prepare/global-token-mean", test_global_token_mean);
   g_test_add_data_func ("/Cp/Batch/prepare/unshard-e5", unshard_rank, test_on_two_ranks);
   g_test_add_func ("/Cp/Batch/prepare/property", test_property);
+  g_test_add_data_func ("/Cp/Batch/enter/unpadded-lengths-disagree", unpadded_disagree_rank, test_on_two_ranks);
   for (guint i = 0; i < G_N_ELEMENTS (error_cases); i++)
     {
       g_autofree char *path = g_strdup_printf ("/Cp/Batch/errors/%s", error_cases[i].name);

@@ -117,6 +117,14 @@ typedef struct
   const char *needle;
 } FailureCase;
 
+/* For the reliability table. */
+static const char * const failure_names[] = {
+  [LENGTHS_DISAGREE] = "cp_context_enter with buffers of different sequence lengths (every rank fails)",
+  [INDIVISIBLE] = "cp_context_enter with a length not a multiple of 2·C (every rank fails)",
+  [RANKS_DISAGREE] = "cp_context_enter where ranks' lengths disagree (every rank fails)",
+  [ONE_RANK_BAD_DIM] = "cp_context_enter where one rank's buffer lacks its sequence dimension (every rank fails)",
+};
+
 static void
 failure_rank (CpMesh   *mesh,
               gpointer  user_data)
@@ -137,7 +145,7 @@ failure_rank (CpMesh   *mesh,
   cp_context_register_buffer (context, a, 1, FALSE);
   cp_context_register_buffer (context, b, c->failure == ONE_RANK_BAD_DIM && rank == 1 ? 5 : 1, TRUE);
   g_assert_false (cp_context_enter (context, &error));
-  g_assert_error (error, c->domain, c->code);
+  CP_TEST_ASSERT_CASE (error, c->domain, c->code, "CpContext", failure_names[c->failure]);
   if (strstr (error->message, c->needle) == NULL)
     g_error ("\"%s\" does not contain \"%s\"", error->message, c->needle);
   g_assert_false (cp_context_is_entered (context));

@@ -7,6 +7,7 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <pthread.h>
 #include <string.h>
 
 #include "cp-test-util.h"
@@ -657,7 +658,7 @@ typedef struct
 {
   guint32 seed;
   int cp_size;
-  GMutex lock;
+  pthread_mutex_t lock;   /* not a GMutex: ThreadSanitizer sees through pthread only */
   guint8 *seen;          /* how often each position was held */
   gint64 n_tokens;
   gint64 real_tokens;
@@ -750,9 +751,9 @@ check_rank_tokens (PropertyCase *c,
       g_assert_true (chunk == rank || chunk == 2 * C - 1 - rank);
       g_assert_cmpfloat (cp_tensor_get_value (mask, j), ==,
                          p - start >= real_length (cp_batch_get (batch, "seq_lens"), d));
-      g_mutex_lock (&c->lock);
+      pthread_mutex_lock (&c->lock);
       c->seen[p]++;
-      g_mutex_unlock (&c->lock);
+      pthread_mutex_unlock (&c->lock);
     }
 }
 
@@ -769,17 +770,17 @@ property_rank (CpMesh   *mesh,
 
   if (c->cp_size == 1)
     {
-      g_mutex_lock (&c->lock);
+      pthread_mutex_lock (&c->lock);
       for (gint64 j = 0; j < c->n_tokens; j++)
         c->seen[(gint64) cp_tensor_get_value (cp_batch_get (out, "input_ids"), j)]++;
-      g_mutex_unlock (&c->lock);
+      pthread_mutex_unlock (&c->lock);
       return;
     }
   check_rank_tokens (c, batch, out, rank);
   local_cu = cp_batch_get (out, "local_cu_seqlens");
-  g_mutex_lock (&c->lock);
+  pthread_mutex_lock (&c->lock);
   c->local_real += (gint64) cp_tensor_get_value (local_cu, cp_tensor_get_numel (local_cu) - 1);
-  g_mutex_unlock (&c->lock);
+  pthread_mutex_unlock (&c->lock);
 }
 
 static void
@@ -793,7 +794,7 @@ test_property (void)
       CpTensor *lens = cp_batch_get (probe, "seq_lens");
       GList *meshes = cp_test_local_group ("cp", c.cp_size);
 
-      g_mutex_init (&c.lock);
+      pthread_mutex_init (&c.lock, NULL);
       c.n_tokens = cp_tensor_get_numel (cp_batch_get (probe, "input_ids"));
       c.seen = g_new0 (guint8, MAX (c.n_tokens, 1));
       for (gint64 i = 0; i < cp_tensor_get_numel (lens); i++)
@@ -806,8 +807,28 @@ test_property (void)
         g_assert_cmpint (c.local_real, ==, c.real_tokens);
       cp_test_free_group (meshes);
       g_free (c.seen);
-      g_mutex_clear (&c.lock);
+      pthread_mutex_destroy (&c.lock);
     }
+}
+
+/* Unsharded, a packed batch may end with tokens no document covers: they
+ * are padding, and the mask is never read past the last bound. */
+static void
+test_packed_tail (void)
+{
+  const gint64 twelve[] = { 12 }, three[] = { 3 };
+  g_autoptr(CpBatch) batch = cp_batch_new ();
+  g_autoptr(CpBatch) thd = NULL;
+  g_autoptr(GError) error = NULL;
+
+  cp_test_batch_take (batch, "input_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, twelve, 1, 1));
+  cp_test_batch_take (batch, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, twelve, 1, 2));
+  cp_test_batch_take (batch, "position_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, twelve, 1, 3));
+  cp_test_batch_take (batch, "cu_seqlens", CP_TEST_TENSOR (CP_DTYPE_INT32, three, 0, 2, 6));
+  cp_test_batch_take (batch, "cu_seqlens_padded", CP_TEST_TENSOR (CP_DTYPE_INT32, three, 0, 4, 8));
+  thd = cp_batch_to_thd (batch, NULL, NULL, &error);
+  g_assert_no_error (error);
+  CP_TEST_ASSERT_VALUES (cp_batch_get (thd, "padding_mask"), 0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
 }
 
 /* Errors: a specific code, the offending values, and no output. */
@@ -819,6 +840,7 @@ typedef struct
   GQuark (*domain) (void);
   int code;
   const char *needle;
+  const char *what;      /* for the reliability table */
 } ErrorCase;
 
 static CpBatch *
@@ -958,33 +980,49 @@ mrope_positions (CpThdOptions *options)
 
 static const ErrorCase error_cases[] = {
   { "unsupported-format", 2, bshd_format, cp_batch_error_quark, CP_BATCH_ERROR_UNSUPPORTED_FORMAT,
-    "only 'thd' format is supported, got: bshd" },
-  { "missing-seq-lens", 1, no_seq_lens, cp_batch_error_quark, CP_BATCH_ERROR_MISSING_KEY, "'seq_lens'" },
-  { "missing-position-ids", 2, no_positions, cp_batch_error_quark, CP_BATCH_ERROR_MISSING_KEY, "'position_ids'" },
-  { "missing-seq-lens-padded", 2, no_padded, cp_batch_error_quark, CP_BATCH_ERROR_MISSING_KEY, "'seq_lens_padded'" },
+    "only 'thd' format is supported, got: bshd",
+    "cp_batch_to_thd with a qkv format other than thd" },
+  { "missing-seq-lens", 1, no_seq_lens, cp_batch_error_quark, CP_BATCH_ERROR_MISSING_KEY, "'seq_lens'",
+    "cp_batch_to_thd of a padded batch without seq_lens" },
+  { "missing-position-ids", 2, no_positions, cp_batch_error_quark, CP_BATCH_ERROR_MISSING_KEY, "'position_ids'",
+    "cp_batch_to_thd without position_ids" },
+  { "missing-seq-lens-padded", 2, no_padded, cp_batch_error_quark, CP_BATCH_ERROR_MISSING_KEY, "'seq_lens_padded'",
+    "cp_batch_to_thd without seq_lens_padded" },
   { "indivisible-document", 2, indivisible, cp_batch_error_quark, CP_BATCH_ERROR_INDIVISIBLE,
-    "document 0 has padded length 6, not a multiple of 2·C = 4" },
+    "document 0 has padded length 6, not a multiple of 2·C = 4",
+    "cp_batch_to_thd with a padded document length not a multiple of 2·C" },
   { "negative-length", 2, negative, cp_batch_error_quark, CP_BATCH_ERROR_INVALID_SEQ_LENS,
-    "negative length at [0, 1]: seq_lens -3" },
+    "negative length at [0, 1]: seq_lens -3",
+    "cp_batch_to_thd with a negative sequence length" },
   { "real-past-padded", 2, real_past_padded, cp_batch_error_quark, CP_BATCH_ERROR_INVALID_SEQ_LENS,
-    "seq_lens[0, 0] = 5 exceeds seq_lens_padded[0, 0] = 4" },
+    "seq_lens[0, 0] = 5 exceeds seq_lens_padded[0, 0] = 4",
+    "cp_batch_to_thd with a real length above its padded length" },
   { "sentinel-mismatch", 2, sentinel_mismatch, cp_batch_error_quark, CP_BATCH_ERROR_INVALID_SEQ_LENS,
-    "seq_lens[0, 1] = -1000 but seq_lens_padded[0, 1] = 4" },
+    "seq_lens[0, 1] = -1000 but seq_lens_padded[0, 1] = 4",
+    "cp_batch_to_thd with the sentinel in seq_lens but not in seq_lens_padded" },
   { "past-the-row", 2, past_the_row, cp_batch_error_quark, CP_BATCH_ERROR_INVALID_SEQ_LENS,
-    "run past the row length 8 at seq_lens_padded[0, 1] = 8" },
+    "run past the row length 8 at seq_lens_padded[0, 1] = 8",
+    "cp_batch_to_thd with padded lengths that run past the row" },
   { "chunks-indivisible", 2, bad_chunks, cp_batch_error_quark, CP_BATCH_ERROR_INDIVISIBLE,
-    "num_chunks 3 does not divide the 4 batch rows" },
+    "num_chunks 3 does not divide the 4 batch rows",
+    "cp_batch_to_thd with num_chunks not dividing the batch rows" },
   { "cu-seqlens-not-int32", 2, int64_cu, cp_batch_error_quark, CP_BATCH_ERROR_INVALID_SEQ_LENS,
-    "'cu_seqlens' is int64[2] on host; it must be int32" },
+    "'cu_seqlens' is int64[2] on host; it must be int32",
+    "cp_batch_to_thd of a packed batch whose cu_seqlens are not int32" },
   { "uncovered-tokens", 2, uncovered, cp_batch_error_quark, CP_BATCH_ERROR_INVALID_SEQ_LENS,
-    "the padded documents cover 2 of the 4 tokens" },
-  { "extra-buffers", 2, extras, cp_batch_error_quark, CP_BATCH_ERROR_UNSUPPORTED_FORMAT, "'teacher_logits'" },
+    "the padded documents cover 2 of the 4 tokens",
+    "cp_batch_to_thd of a packed batch with tokens outside every document (sharded)" },
+  { "extra-buffers", 2, extras, cp_batch_error_quark, CP_BATCH_ERROR_UNSUPPORTED_FORMAT, "'teacher_logits'",
+    "cp_batch_to_thd of a batch with extra sequence buffers" },
   { "row-without-documents", 1, empty_row, cp_batch_error_quark, CP_BATCH_ERROR_INVALID_SEQ_LENS,
-    "row 1 holds 4 tokens but no document" },
+    "row 1 holds 4 tokens but no document",
+    "cp_batch_to_thd with a row that holds tokens but no document" },
   { "token-rule-embeddings", 1, token_rule_embeddings, cp_batch_error_quark, CP_BATCH_ERROR_INVALID_OPTION,
-    "needs token ids" },
+    "needs token ids",
+    "cp_batch_to_thd with the token-id padding-mask rule on embeddings" },
   { "mrope-positions", 2, mrope_positions, cp_tensor_error_quark, CP_TENSOR_ERROR_SHAPE,
-    "'position_ids' is int64[3, 1, 4] on host; it must be [1, 4] like 'input_ids'" },
+    "'position_ids' is int64[3, 1, 4] on host; it must be [1, 4] like 'input_ids'",
+    "cp_batch_to_thd with mRoPE position_ids [3, B, S]" },
 };
 
 static void
@@ -997,7 +1035,7 @@ error_rank (CpMesh   *mesh,
   g_autoptr(GError) error = NULL;
 
   g_assert_null (cp_batch_to_thd (batch, mesh, options, &error));
-  g_assert_error (error, c->domain (), c->code);
+  CP_TEST_ASSERT_CASE (error, c->domain (), c->code, "CpBatch (THD)", c->what);
   if (strstr (error->message, c->needle) == NULL)
     g_error ("\"%s\" does not contain \"%s\"", error->message, c->needle);
 }
@@ -1024,6 +1062,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Thd/chunks/document-counts", test_chunk_document_counts);
   g_test_add_func ("/Cp/Thd/chunks/sentinels", test_sentinels);
   g_test_add_func ("/Cp/Thd/padding-mask/rules", test_padding_mask_rules);
+  g_test_add_func ("/Cp/Thd/padding-mask/packed-tail", test_packed_tail);
   g_test_add_func ("/Cp/Thd/absorption/examples", test_absorption);
   g_test_add_data_func ("/Cp/Thd/shard/te-basic", te_basic_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Thd/shard/packed-input", packed_input_rank, test_on_two_ranks);

@@ -22,8 +22,11 @@
 #define TILE_K 128
 
 /* The elementwise loops (exp, max, rescale) are compiled for the baseline
- * and for x86-64-v3 (AVX2 + FMA); the loader picks the best one. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+ * and for x86-64-v3 (AVX2 + FMA); the loader picks the best one.  Not
+ * under ThreadSanitizer: the loader runs the resolvers of the clones
+ * while it relocates the library, before the sanitizer's runtime is set
+ * up, and the instrumented resolvers crash there. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 # define VECTOR_CLONES __attribute__((target_clones ("arch=x86-64-v3", "default")))
 #else
 # define VECTOR_CLONES

@@ -9,6 +9,7 @@
 
 #include "cp-copy-private.h"
 #include "cp-error.h"
+#include "cp-fault-private.h"
 #include "cp-host-memory-private.h"
 #include "cp-sync-private.h"
 #include "cp-transport-private.h"
@@ -24,7 +25,11 @@
  * fail at once with that error instead of waiting for a round that will
  * never complete, as a NCCL communicator is aborted after a timeout.
  * Once every rank has entered, the rest of the round only waits for peers
- * doing bounded copies, so later sync points need no deadline. */
+ * doing bounded copies, so later sync points need no deadline.
+ *
+ * A rank whose transport goes away (every mesh of that rank was freed)
+ * has left the group: peers waiting for it fail at once with PEER_LOST
+ * instead of waiting for the timeout. */
 
 typedef struct
 {
@@ -34,6 +39,7 @@ typedef struct
   CpCond cond;
   GHashTable *comms;  /* label:members → SharedComm, not owned */
   GQueue mailbox;     /* Envelope*, oldest first */
+  gboolean *left;     /* per world rank: it left the group */
 } LocalGroup;
 
 typedef struct
@@ -101,9 +107,21 @@ group_unref (LocalGroup *group)
     return;
   g_assert (g_hash_table_size (group->comms) == 0);
   g_hash_table_unref (group->comms);
+  g_free (group->left);
   _cp_mutex_clear (&group->lock);
   _cp_cond_clear (&group->cond);
   g_free (group);
+}
+
+/* Peers waiting for @rank fail from now on. */
+static void
+leave_group (LocalGroup *group,
+             int         rank)
+{
+  _cp_mutex_lock (&group->lock);
+  group->left[rank] = TRUE;
+  _cp_cond_broadcast (&group->cond);
+  _cp_mutex_unlock (&group->lock);
 }
 
 static void
@@ -111,6 +129,7 @@ local_transport_free (CpTransport *transport)
 {
   LocalTransport *self = (LocalTransport *) transport;
 
+  leave_group (self->group, transport->rank);
   group_unref (self->group);
   g_free (self);
 }
@@ -225,6 +244,26 @@ break_on_timeout (LocalComm  *self,
   _cp_cond_broadcast (&self->group->cond);
 }
 
+/* With the group lock held: breaks the communicator when a member that
+ * has not arrived left the group. */
+static gboolean
+break_on_departure (LocalComm  *self,
+                    const char *what)
+{
+  SharedComm *shared = self->shared;
+
+  for (int i = 0; i < shared->size; i++)
+    if (!shared->arrived[i] && self->group->left[shared->members[i]])
+      {
+        g_set_error (&shared->broken, CP_MESH_ERROR, CP_MESH_ERROR_PEER_LOST,
+                     "%s: rank %d lost communicator rank %d (mesh rank %d), which left the group",
+                     what, self->parent.index, i, shared->members[i]);
+        _cp_cond_broadcast (&self->group->cond);
+        return TRUE;
+      }
+  return FALSE;
+}
+
 /* Waits, with the group lock held, until every rank of the communicator
  * has reached this point.  @deadline 0 waits without limit. */
 static gboolean
@@ -255,6 +294,8 @@ sync_point (LocalComm   *self,
     }
   while (shared->generation == generation && shared->broken == NULL)
     {
+      if (break_on_departure (self, what))
+        break;
       if (deadline == 0)
         _cp_cond_wait (cond, lock);
       else if (!_cp_cond_wait_until (cond, lock, deadline) &&
@@ -342,36 +383,151 @@ run_broadcast (LocalComm    *self,
 /* Rank i reduces slice i of every buffer into scratch, then every rank
  * copies all reduced slices into its own buffer.  The reduction order is
  * rank order, so every rank ends with identical bits. */
+typedef struct
+{
+  guint8 *data;
+  gsize size;
+} Scratch;
+
+static void
+slice_bounds (LocalComm          *self,
+              const CpCollective *coll,
+              int                 r,
+              gsize              *lo,
+              gsize              *hi)
+{
+  gsize n = (gsize) self->parent.size;
+
+  *lo = coll->count * (gsize) r / n;
+  *hi = coll->count * (gsize) (r + 1) / n;
+}
+
+/* Allocated before the rendezvous: a rank that cannot allocate fails the
+ * collective on every rank, through its descriptor, before any data
+ * moves. */
+static gboolean
+alloc_scratch (LocalComm    *self,
+               CpCollective *coll,
+               Scratch      *scratch)
+{
+  gsize lo, hi;
+
+  if (coll->kind != CP_COLL_ALL_REDUCE || coll->invalid != NULL)
+    return TRUE;
+  slice_bounds (self, coll, self->parent.index, &lo, &hi);
+  scratch->size = MAX (hi - lo, 1) * cp_dtype_get_size (coll->dtype);
+  scratch->data = _cp_host_alloc (scratch->size, FALSE, &coll->invalid);
+  return scratch->data != NULL;
+}
+
 static void
 run_all_reduce (LocalComm    *self,
-                CpCollective *coll)
+                CpCollective *coll,
+                Scratch      *scratch)
 {
   SharedComm *shared = self->shared;
   int n = self->parent.size;
   int me = self->parent.index;
   gsize elsize = cp_dtype_get_size (coll->dtype);
-  gsize lo = coll->count * (gsize) me / (gsize) n;
-  gsize hi = coll->count * (gsize) (me + 1) / (gsize) n;
+  gsize lo, hi;
   g_autofree gconstpointer *srcs = g_new (gconstpointer, n);
-  guint8 *scratch = _cp_host_alloc (MAX (hi - lo, 1) * elsize, FALSE, NULL);
 
-  g_assert (scratch != NULL);
+  slice_bounds (self, coll, me, &lo, &hi);
   for (int r = 0; r < n; r++)
     srcs[r] = shared->posted[r]->recv;
-  _cp_reduce_many (coll->dtype, coll->op, scratch, srcs, n, lo, hi - lo);
-  shared->scratch[me] = scratch;
+  _cp_reduce_many (coll->dtype, coll->op, scratch->data, srcs, n, lo, hi - lo);
+  shared->scratch[me] = scratch->data;
 
   locked_sync (self, "all_reduce", 0, NULL);
   for (int r = 0; r < n; r++)
     {
-      gsize rlo = coll->count * (gsize) r / (gsize) n;
-      gsize rhi = coll->count * (gsize) (r + 1) / (gsize) n;
+      gsize rlo, rhi;
 
+      slice_bounds (self, coll, r, &rlo, &rhi);
       memcpy ((guint8 *) coll->recv + rlo * elsize, shared->scratch[r], (rhi - rlo) * elsize);
     }
   locked_sync (self, "all_reduce", 0, NULL);
   shared->scratch[me] = NULL;
-  _cp_host_free (scratch, MAX (hi - lo, 1) * elsize);
+}
+
+static void
+run_agreed (LocalComm    *self,
+            CpCollective *coll,
+            Scratch      *scratch)
+{
+  switch (coll->kind)
+    {
+    case CP_COLL_BARRIER:
+      break;
+    case CP_COLL_ALL_GATHER:
+      run_all_gather (self, coll);
+      break;
+    case CP_COLL_ALL_TO_ALL:
+      run_all_to_all (self, coll);
+      break;
+    case CP_COLL_ALL_REDUCE:
+      run_all_reduce (self, coll, scratch);
+      break;
+    case CP_COLL_BROADCAST:
+      run_broadcast (self, coll);
+      break;
+    default:
+      g_assert_not_reached ();
+    }
+}
+
+/* An injected fault that keeps this rank from arriving: it waits, as its
+ * peers do, until the communicator breaks or its own deadline passes. */
+static gboolean
+wait_without_arriving (LocalComm   *self,
+                       const char  *what,
+                       gint64       deadline,
+                       GError     **error)
+{
+  SharedComm *shared = self->shared;
+  gint64 started = g_get_monotonic_time ();
+
+  _cp_mutex_lock (&self->group->lock);
+  while (shared->broken == NULL &&
+         _cp_cond_wait_until (&self->group->cond, &self->group->lock, deadline))
+    ;
+  if (shared->broken == NULL)
+    break_on_timeout (self, what, g_get_monotonic_time () - started);
+  propagate_broken (shared, error);
+  _cp_mutex_unlock (&self->group->lock);
+  return FALSE;
+}
+
+/* The faults an in-process rank can suffer at its arrival; FALSE when
+ * the rank does not take part in the collective after all. */
+static gboolean
+suffer_fault (LocalComm   *self,
+              const char  *what,
+              gint64       deadline,
+              GError     **error)
+{
+  int rank = self->parent.transport->rank;
+  guint operation = _cp_fault_begin_operation ("local", rank);
+  guint delay_ms = 0;
+
+  switch (_cp_fault_strike ("local", rank, operation, CP_FAULT_STEP_DESCRIPTOR, &delay_ms))
+    {
+    case CP_FAULT_NONE:
+    case CP_FAULT_TRUNCATE: /* nothing crosses a wire here */
+      return TRUE;
+    case CP_FAULT_DELAY:
+      g_usleep ((gulong) delay_ms * G_TIME_SPAN_MILLISECOND);
+      return TRUE;
+    case CP_FAULT_DROP:
+      return wait_without_arriving (self, what, deadline, error);
+    case CP_FAULT_KILL:
+      leave_group (self->group, rank);
+      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_PEER_LOST,
+                   "%s: rank %d was killed by an injected fault", what, self->parent.index);
+      return FALSE;
+    default:
+      g_assert_not_reached ();
+    }
 }
 
 static gboolean
@@ -382,13 +538,18 @@ local_collective (CpComm        *comm,
 {
   LocalComm *self = (LocalComm *) comm;
   const char *what = _cp_collective_name (coll->kind);
+  Scratch scratch = { NULL, 0 };
   gboolean agreed;
 
+  if (!suffer_fault (self, what, deadline, error))
+    return FALSE;
+  alloc_scratch (self, coll, &scratch);
   _cp_mutex_lock (&self->group->lock);
   self->shared->posted[comm->index] = coll;
   if (!sync_point (self, what, deadline, error))
     {
       _cp_mutex_unlock (&self->group->lock);
+      _cp_host_free (scratch.data, scratch.size);
       return FALSE;
     }
   _cp_mutex_unlock (&self->group->lock);
@@ -397,29 +558,10 @@ local_collective (CpComm        *comm,
    * of them take the same path through the sync points below. */
   agreed = _cp_collective_check_agreement (self->shared->posted, comm->size, error);
   if (agreed)
-    {
-      switch (coll->kind)
-        {
-        case CP_COLL_BARRIER:
-          break;
-        case CP_COLL_ALL_GATHER:
-          run_all_gather (self, coll);
-          break;
-        case CP_COLL_ALL_TO_ALL:
-          run_all_to_all (self, coll);
-          break;
-        case CP_COLL_ALL_REDUCE:
-          run_all_reduce (self, coll);
-          break;
-        case CP_COLL_BROADCAST:
-          run_broadcast (self, coll);
-          break;
-        default:
-          g_assert_not_reached ();
-        }
-    }
+    run_agreed (self, coll, &scratch);
   /* Nobody leaves while a peer may still read its buffers. */
   locked_sync (self, what, 0, NULL);
+  _cp_host_free (scratch.data, scratch.size);
   return agreed;
 }
 
@@ -463,6 +605,36 @@ local_irecv (CpComm    *comm,
   return request;
 }
 
+/* With the group lock held. */
+static gboolean
+peer_left (LocalComm *self,
+           int        peer)
+{
+  return self->group->left[self->parent.members[peer]];
+}
+
+/* With the group lock held: PEER_LOST when @peer left the group,
+ * TIMED_OUT otherwise. */
+static void
+set_undelivered (LocalComm   *self,
+                 GError     **error,
+                 int          src,
+                 int          dst,
+                 guint64      tag)
+{
+  int peer = src == self->parent.index ? dst : src;
+
+  if (peer_left (self, peer))
+    g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_PEER_LOST,
+                 "rank %d lost rank %d, which left the group, before its message from rank %d "
+                 "to rank %d (tag %" G_GUINT64_FORMAT ") went through",
+                 self->parent.index, peer, src, dst, tag);
+  else
+    g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT,
+                 "the message from rank %d to rank %d (tag %" G_GUINT64_FORMAT
+                 ") did not go through in time", src, dst, tag);
+}
+
 static gboolean
 wait_send (LocalComm  *self,
            Envelope   *envelope,
@@ -478,13 +650,12 @@ wait_send (LocalComm  *self,
       /* Once taken, the receiver is copying: that ends without a deadline. */
       if (envelope->state == TAKEN)
         _cp_cond_wait (&group->cond, &group->lock);
-      else if (!_cp_cond_wait_until (&group->cond, &group->lock, deadline) &&
-               envelope->state == POSTED)
+      else if (peer_left (self, envelope->dst) ||
+               (!_cp_cond_wait_until (&group->cond, &group->lock, deadline) &&
+                envelope->state == POSTED))
         {
           g_queue_remove (&group->mailbox, envelope);
-          g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT,
-                       "send from rank %d to rank %d (tag %" G_GUINT64_FORMAT
-                       ") was not received in time", envelope->src, envelope->dst, envelope->tag);
+          set_undelivered (self, error, envelope->src, envelope->dst, envelope->tag);
           ok = FALSE;
           break;
         }
@@ -539,20 +710,18 @@ wait_recv (LocalComm  *self,
   gboolean ok = TRUE;
 
   _cp_mutex_lock (&group->lock);
-  while ((envelope = take_envelope (self, request->peer, request->tag)) == NULL)
+  while ((envelope = take_envelope (self, request->peer, request->tag)) == NULL &&
+         !peer_left (self, request->peer))
     {
       if (!_cp_cond_wait_until (&group->cond, &group->lock, deadline) &&
           (envelope = take_envelope (self, request->peer, request->tag)) == NULL)
         break;
     }
+  if (envelope == NULL)
+    set_undelivered (self, error, request->peer, self->parent.index, request->tag);
   _cp_mutex_unlock (&group->lock);
   if (envelope == NULL)
-    {
-      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT,
-                   "rank %d received nothing from rank %d (tag %" G_GUINT64_FORMAT
-                   ") in time", self->parent.index, request->peer, request->tag);
-      return FALSE;
-    }
+    return FALSE;
 
   if (_cp_message_matches (envelope->message, request->message))
     _cp_copy (request->message->data, envelope->message->data, envelope->message->nbytes,
@@ -611,6 +780,7 @@ _cp_transport_local_new_group (int world_size)
   _cp_cond_init (&group->cond);
   group->comms = g_hash_table_new (g_str_hash, g_str_equal);
   g_queue_init (&group->mailbox);
+  group->left = g_new0 (gboolean, world_size);
 
   for (int r = 0; r < world_size; r++)
     {

@@ -7,6 +7,8 @@
 
 #include <gio/gio.h>
 
+#include "cp-sync-private.h"
+
 #include "cp-tensor.h"
 #include "cp-types.h"
 
@@ -132,7 +134,7 @@ struct _CpTransport
   int rank;
   int world_size;
 
-  GMutex peer_lost_lock;
+  CpMutex peer_lost_lock;
   CpPeerLostFunc peer_lost_func;
   gpointer peer_lost_data;
   GDestroyNotify peer_lost_destroy;

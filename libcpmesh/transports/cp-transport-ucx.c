@@ -9,8 +9,10 @@
 
 #include "cp-dtype-private.h"
 #include "cp-error.h"
+#include "cp-fault-private.h"
 #include "cp-host-memory-private.h"
 #include "cp-ucx-private.h"
+#include "cp-ucx-wire-private.h"
 
 /* Every rank has one UCP worker and one endpoint to every other rank, all
  * with peer failure handling.  Data moves as tagged messages, which with
@@ -39,9 +41,7 @@
 #define COMM_SHIFT 45
 #define COMM_BITS 18
 #define USER_TAG_BITS 33
-#define DESCRIPTOR_MAX 4096
-#define MESSAGE_TEXT_MAX 2048
-#define DESCRIPTOR_TYPE "(uuaxiiubsis)"
+#define DESCRIPTOR_MAX CP_UCX_DESCRIPTOR_MAX
 /* After a failure, how long UCX gets to hand back the requests of the
  * endpoints closed by force. */
 #define ABORT_GRACE_US (2 * G_TIME_SPAN_SECOND)
@@ -66,6 +66,7 @@ typedef struct
   char *key;
   guint32 id;
   guint16 sequence;
+  guint operation;         /* the running collective, as fault injection counts */
 } UcxComm;
 
 /* Buffers of one message: @count chunks of @chunk bytes, @stride apart. */
@@ -77,22 +78,6 @@ typedef struct
   gsize count;
 } Region;
 
-/* What a point-to-point header and acknowledgement carry. */
-typedef struct
-{
-  guint32 dtype;
-  guint32 n_dims;
-  guint64 nbytes;
-  gint64 shape[CP_TENSOR_MAX_DIMS];
-} WireMessage;
-
-typedef struct
-{
-  guint32 accepted;
-  guint32 padding;
-  WireMessage expected;
-} WireAck;
-
 struct _CpRequest
 {
   gboolean is_send;
@@ -100,8 +85,8 @@ struct _CpRequest
   guint64 tag;
   const CpMessage *sent;
   CpMessage *message;
-  WireMessage header;
-  WireAck ack;
+  CpUcxWireMessage header;
+  CpUcxWireAck ack;
   guint8 drain;
   CpUcxOp ops[3];          /* indexed by P2pKind */
 };
@@ -204,6 +189,7 @@ post_recv (UcxTransport *self,
   memset (op, 0, sizeof *op);
   op->peer = peer;
   op->is_recv = TRUE;
+  op->expected = region->chunk * region->count;
   use_region (op, region, &param, &buffer, &count);
   _cp_ucx_op_begin (op, ucp_tag_recv_nbx (self->worker->worker, buffer, count, tag,
                                           G_MAXUINT64, &param));
@@ -212,13 +198,13 @@ post_recv (UcxTransport *self,
 static void
 lock (UcxTransport *self)
 {
-  g_mutex_lock (&self->worker->lock);
+  _cp_mutex_lock (&self->worker->lock);
 }
 
 static void
 unlock (UcxTransport *self)
 {
-  g_mutex_unlock (&self->worker->lock);
+  _cp_mutex_unlock (&self->worker->lock);
 }
 
 static char *
@@ -407,6 +393,51 @@ check_usable (UcxTransport  *self,
   return usable;
 }
 
+/* ---- injected faults (cp-fault-private.h; nothing in other builds) ---- */
+
+/* The fault the armed one makes this rank suffer at @step of the running
+ * collective: it dies or waits here; dropping and truncating are up to
+ * post_send_as(). */
+static CpFaultKind
+suffer_fault (UcxComm     *comm,
+              CpFaultStep  step)
+{
+  guint delay_ms = 0;
+  CpFaultKind fault = _cp_fault_strike ("ucx", comm->transport->parent.rank, comm->operation,
+                                        step, &delay_ms);
+
+  if (fault == CP_FAULT_KILL)
+    _cp_fault_kill_process ();
+  if (fault == CP_FAULT_DELAY)
+    g_usleep ((gulong) delay_ms * G_TIME_SPAN_MILLISECOND);
+  return fault;
+}
+
+/* With the lock held: a send of this rank's, as @fault leaves it.  A
+ * dropped message leaves @op complete without sending anything. */
+static void
+post_send_as (UcxTransport *self,
+              CpUcxOp      *op,
+              int           peer,
+              const Region *region,
+              guint64       tag,
+              CpFaultKind   fault)
+{
+  Region cut = *region;
+
+  if (fault == CP_FAULT_DROP)
+    {
+      memset (op, 0, sizeof *op);
+      op->peer = peer;
+      return;
+    }
+  if (fault == CP_FAULT_TRUNCATE && cut.count > 1)
+    cut.count /= 2;
+  else if (fault == CP_FAULT_TRUNCATE)
+    cut.chunk /= 2;
+  post_send (self, op, peer, &cut, tag);
+}
+
 /* ---- communicators ---- */
 
 /* The same on every member: 18 bits of a SHA-256 of the key, never 0. */
@@ -489,53 +520,6 @@ ucx_comm_free (CpComm *parent)
 
 /* ---- descriptors ---- */
 
-static GBytes *
-pack_descriptor (const CpCollective *coll)
-{
-  g_autofree char *text = NULL;
-  const GError *invalid = coll->invalid;
-  g_autoptr(GVariant) variant = NULL;
-
-  if (invalid != NULL)
-    text = g_utf8_make_valid (invalid->message, MIN (strlen (invalid->message), MESSAGE_TEXT_MAX));
-  variant = g_variant_new ("(uu@axiiubsis)", coll->kind, coll->dtype,
-                           g_variant_new_fixed_array (G_VARIANT_TYPE_INT64, coll->shape, coll->n_dims,
-                                                      sizeof (gint64)),
-                           coll->dim, coll->root, coll->op, invalid != NULL,
-                           invalid ? g_quark_to_string (invalid->domain) : "",
-                           invalid ? invalid->code : 0, text ? text : "");
-  g_variant_ref_sink (variant);
-  return g_variant_get_data_as_bytes (variant);
-}
-
-static gboolean
-unpack_descriptor (const guint8  *data,
-                   gsize          length,
-                   CpCollective  *coll)
-{
-  g_autoptr(GBytes) bytes = g_bytes_new (data, length);
-  g_autoptr(GVariant) variant = g_variant_ref_sink (
-    g_variant_new_from_bytes (G_VARIANT_TYPE (DESCRIPTOR_TYPE), bytes, FALSE));
-  g_autoptr(GVariant) shape = NULL;
-  const char *domain, *message;
-  gboolean has_invalid;
-  gsize n_dims = 0;
-  const gint64 *dims;
-  int code;
-
-  memset (coll, 0, sizeof *coll);
-  g_variant_get (variant, "(uu@axiiub&si&s)", &coll->kind, &coll->dtype, &shape, &coll->dim,
-                 &coll->root, &coll->op, &has_invalid, &domain, &code, &message);
-  dims = g_variant_get_fixed_array (shape, &n_dims, sizeof (gint64));
-  if (n_dims > CP_TENSOR_MAX_DIMS || coll->kind > CP_COLL_BROADCAST)
-    return FALSE;
-  coll->n_dims = (guint) n_dims;
-  memcpy (coll->shape, dims, n_dims * sizeof (gint64));
-  if (has_invalid)
-    g_set_error_literal (&coll->invalid, g_quark_from_string (domain), code, message);
-  return TRUE;
-}
-
 static void
 descriptors_free (CpCollective **descs,
                   int            n,
@@ -563,13 +547,17 @@ unpack_descriptors (UcxComm        *comm,
 {
   for (int r = 0, i = 0; r < comm->parent.size; r++)
     {
+      g_autoptr(GError) malformed = NULL;
+
       if (r == comm->parent.index)
         continue;
       descs[r] = g_new0 (CpCollective, 1);
-      if (!unpack_descriptor (inbox + (gsize) r * DESCRIPTOR_MAX, ops[i].info.length, descs[r]))
+      if (!_cp_ucx_unpack_descriptor (inbox + (gsize) r * DESCRIPTOR_MAX, ops[i].info.length,
+                                      descs[r], &malformed))
         {
           g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
-                       "%s: communicator rank %d sent a malformed descriptor", what, r);
+                       "%s: communicator rank %d sent a malformed descriptor: %s", what, r,
+                       malformed->message);
           return FALSE;
         }
       i += 2;
@@ -588,12 +576,13 @@ exchange_descriptors (UcxComm        *comm,
 {
   UcxTransport *self = comm->transport;
   int n = comm->parent.size, me = comm->parent.index;
-  g_autoptr(GBytes) mine = pack_descriptor (coll);
+  g_autoptr(GBytes) mine = _cp_ucx_pack_descriptor (coll);
   g_autofree guint8 *inbox = g_malloc ((gsize) n * DESCRIPTOR_MAX);
   g_autofree CpUcxOp *ops = g_new0 (CpUcxOp, 2 * (gsize) n);
   CpCollective **descs = g_new0 (CpCollective *, n);
   Region out = contiguous (g_bytes_get_data (mine, NULL), g_bytes_get_size (mine));
   const char *what = _cp_collective_name (coll->kind);
+  CpFaultKind fault = suffer_fault (comm, CP_FAULT_STEP_DESCRIPTOR);
   guint n_ops = 0;
 
   lock (self);
@@ -602,10 +591,12 @@ exchange_descriptors (UcxComm        *comm,
       {
         Region in = contiguous (inbox + (gsize) r * DESCRIPTOR_MAX, DESCRIPTOR_MAX);
 
-        post_recv (self, &ops[n_ops++], world_rank (comm, r), &in,
+        post_recv (self, &ops[n_ops], world_rank (comm, r), &in,
                    collective_tag (comm->id, sequence, PHASE_DESCRIPTOR, r));
-        post_send (self, &ops[n_ops++], world_rank (comm, r), &out,
-                   collective_tag (comm->id, sequence, PHASE_DESCRIPTOR, me));
+        /* Descriptors differ in length; the parser checks them whole. */
+        ops[n_ops++].expected = 0;
+        post_send_as (self, &ops[n_ops++], world_rank (comm, r), &out,
+                      collective_tag (comm->id, sequence, PHASE_DESCRIPTOR, me), fault);
       }
   unlock (self);
   descs[me] = coll;
@@ -649,6 +640,7 @@ exchange_regions (UcxComm       *comm,
   UcxTransport *self = comm->transport;
   int n = comm->parent.size, me = comm->parent.index;
   g_autofree CpUcxOp *ops = g_new0 (CpUcxOp, 2 * (gsize) n);
+  CpFaultKind fault = suffer_fault (comm, CP_FAULT_STEP_DATA);
   guint n_ops = 0;
 
   lock (self);
@@ -664,8 +656,8 @@ exchange_regions (UcxComm       *comm,
         post_recv (self, &ops[n_ops++], world_rank (comm, r), &in,
                    collective_tag (comm->id, sequence, phase, r));
       if (!is_empty (&out))
-        post_send (self, &ops[n_ops++], world_rank (comm, r), &out,
-                   collective_tag (comm->id, sequence, phase, me));
+        post_send_as (self, &ops[n_ops++], world_rank (comm, r), &out,
+                      collective_tag (comm->id, sequence, phase, me), fault);
     }
   unlock (self);
   return wait_ops (self, ops, n_ops, _cp_collective_name (coll->kind), deadline, NULL, error);
@@ -747,6 +739,18 @@ run_pieces (UcxComm       *comm,
                            deadline, error);
 }
 
+/* What all-reduce and broadcast receive into before they write the
+ * caller's tensor.  Allocated before the descriptors go out: a rank that
+ * cannot allocate fails the collective on every rank, through its
+ * descriptor, before any data moves. */
+typedef struct
+{
+  guint8 *inbox;    /* broadcast: the root's data; all-reduce: [n][mine], the copies of this member's slice */
+  gsize inbox_size;
+  guint8 *result;   /* all-reduce: [count], the reduced tensor */
+  gsize result_size;
+} Scratch;
+
 /* Broadcast: the root sends its buffer to every member, which receives it
  * into scratch and copies it over its tensor only once it is complete. */
 static Region
@@ -777,22 +781,17 @@ static gboolean
 run_broadcast (UcxComm       *comm,
                CpCollective  *coll,
                guint          sequence,
+               Scratch       *scratch,
                gint64         deadline,
                GError       **error)
 {
   gsize size = coll->count * cp_dtype_get_size (coll->dtype);
-  gboolean root = comm->parent.index == coll->root;
-  guint8 *scratch = root ? NULL : _cp_host_alloc (MAX (size, 1), FALSE, error);
   gboolean ok;
 
-  if (!root && scratch == NULL)
-    return FALSE;
-  ok = exchange_regions (comm, coll, sequence, PHASE_DATA, broadcast_send, broadcast_recv, scratch,
-                         deadline, error);
-  if (ok && !root)
-    memcpy (coll->recv, scratch, size);
-  if (!root)
-    _cp_host_free (scratch, MAX (size, 1));
+  ok = exchange_regions (comm, coll, sequence, PHASE_DATA, broadcast_send, broadcast_recv,
+                         scratch->inbox, deadline, error);
+  if (ok && comm->parent.index != coll->root)
+    memcpy (coll->recv, scratch->inbox, size);
   return ok;
 }
 
@@ -893,37 +892,63 @@ static gboolean
 run_all_reduce (UcxComm       *comm,
                 CpCollective  *coll,
                 guint          sequence,
+                Scratch       *scratch,
                 gint64         deadline,
                 GError       **error)
 {
   int n = comm->parent.size, me = comm->parent.index;
-  ReducePlan plan = { cp_dtype_get_size (coll->dtype), slice_length (coll, n, me), NULL, NULL };
-  gsize inbox_size = MAX ((gsize) n * plan.mine * plan.elsize, 1);
-  gsize result_size = MAX (coll->count * plan.elsize, 1);
-  gboolean ok = FALSE;
+  ReducePlan plan = { cp_dtype_get_size (coll->dtype), slice_length (coll, n, me), scratch->inbox,
+                      scratch->result };
 
-  plan.inbox = _cp_host_alloc (inbox_size, FALSE, error);
-  plan.result = plan.inbox ? _cp_host_alloc (result_size, FALSE, error) : NULL;
-  if (plan.result != NULL &&
-      exchange_regions (comm, coll, sequence, PHASE_DATA, reduce_send, reduce_recv, &plan, deadline, error))
+  if (!exchange_regions (comm, coll, sequence, PHASE_DATA, reduce_send, reduce_recv, &plan, deadline,
+                         error))
+    return FALSE;
+  reduce_own_slice (coll, n, me, &plan);
+  if (!exchange_regions (comm, coll, sequence, PHASE_GATHER, reduced_send, reduced_recv, &plan,
+                         deadline, error))
+    return FALSE;
+  memcpy (coll->recv, plan.result, coll->count * plan.elsize);
+  return TRUE;
+}
+
+static gboolean
+alloc_scratch (UcxComm       *comm,
+               CpCollective  *coll,
+               Scratch       *scratch)
+{
+  int n = comm->parent.size, me = comm->parent.index;
+  gsize elsize = cp_dtype_get_size (coll->dtype);
+
+  if (coll->invalid != NULL)
+    return FALSE;
+  if (coll->kind == CP_COLL_BROADCAST && me != coll->root)
+    scratch->inbox_size = MAX (coll->count * elsize, 1);
+  else if (coll->kind == CP_COLL_ALL_REDUCE)
     {
-      reduce_own_slice (coll, n, me, &plan);
-      ok = exchange_regions (comm, coll, sequence, PHASE_GATHER, reduced_send, reduced_recv, &plan,
-                             deadline, error);
+      scratch->inbox_size = MAX ((gsize) n * slice_length (coll, n, me) * elsize, 1);
+      scratch->result_size = MAX (coll->count * elsize, 1);
     }
-  if (ok)
-    memcpy (coll->recv, plan.result, coll->count * plan.elsize);
-  if (plan.result != NULL)
-    _cp_host_free (plan.result, result_size);
-  if (plan.inbox != NULL)
-    _cp_host_free (plan.inbox, inbox_size);
-  return ok;
+  if (scratch->inbox_size > 0)
+    scratch->inbox = _cp_host_alloc (scratch->inbox_size, FALSE, &coll->invalid);
+  if (scratch->result_size > 0 && coll->invalid == NULL)
+    scratch->result = _cp_host_alloc (scratch->result_size, FALSE, &coll->invalid);
+  return coll->invalid == NULL;
+}
+
+static void
+free_scratch (Scratch *scratch)
+{
+  if (scratch->inbox != NULL)
+    _cp_host_free (scratch->inbox, scratch->inbox_size);
+  if (scratch->result != NULL)
+    _cp_host_free (scratch->result, scratch->result_size);
 }
 
 static gboolean
 run_data_phase (UcxComm       *comm,
                 CpCollective  *coll,
                 guint          sequence,
+                Scratch       *scratch,
                 gint64         deadline,
                 GError       **error)
 {
@@ -940,9 +965,9 @@ run_data_phase (UcxComm       *comm,
       own = piece_of (coll->send, coll, comm->parent.size, comm->parent.index);
       return run_pieces (comm, coll, sequence, &own, scatter_piece, deadline, error);
     case CP_COLL_ALL_REDUCE:
-      return run_all_reduce (comm, coll, sequence, deadline, error);
+      return run_all_reduce (comm, coll, sequence, scratch, deadline, error);
     case CP_COLL_BROADCAST:
-      return run_broadcast (comm, coll, sequence, deadline, error);
+      return run_broadcast (comm, coll, sequence, scratch, deadline, error);
     default:
       g_assert_not_reached ();
     }
@@ -958,17 +983,22 @@ ucx_collective (CpComm        *parent,
 {
   UcxComm *comm = (UcxComm *) parent;
   guint sequence = comm->sequence++;
+  Scratch scratch = { NULL, 0, NULL, 0 };
   CpCollective **descs;
-  gboolean agreed;
+  gboolean ok;
 
+  comm->operation = _cp_fault_begin_operation ("ucx", parent->transport->rank);
   if (!check_usable (comm->transport, _cp_collective_name (coll->kind), error))
     return FALSE;
+  alloc_scratch (comm, coll, &scratch);
   descs = exchange_descriptors (comm, coll, sequence, deadline, error);
-  if (descs == NULL)
-    return FALSE;
-  agreed = _cp_collective_check_agreement ((const CpCollective * const *) descs, parent->size, error);
-  descriptors_free (descs, parent->size, parent->index);
-  return agreed && run_data_phase (comm, coll, sequence, deadline, error);
+  ok = descs != NULL &&
+       _cp_collective_check_agreement ((const CpCollective * const *) descs, parent->size, error);
+  if (descs != NULL)
+    descriptors_free (descs, parent->size, parent->index);
+  ok = ok && run_data_phase (comm, coll, sequence, &scratch, deadline, error);
+  free_scratch (&scratch);
+  return ok;
 }
 
 /* ---- point-to-point ----
@@ -978,28 +1008,6 @@ ucx_collective (CpComm        *parent,
  * header before it lets the data in, so a mismatch leaves its tensor
  * untouched and fails on both sides with the same message, and a send
  * returns only once the receiver has taken the data. */
-
-static void
-wire_from_message (WireMessage     *wire,
-                   const CpMessage *message)
-{
-  memset (wire, 0, sizeof *wire);
-  wire->dtype = message->dtype;
-  wire->n_dims = message->n_dims;
-  wire->nbytes = message->nbytes;
-  memcpy (wire->shape, message->shape, message->n_dims * sizeof (gint64));
-}
-
-static void
-message_from_wire (CpMessage         *message,
-                   const WireMessage *wire)
-{
-  memset (message, 0, sizeof *message);
-  message->dtype = MIN (wire->dtype, CP_DTYPE_FLOAT64);
-  message->n_dims = MIN (wire->n_dims, CP_TENSOR_MAX_DIMS);
-  message->nbytes = wire->nbytes;
-  memcpy (message->shape, wire->shape, message->n_dims * sizeof (gint64));
-}
 
 static CpRequest *
 ucx_isend (CpComm          *parent,
@@ -1019,7 +1027,7 @@ ucx_isend (CpComm          *parent,
   request->peer = peer;
   request->tag = tag;
   request->sent = message;
-  wire_from_message (&request->header, message);
+  _cp_ucx_wire_from_message (&request->header, message);
   lock (self);
   post_send (self, &request->ops[P2P_HEADER], to, &header, p2p_tag (comm, P2P_HEADER, tag, me));
   post_send (self, &request->ops[P2P_DATA], to, &data, p2p_tag (comm, P2P_DATA, tag, me));
@@ -1064,7 +1072,7 @@ wait_send (UcxComm    *comm,
     return FALSE;
   if (request->ack.accepted)
     return TRUE;
-  message_from_wire (&expected, &request->ack.expected);
+  _cp_ucx_message_from_wire (&expected, &request->ack.expected);
   _cp_message_set_mismatch (error, request->sent, comm->parent.index, request->tag, request->peer,
                             &expected);
   return FALSE;
@@ -1084,10 +1092,10 @@ wait_recv (UcxComm    *comm,
 
   if (!wait_ops (self, &request->ops[P2P_HEADER], 1, "recv", deadline, NULL, error))
     return FALSE;
-  message_from_wire (&sent, &request->header);
+  _cp_ucx_message_from_wire (&sent, &request->header);
   accepted = _cp_message_matches (&sent, request->message);
   request->ack.accepted = accepted;
-  wire_from_message (&request->ack.expected, request->message);
+  _cp_ucx_wire_from_message (&request->ack.expected, request->message);
   data = accepted ? contiguous (request->message->data, request->message->nbytes)
                   : contiguous (&request->drain, 0);
   lock (self);
@@ -1157,12 +1165,12 @@ ucx_poll (CpTransport *transport)
 {
   UcxTransport *self = (UcxTransport *) transport;
 
-  if (!g_mutex_trylock (&self->worker->lock))
+  if (!_cp_mutex_trylock (&self->worker->lock))
     return;
   /* UCX 1.13 looks at the keepalive clock once in 32 rounds of progress. */
   for (guint i = 0; i < 32; i++)
     ucp_worker_progress (self->worker->worker);
-  g_mutex_unlock (&self->worker->lock);
+  _cp_mutex_unlock (&self->worker->lock);
 }
 
 static const CpTransportOps ucx_ops = {

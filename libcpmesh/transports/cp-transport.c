@@ -22,7 +22,7 @@ _cp_transport_init (CpTransport          *transport,
   g_atomic_ref_count_init (&transport->ref_count);
   transport->rank = rank;
   transport->world_size = world_size;
-  g_mutex_init (&transport->peer_lost_lock);
+  _cp_mutex_init (&transport->peer_lost_lock);
 }
 
 static void
@@ -41,12 +41,12 @@ _cp_transport_set_peer_lost_func (CpTransport    *transport,
                                   gpointer        user_data,
                                   GDestroyNotify  destroy)
 {
-  g_mutex_lock (&transport->peer_lost_lock);
+  _cp_mutex_lock (&transport->peer_lost_lock);
   clear_peer_lost_func (transport);
   transport->peer_lost_func = func;
   transport->peer_lost_data = user_data;
   transport->peer_lost_destroy = destroy;
-  g_mutex_unlock (&transport->peer_lost_lock);
+  _cp_mutex_unlock (&transport->peer_lost_lock);
 }
 
 void
@@ -54,10 +54,10 @@ _cp_transport_report_peer_lost (CpTransport *transport,
                                 int          rank,
                                 const char  *reason)
 {
-  g_mutex_lock (&transport->peer_lost_lock);
+  _cp_mutex_lock (&transport->peer_lost_lock);
   if (transport->peer_lost_func != NULL)
     transport->peer_lost_func (rank, reason, transport->peer_lost_data);
-  g_mutex_unlock (&transport->peer_lost_lock);
+  _cp_mutex_unlock (&transport->peer_lost_lock);
 }
 
 CpTransport *
@@ -73,7 +73,7 @@ _cp_transport_unref (CpTransport *transport)
   if (!g_atomic_ref_count_dec (&transport->ref_count))
     return;
   clear_peer_lost_func (transport);
-  g_mutex_clear (&transport->peer_lost_lock);
+  _cp_mutex_clear (&transport->peer_lost_lock);
   transport->ops->transport_free (transport);
 }
 

@@ -6,7 +6,6 @@
 #include "config.h"
 
 #include <string.h>
-#include <sys/random.h>
 
 #include <gio/gio.h>
 
@@ -20,20 +19,15 @@
  * visitor to prove it holds the token and only then tells it the
  * ephemeral port of the UCX listener, where the rendezvous proper runs.
  *
- *   gate → joiner   "CPMESH\0\1" and a 32-byte random challenge
- *   joiner → gate   HMAC-SHA256 (token, "cpmesh gate" ‖ challenge)
- *   gate → joiner   a verdict byte: 0xff, then the UCX port (2 bytes, big
- *                   endian); or a CpMeshError code, then the length (2
- *                   bytes) and text of the reason
+ * The exchange is in cp-ucx-wire-private.h.
  *
  * The gate never reads more than the 32 bytes it expects, gives every
  * visitor a few seconds, and admits a bounded number at once, so garbage
  * costs a closed socket and nothing else. */
 
-#define MAGIC "CPMESH\0\1"
-#define MAGIC_SIZE 8
-#define ACCEPTED_BYTE 0xff
 #define VISIT_US (5 * G_TIME_SPAN_SECOND)
+#define FIRST_KNOCK_PAUSE_US G_TIME_SPAN_MILLISECOND
+#define LAST_KNOCK_PAUSE_US (100 * G_TIME_SPAN_MILLISECOND)
 #define MAX_VISITORS 64
 
 typedef struct
@@ -53,44 +47,6 @@ struct _CpUcxGate
   GPtrArray *visitors;  /* Visitor* */
 };
 
-void
-_cp_ucx_mac (const char   *token,
-             const char   *purpose,
-             const guint8 *data,
-             gsize         length,
-             guint8        mac[CP_UCX_MAC_SIZE])
-{
-  g_autoptr(GHmac) hmac = g_hmac_new (G_CHECKSUM_SHA256, (const guchar *) (token ? token : ""),
-                                      token ? strlen (token) : 0);
-  gsize mac_length = CP_UCX_MAC_SIZE;
-
-  g_hmac_update (hmac, (const guchar *) purpose, (gssize) strlen (purpose) + 1);
-  g_hmac_update (hmac, data, (gssize) length);
-  g_hmac_get_digest (hmac, mac, &mac_length);
-}
-
-gboolean
-_cp_ucx_mac_equal (const guint8 *a,
-                   const guint8 *b)
-{
-  guint8 difference = 0;
-
-  for (gsize i = 0; i < CP_UCX_MAC_SIZE; i++)
-    difference |= a[i] ^ b[i];
-  return difference == 0;
-}
-
-gboolean
-_cp_ucx_fill_nonce (guint8  *nonce,
-                    GError **error)
-{
-  if (getrandom (nonce, CP_UCX_NONCE_SIZE, 0) == CP_UCX_NONCE_SIZE)
-    return TRUE;
-  g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_FAILED,
-               "rendezvous: no random bytes for a challenge: %s", g_strerror (errno));
-  return FALSE;
-}
-
 static void
 visitor_free (Visitor *visitor)
 {
@@ -102,7 +58,6 @@ visitor_free (Visitor *visitor)
 CpUcxGate *
 _cp_ucx_gate_new (GSocketAddress  *address,
                   const char      *token,
-                  guint16          ucx_port,
                   GError         **error)
 {
   g_autoptr(GSocket) listener = g_socket_new (g_socket_address_get_family (address), G_SOCKET_TYPE_STREAM,
@@ -116,9 +71,15 @@ _cp_ucx_gate_new (GSocketAddress  *address,
   self = g_new0 (CpUcxGate, 1);
   self->listener = g_steal_pointer (&listener);
   self->token = g_strdup (token);
-  self->ucx_port = ucx_port;
   self->visitors = g_ptr_array_new_with_free_func ((GDestroyNotify) visitor_free);
   return self;
+}
+
+void
+_cp_ucx_gate_open (CpUcxGate *self,
+                   guint16    ucx_port)
+{
+  self->ucx_port = ucx_port;
 }
 
 void
@@ -137,7 +98,7 @@ admit (CpUcxGate *self,
        GSocket   *socket)
 {
   Visitor *visitor = g_new0 (Visitor, 1);
-  guint8 greeting[MAGIC_SIZE + CP_UCX_NONCE_SIZE];
+  guint8 greeting[CP_UCX_GATE_GREETING_SIZE];
 
   visitor->socket = socket;
   visitor->deadline = g_get_monotonic_time () + VISIT_US;
@@ -147,8 +108,8 @@ admit (CpUcxGate *self,
       visitor_free (visitor);
       return;
     }
-  memcpy (greeting, MAGIC, MAGIC_SIZE);
-  memcpy (greeting + MAGIC_SIZE, visitor->challenge, CP_UCX_NONCE_SIZE);
+  memcpy (greeting, CP_UCX_GATE_MAGIC, CP_UCX_GATE_MAGIC_SIZE);
+  memcpy (greeting + CP_UCX_GATE_MAGIC_SIZE, visitor->challenge, CP_UCX_NONCE_SIZE);
   if (g_socket_send (socket, (const char *) greeting, sizeof greeting, NULL, NULL) != sizeof greeting)
     visitor_free (visitor);
   else
@@ -161,13 +122,13 @@ answer (CpUcxGate *self,
 {
   static const char refusal[] = "it did not prove it holds the mesh token (CPMESH_TOKEN)";
   guint8 expected[CP_UCX_MAC_SIZE];
-  guint8 reply[3 + sizeof refusal];
+  guint8 reply[CP_UCX_GATE_VERDICT_HEAD + sizeof refusal];
   gsize length;
 
   _cp_ucx_mac (self->token, "cpmesh gate", visitor->challenge, CP_UCX_NONCE_SIZE, expected);
   if (_cp_ucx_mac_equal (expected, visitor->answer))
     {
-      reply[0] = ACCEPTED_BYTE;
+      reply[0] = CP_UCX_GATE_ACCEPTED;
       reply[1] = self->ucx_port >> 8;
       reply[2] = self->ucx_port & 0xff;
       length = 3;
@@ -208,6 +169,8 @@ _cp_ucx_gate_serve (CpUcxGate *self)
 {
   GSocket *socket;
 
+  if (self->ucx_port == 0)
+    return;
   while ((socket = g_socket_accept (self->listener, NULL, NULL)) != NULL)
     admit (self, socket);
   for (guint i = self->visitors->len; i-- > 0;)
@@ -241,24 +204,17 @@ read_verdict (GInputStream  *in,
               GCancellable  *cancellable,
               GError       **error)
 {
-  guint8 head[3];
-  g_autofree char *text = NULL;
-  gsize length;
+  guint8 head[CP_UCX_GATE_VERDICT_HEAD];
+  g_autofree guint8 *verdict = NULL;
+  gsize size;
 
   if (!read_exactly (in, head, sizeof head, cancellable, error))
     return FALSE;
-  if (head[0] == ACCEPTED_BYTE)
-    {
-      *ucx_port = (guint16) (head[1] << 8 | head[2]);
-      return TRUE;
-    }
-  length = (gsize) (head[1] << 8 | head[2]);
-  text = g_malloc0 (length + 1);
-  if (!read_exactly (in, (guint8 *) text, length, cancellable, error))
-    return FALSE;
-  g_set_error (error, CP_MESH_ERROR, head[0] <= CP_MESH_ERROR_NO_DEVICE ? head[0] : CP_MESH_ERROR_FAILED,
-               "rank 0 at %s refused this process: %s", where, text);
-  return FALSE;
+  size = _cp_ucx_gate_verdict_size (head);
+  verdict = g_malloc (size);
+  memcpy (verdict, head, sizeof head);
+  return read_exactly (in, verdict + sizeof head, size - sizeof head, cancellable, error) &&
+         _cp_ucx_gate_parse_verdict (verdict, size, where, ucx_port, error);
 }
 
 /* One visit; fails with a GIOError when nothing answered at all. */
@@ -272,18 +228,14 @@ visit (GSocketConnection  *connection,
 {
   GInputStream *in = g_io_stream_get_input_stream (G_IO_STREAM (connection));
   GOutputStream *out = g_io_stream_get_output_stream (G_IO_STREAM (connection));
-  guint8 greeting[MAGIC_SIZE + CP_UCX_NONCE_SIZE];
+  guint8 greeting[CP_UCX_GATE_GREETING_SIZE];
+  guint8 challenge[CP_UCX_NONCE_SIZE];
   guint8 mac[CP_UCX_MAC_SIZE];
 
-  if (!read_exactly (in, greeting, sizeof greeting, cancellable, error))
+  if (!read_exactly (in, greeting, sizeof greeting, cancellable, error) ||
+      !_cp_ucx_gate_parse_greeting (greeting, sizeof greeting, where, challenge, error))
     return FALSE;
-  if (memcmp (greeting, MAGIC, MAGIC_SIZE) != 0)
-    {
-      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
-                   "%s is not the rendezvous of a libcpmesh rank 0", where);
-      return FALSE;
-    }
-  _cp_ucx_mac (token, "cpmesh gate", greeting + MAGIC_SIZE, CP_UCX_NONCE_SIZE, mac);
+  _cp_ucx_mac (token, "cpmesh gate", challenge, CP_UCX_NONCE_SIZE, mac);
   return g_output_stream_write_all (out, mac, sizeof mac, NULL, cancellable, error) &&
          read_verdict (in, where, ucx_port, cancellable, error);
 }
@@ -306,8 +258,11 @@ _cp_ucx_gate_pass (GSocketAddress  *address,
                    GError         **error)
 {
   g_autoptr(GSocketClient) client = g_socket_client_new ();
+  gint64 pause = FIRST_KNOCK_PAUSE_US;
 
-  /* Rank 0 may not listen yet: knock again until it answers. */
+  /* Rank 0 may not listen yet: knock again until it answers, soon at
+   * first (ranks usually start within milliseconds of each other), then
+   * every 100 ms. */
   for (;;)
     {
       g_autoptr(GError) attempt_error = NULL;
@@ -326,6 +281,7 @@ _cp_ucx_gate_pass (GSocketAddress  *address,
                        "rank 0 did not answer at %s: %s", where, attempt_error->message);
           return FALSE;
         }
-      g_usleep (MIN (100 * G_TIME_SPAN_MILLISECOND, MAX (deadline - g_get_monotonic_time (), 0)));
+      g_usleep (MIN (pause, MAX (deadline - g_get_monotonic_time (), 0)));
+      pause = MIN (2 * pause, LAST_KNOCK_PAUSE_US);
     }
 }

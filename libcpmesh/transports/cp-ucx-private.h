@@ -10,7 +10,9 @@
 #include <ucp/api/ucp.h>
 
 #include "cp-mesh-config-private.h"
+#include "cp-sync-private.h"
 #include "cp-transport-private.h"
+#include "cp-ucx-wire-private.h"
 
 G_BEGIN_DECLS
 
@@ -29,7 +31,7 @@ struct _CpUcxWorker
 {
   ucp_context_h context;
   ucp_worker_h worker;
-  GMutex lock;
+  CpMutex lock;
   GPtrArray *endpoints; /* CpUcxEndpoint*, owned: UCX may call back into them until the worker goes */
   GArray *retained;     /* what abandoned sends may still read: freed with the worker */
 };
@@ -54,6 +56,7 @@ typedef struct
   gboolean is_recv;
   gboolean may_truncate;       /* a receive into too small a buffer is fine */
   ucp_tag_recv_info_t info;    /* tag receives: what arrived */
+  gsize expected;              /* receives: the bytes due, or 0 for any length */
   ucp_dt_iov_t *iov;           /* owned; strided buffers */
   int peer;                    /* the world rank it involves */
 } CpUcxOp;
@@ -96,37 +99,26 @@ void           _cp_ucx_close_endpoints     (CpUcxWorker     *self,
 /* Records what a non-blocking call returned.  Call with the lock held. */
 void           _cp_ucx_op_begin            (CpUcxOp         *op,
                                             ucs_status_ptr_t ptr);
-/* TRUE once @op is complete; with the lock held. */
+/* TRUE once @op is complete; with the lock held.  A receive that got
+ * other than its expected bytes completes with UCS_ERR_MESSAGE_TRUNCATED. */
 gboolean       _cp_ucx_op_poll             (CpUcxOp         *op);
 void           _cp_ucx_op_clear            (CpUcxOp         *op);
 
 /* Maps a UCX status to a CpMeshError code. */
 int            _cp_ucx_error_code          (ucs_status_t     status);
 
-#define CP_UCX_NONCE_SIZE 32
-#define CP_UCX_MAC_SIZE 32
-
-/* HMAC-SHA256 keyed with @token (NULL: empty) over @purpose and @data. */
-void           _cp_ucx_mac                 (const char      *token,
-                                            const char      *purpose,
-                                            const guint8    *data,
-                                            gsize            length,
-                                            guint8           mac[CP_UCX_MAC_SIZE]);
-/* Compares in a time independent of where the first difference lies. */
-gboolean       _cp_ucx_mac_equal           (const guint8    *a,
-                                            const guint8    *b);
-gboolean       _cp_ucx_fill_nonce          (guint8          *nonce,
-                                            GError         **error);
-
 /* The gate: a TCP socket on the rendezvous port that tells only token
  * holders where rank 0's UCX listener is (see cp-ucx-gate.c). */
 typedef struct _CpUcxGate CpUcxGate;
 
+/* Binds and listens; visitors wait until _cp_ucx_gate_open() tells the
+ * gate where to send them. */
 CpUcxGate     *_cp_ucx_gate_new            (GSocketAddress  *address,
                                             const char      *token,
-                                            guint16          ucx_port,
                                             GError         **error);
-/* Serves the visitors waiting; never blocks. */
+void           _cp_ucx_gate_open           (CpUcxGate       *self,
+                                            guint16          ucx_port);
+/* Serves the visitors waiting, once open; never blocks. */
 void           _cp_ucx_gate_serve          (CpUcxGate       *self);
 void           _cp_ucx_gate_free           (CpUcxGate       *self);
 /* Knocks until rank 0 answers or @deadline; returns its UCX port. */

@@ -11,6 +11,7 @@
 #include <gio/gio.h>
 
 #include "cp-error.h"
+#include "cp-fault-private.h"
 #include "cp-ucx-private.h"
 
 /* Rank 0 listens with UCP's listener, on an ephemeral port that the gate
@@ -24,21 +25,16 @@
  * token too — and keeps listening.  Once every rank joined, it sends each
  * the table of all worker addresses.
  *
- * Messages are UCP active messages carrying a serialized GVariant; a
- * message of the wrong type or size is treated like any other bad
- * answer, so garbage never reaches past the parser. */
+ * Messages are UCP active messages carrying a serialized GVariant, packed
+ * and parsed in cp-ucx-wire.c; a message of the wrong type or size is
+ * refused like any other bad answer, so garbage never reaches past the
+ * parser. */
 
-#define PROTOCOL_VERSION 1
 /* UCP keeps a table of handlers indexed by id: keep it small. */
 #define AM_ID 7
 #define NONCE_SIZE CP_UCX_NONCE_SIZE
 #define MAC_SIZE CP_UCX_MAC_SIZE
 #define MAX_MESSAGE_BYTES (64 << 20)
-
-#define CHALLENGE_TYPE "(uay)"
-#define HELLO_TYPE "(usiiasaiayayay)"
-#define VERDICT_TYPE "(isay)"
-#define TABLE_TYPE "aay"
 
 typedef enum
 {
@@ -48,8 +44,6 @@ typedef enum
   MSG_TABLE,
 } MessageKind;
 
-/* A verdict code meaning "accepted"; rejections carry a CpMeshError. */
-#define ACCEPTED (-1)
 
 typedef struct
 {
@@ -66,7 +60,7 @@ typedef struct
   GBytes *payload;
 } PendingSend;
 
-typedef enum { CHALLENGED, ACCEPTED_JOINER, REJECTED } JoinerState;
+typedef enum { CHALLENGED, JOINED, REJECTED } JoinerState;
 
 typedef struct
 {
@@ -165,16 +159,14 @@ set_message_handler (CpUcxRendezvous  *self,
   return FALSE;
 }
 
-/* With the lock held.  A floating @body is sunk and freed; the caller
- * keeps its own reference to any other. */
+/* With the lock held.  Takes @payload. */
 static gboolean
 send_message (CpUcxRendezvous  *self,
               CpUcxEndpoint    *to,
               MessageKind       kind,
-              GVariant         *body,
+              GBytes           *payload,
               GError          **error)
 {
-  g_autoptr(GVariant) owned = g_variant_ref_sink (body);
   ucp_request_param_t param = {
     .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
     .flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY,
@@ -185,13 +177,12 @@ send_message (CpUcxRendezvous  *self,
   ucs_status_ptr_t request;
 
   pending->header = kind;
-  pending->payload = g_variant_get_data_as_bytes (owned);
+  pending->payload = payload;
   data = g_bytes_get_data (pending->payload, &size);
   request = ucp_am_send_nbx (to->ep, AM_ID, &pending->header, sizeof pending->header, data, size, &param);
   if (UCS_PTR_IS_ERR (request))
     {
-      g_bytes_unref (pending->payload);
-      g_free (pending);
+      pending_send_free (pending);
       g_set_error (error, CP_MESH_ERROR, _cp_ucx_error_code (UCS_PTR_STATUS (request)),
                    "rendezvous with %s: sending failed: %s", self->where,
                    ucs_status_string (UCS_PTR_STATUS (request)));
@@ -224,49 +215,6 @@ reap_sends (CpUcxRendezvous *self,
       else
         _cp_ucx_worker_retain (self->worker, pending, (GDestroyNotify) pending_send_free);
     }
-}
-
-static GVariant *
-parse_message (Message            *message,
-               const char         *type)
-{
-  return g_variant_ref_sink (g_variant_new_from_bytes (G_VARIANT_TYPE (type), message->payload, FALSE));
-}
-
-static GVariant *
-bytes_variant (const guint8 *data,
-               gsize         length)
-{
-  return g_variant_new_fixed_array (G_VARIANT_TYPE_BYTE, data, length, 1);
-}
-
-/* An HMAC over both nonces and the joiner's rank and world size. */
-static void
-compute_mac (const char   *token,
-             const char   *purpose,
-             const guint8 *first_nonce,
-             const guint8 *second_nonce,
-             int           rank,
-             int           world_size,
-             guint8        mac[MAC_SIZE])
-{
-  guint8 data[2 * NONCE_SIZE + 8];
-  guint32 numbers[2] = { GUINT32_TO_BE ((guint32) rank), GUINT32_TO_BE ((guint32) world_size) };
-
-  memcpy (data, first_nonce, NONCE_SIZE);
-  memcpy (data + NONCE_SIZE, second_nonce, NONCE_SIZE);
-  memcpy (data + 2 * NONCE_SIZE, numbers, sizeof numbers);
-  _cp_ucx_mac (token, purpose, data, sizeof data, mac);
-}
-
-static gboolean
-mac_matches (const guint8 *expected,
-             GVariant     *received)
-{
-  gsize length = 0;
-  const guint8 *bytes = g_variant_get_fixed_array (received, &length, 1);
-
-  return length == MAC_SIZE && _cp_ucx_mac_equal (expected, bytes);
 }
 
 static GSocketAddress *
@@ -349,7 +297,10 @@ listener_port (ucp_listener_h listener)
   return G_IS_INET_SOCKET_ADDRESS (address) ? g_inet_socket_address_get_port (G_INET_SOCKET_ADDRESS (address)) : 0;
 }
 
-/* The UCX listener takes any free port; the gate, the one users gave. */
+/* The UCX listener takes any free port; the gate, the one users gave.
+ * The gate binds first: a port picked free for MASTER_PORT (as launchers
+ * do) is free again until then, and the listener's ephemeral port could
+ * otherwise be that very port. */
 static gboolean
 start_listening (CpUcxRendezvous  *self,
                  GError          **error)
@@ -366,15 +317,20 @@ start_listening (CpUcxRendezvous  *self,
 
   if (address == NULL)
     return FALSE;
-  g_mutex_lock (&self->worker->lock);
-  params.sockaddr.addr = (const struct sockaddr *) &native;
-  if (to_native (ephemeral, &native, &params.sockaddr.addrlen))
-    status = ucp_listener_create (self->worker->worker, &params, &self->listener);
-  g_mutex_unlock (&self->worker->lock);
-  if (status == UCS_OK)
-    self->gate = _cp_ucx_gate_new (address, self->config->token, listener_port (self->listener), &gate_error);
+  self->gate = _cp_ucx_gate_new (address, self->config->token, &gate_error);
   if (self->gate != NULL)
-    return TRUE;
+    {
+      _cp_mutex_lock (&self->worker->lock);
+      params.sockaddr.addr = (const struct sockaddr *) &native;
+      if (to_native (ephemeral, &native, &params.sockaddr.addrlen))
+        status = ucp_listener_create (self->worker->worker, &params, &self->listener);
+      _cp_mutex_unlock (&self->worker->lock);
+    }
+  if (status == UCS_OK)
+    {
+      _cp_ucx_gate_open (self->gate, listener_port (self->listener));
+      return TRUE;
+    }
   g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
                "rank 0 cannot listen on %s (MASTER_ADDR, MASTER_PORT): %s", self->where,
                gate_error ? gate_error->message : ucs_status_string (status));
@@ -411,8 +367,7 @@ accept_connections (CpUcxRendezvous *self)
       joiner->peer = describe_client (request);
       joiner->endpoint = _cp_ucx_accept (self->worker, request, &error);
       if (joiner->endpoint == NULL || !_cp_ucx_fill_nonce (joiner->nonce, &error) ||
-          !send_message (self, joiner->endpoint, MSG_CHALLENGE,
-                         g_variant_new ("(u@ay)", PROTOCOL_VERSION, bytes_variant (joiner->nonce, NONCE_SIZE)),
+          !send_message (self, joiner->endpoint, MSG_CHALLENGE, _cp_ucx_pack_challenge (joiner->nonce),
                          &error))
         {
           /* A request UCX could not turn into an endpoint is already
@@ -438,129 +393,42 @@ find_joiner (CpUcxRendezvous *self,
   return NULL;
 }
 
-static char *
-describe_dims (const char * const *names,
-               const gint32       *sizes,
-               gsize               n)
+/* With the lock held: the verdict that lets @joiner in. */
+static GBytes *
+accept_hello (CpUcxRendezvous  *self,
+              Joiner           *joiner,
+              CpUcxHello       *hello)
 {
-  GString *text = g_string_new (NULL);
+  guint8 mac[MAC_SIZE];
 
-  for (gsize i = 0; i < n && names[i] != NULL; i++)
-    g_string_append_printf (text, "%s%s=%d", i ? "," : "", names[i], sizes[i]);
-  return g_string_free (text, FALSE);
+  _cp_ucx_hello_mac (self->config->token, "cpmesh accept", hello->nonce, joiner->nonce,
+                     hello->rank, self->config->world_size, mac);
+  self->addresses[hello->rank] = g_bytes_ref (hello->address);
+  joiner->state = JOINED;
+  self->n_joined++;
+  return _cp_ucx_pack_verdict (CP_UCX_ACCEPTED, "", mac);
 }
 
-static gboolean
-same_dims (const CpMeshConfig  *config,
-           GVariant            *names,
-           GVariant            *sizes,
-           char               **theirs)
-{
-  g_autofree const char **their_names = g_variant_get_strv (names, NULL);
-  gsize n = 0;
-  const gint32 *their_sizes = g_variant_get_fixed_array (sizes, &n, sizeof (gint32));
-  gboolean same = n == config->n_dims && g_strv_length ((char **) their_names) == n;
-
-  for (gsize i = 0; same && i < n; i++)
-    same = g_str_equal (their_names[i], config->dim_names[i]) && their_sizes[i] == config->dim_sizes[i];
-  *theirs = describe_dims (their_names, their_sizes, MIN (n, g_strv_length ((char **) their_names)));
-  return same;
-}
-
-/* The version and the proof of the token; ACCEPTED or why not. */
-static int
-check_proof (CpUcxRendezvous  *self,
-             Joiner           *joiner,
-             GVariant         *hello,
-             int               rank,
-             char            **why)
-{
-  g_autoptr(GVariant) nonce = g_variant_get_child_value (hello, 6);
-  g_autoptr(GVariant) mac = g_variant_get_child_value (hello, 7);
-  gsize length = 0;
-  const guint8 *their_nonce = g_variant_get_fixed_array (nonce, &length, 1);
-  const char *version = NULL;
-  guint32 protocol = 0;
-  guint8 expected[MAC_SIZE];
-  int world = 0;
-
-  g_variant_get_child (hello, 0, "u", &protocol);
-  g_variant_get_child (hello, 1, "&s", &version);
-  g_variant_get_child (hello, 3, "i", &world);
-  if (protocol != PROTOCOL_VERSION)
-    {
-      *why = g_strdup_printf ("it speaks rendezvous protocol %u (libcpmesh %s); rank 0 speaks %u "
-                              "(libcpmesh %s)", protocol, version, PROTOCOL_VERSION, PACKAGE_VERSION);
-      return CP_MESH_ERROR_UNSUPPORTED;
-    }
-  if (length == NONCE_SIZE)
-    compute_mac (self->config->token, "cpmesh join", joiner->nonce, their_nonce, rank, world, expected);
-  if (length == NONCE_SIZE && mac_matches (expected, mac))
-    return ACCEPTED;
-  *why = g_strdup ("it did not prove it holds the mesh token (CPMESH_TOKEN)");
-  return CP_MESH_ERROR_AUTH;
-}
-
-/* Where the joiner fits in the mesh; ACCEPTED or why it does not. */
-static int
-check_place (CpUcxRendezvous  *self,
-             GVariant         *hello,
-             int               rank,
-             char            **why)
-{
-  const CpMeshConfig *config = self->config;
-  g_autoptr(GVariant) names = g_variant_get_child_value (hello, 4);
-  g_autoptr(GVariant) sizes = g_variant_get_child_value (hello, 5);
-  g_autofree char *theirs = NULL;
-  g_autofree char *ours = NULL;
-  int world = 0;
-
-  g_variant_get_child (hello, 3, "i", &world);
-  if (world != config->world_size)
-    *why = g_strdup_printf ("it was started with world size %d, rank 0 with %d", world, config->world_size);
-  else if (rank < 1 || rank >= world)
-    *why = g_strdup_printf ("rank %d is outside [1, %d); rank 0 is the listener", rank, world);
-  else if (self->addresses[rank] != NULL)
-    *why = g_strdup_printf ("rank %d has already joined", rank);
-  else if (!same_dims (config, names, sizes, &theirs))
-    {
-      ours = describe_dims ((const char * const *) config->dim_names, config->dim_sizes, config->n_dims);
-      *why = g_strdup_printf ("its mesh dimensions are %s, rank 0's are %s", theirs, ours);
-    }
-  return *why == NULL ? ACCEPTED : CP_MESH_ERROR_INVALID_TOPOLOGY;
-}
-
-/* Checks a HELLO and says why it is refused, or returns ACCEPTED. */
+/* With the lock held: rank 0's decision on a HELLO, or why not. */
 static int
 judge (CpUcxRendezvous  *self,
        Joiner           *joiner,
-       GVariant         *hello,
-       int               rank,
+       Message          *message,
+       CpUcxHello      **hello,
        char            **why)
 {
-  int code = check_proof (self, joiner, hello, rank, why);
+  g_autoptr(GError) malformed = NULL;
+  g_autofree gboolean *joined = g_new0 (gboolean, self->config->world_size);
 
-  return code != ACCEPTED ? code : check_place (self, hello, rank, why);
-}
-
-static GVariant *
-accept_verdict (CpUcxRendezvous *self,
-                Joiner          *joiner,
-                GVariant        *hello,
-                int              rank)
-{
-  g_autoptr(GVariant) nonce = g_variant_get_child_value (hello, 6);
-  g_autoptr(GVariant) address = g_variant_get_child_value (hello, 8);
-  gsize length = 0;
-  const guint8 *their_nonce = g_variant_get_fixed_array (nonce, &length, 1);
-  guint8 mac[MAC_SIZE];
-
-  compute_mac (self->config->token, "cpmesh accept", their_nonce, joiner->nonce, rank,
-               self->config->world_size, mac);
-  self->addresses[rank] = g_variant_get_data_as_bytes (address);
-  joiner->state = ACCEPTED_JOINER;
-  self->n_joined++;
-  return g_variant_new ("(is@ay)", ACCEPTED, "", bytes_variant (mac, MAC_SIZE));
+  *hello = _cp_ucx_parse_hello (message->payload, &malformed);
+  if (*hello == NULL)
+    {
+      *why = g_strdup (malformed->message);
+      return malformed->code;
+    }
+  for (int r = 0; r < self->config->world_size; r++)
+    joined[r] = self->addresses[r] != NULL;
+  return _cp_ucx_judge_hello (*hello, self->config, joiner->nonce, joined, why);
 }
 
 /* With the lock held: answers one HELLO. */
@@ -569,25 +437,23 @@ answer_hello (CpUcxRendezvous *self,
               Joiner          *joiner,
               Message         *message)
 {
-  g_autoptr(GVariant) hello = parse_message (message, HELLO_TYPE);
+  g_autoptr(CpUcxHello) hello = NULL;
   g_autoptr(GError) error = NULL;
   g_autofree char *why = NULL;
-  GVariant *verdict;
-  int rank = -1;
-  int code;
+  GBytes *verdict;
+  int code = judge (self, joiner, message, &hello, &why);
 
-  g_variant_get_child (hello, 2, "i", &rank);
-  code = judge (self, joiner, hello, rank, &why);
-  if (code == ACCEPTED)
-    verdict = accept_verdict (self, joiner, hello, rank);
+  if (code == CP_UCX_ACCEPTED)
+    verdict = accept_hello (self, joiner, hello);
   else
     {
-      g_autofree char *text = g_strdup_printf ("rank 0 rejected the process claiming rank %d from %s: %s",
-                                               rank, joiner->peer, why);
+      g_autofree char *text = NULL;
 
+      text = g_strdup_printf ("rank 0 rejected the process claiming rank %d from %s: %s",
+                              hello != NULL ? hello->rank : -1, joiner->peer, why);
       g_debug ("rendezvous: %s", text);
       joiner->state = REJECTED;
-      verdict = g_variant_new ("(is@ay)", code, text, bytes_variant (NULL, 0));
+      verdict = _cp_ucx_pack_verdict (code, text, NULL);
     }
   if (!send_message (self, joiner->endpoint, MSG_VERDICT, verdict, &error))
     g_debug ("rendezvous: %s", error->message);
@@ -637,11 +503,11 @@ wait_for_ranks (CpUcxRendezvous  *self,
       if (_cp_ucx_worker_progress (self->worker) > 0)
         idle = 0;
       _cp_ucx_gate_serve (self->gate);
-      g_mutex_lock (&self->worker->lock);
+      _cp_mutex_lock (&self->worker->lock);
       accept_connections (self);
       handle_inbox (self);
       reap_sends (self, FALSE);
-      g_mutex_unlock (&self->worker->lock);
+      _cp_mutex_unlock (&self->worker->lock);
       if (self->n_joined == self->config->world_size - 1)
         break;
       missing = describe_missing (self);
@@ -656,24 +522,18 @@ static gboolean
 send_tables (CpUcxRendezvous  *self,
              GError          **error)
 {
-  GVariantBuilder builder;
-  g_autoptr(GVariant) table = NULL;
+  g_autoptr(GBytes) table = _cp_ucx_pack_table (self->addresses, self->config->world_size);
   gboolean ok = TRUE;
 
-  g_variant_builder_init (&builder, G_VARIANT_TYPE (TABLE_TYPE));
-  for (int r = 0; r < self->config->world_size; r++)
-    g_variant_builder_add_value (&builder, g_variant_new_from_bytes (G_VARIANT_TYPE_BYTESTRING,
-                                                                     self->addresses[r], TRUE));
-  table = g_variant_ref_sink (g_variant_builder_end (&builder));
-  g_mutex_lock (&self->worker->lock);
+  _cp_mutex_lock (&self->worker->lock);
   for (guint i = 0; ok && i < self->joiners->len; i++)
     {
       Joiner *joiner = g_ptr_array_index (self->joiners, i);
 
-      if (joiner->state == ACCEPTED_JOINER)
-        ok = send_message (self, joiner->endpoint, MSG_TABLE, table, error);
+      if (joiner->state == JOINED)
+        ok = send_message (self, joiner->endpoint, MSG_TABLE, g_bytes_ref (table), error);
     }
-  g_mutex_unlock (&self->worker->lock);
+  _cp_mutex_unlock (&self->worker->lock);
   return ok;
 }
 
@@ -707,12 +567,12 @@ wait_for (CpUcxRendezvous  *self,
 
       if (_cp_ucx_worker_progress (self->worker) > 0)
         idle = 0;
-      g_mutex_lock (&self->worker->lock);
+      _cp_mutex_lock (&self->worker->lock);
       while ((message = g_queue_pop_head (&self->inbox)) != NULL && message->kind != kind)
         message_free (message);
       reap_sends (self, FALSE);
       failure = self->server->failure;
-      g_mutex_unlock (&self->worker->lock);
+      _cp_mutex_unlock (&self->worker->lock);
       if (message != NULL)
         return message;
       if (failure != UCS_OK)
@@ -747,10 +607,43 @@ connect_to_server (CpUcxRendezvous  *self,
   listener = with_port (address, port);
   if (!to_native (listener, &native, &length))
     return FALSE;
-  g_mutex_lock (&self->worker->lock);
+  _cp_mutex_lock (&self->worker->lock);
   self->server = _cp_ucx_connect_sockaddr (self->worker, (struct sockaddr *) &native, length, error);
-  g_mutex_unlock (&self->worker->lock);
+  _cp_mutex_unlock (&self->worker->lock);
   return self->server != NULL;
+}
+
+/* With the lock held: sends @hello as an injected fault (cp-fault-private.h)
+ * leaves it, in the test variant of the library. */
+static gboolean
+send_hello_as (CpUcxRendezvous   *self,
+               const CpUcxHello  *hello,
+               GError           **error)
+{
+  g_autoptr(GBytes) payload = _cp_ucx_pack_hello (hello);
+  guint delay_ms = 0;
+
+  switch (_cp_fault_strike ("ucx", hello->rank, 0, CP_FAULT_STEP_HELLO, &delay_ms))
+    {
+    case CP_FAULT_DROP:
+      return TRUE;
+    case CP_FAULT_TRUNCATE:
+      {
+        g_autoptr(GBytes) whole = g_steal_pointer (&payload);
+
+        payload = g_bytes_new_from_bytes (whole, 0, g_bytes_get_size (whole) / 2);
+      }
+      break;
+    case CP_FAULT_KILL:
+      _cp_fault_kill_process ();
+      break;
+    case CP_FAULT_DELAY:
+      g_usleep ((gulong) delay_ms * G_TIME_SPAN_MILLISECOND);
+      break;
+    default:
+      break;
+    }
+  return send_message (self, self->server, MSG_HELLO, g_steal_pointer (&payload), error);
 }
 
 static gboolean
@@ -760,35 +653,34 @@ send_hello (CpUcxRendezvous  *self,
             GError          **error)
 {
   const CpMeshConfig *config = self->config;
-  g_autoptr(GVariant) body = parse_message (challenge, CHALLENGE_TYPE);
-  g_autoptr(GVariant) server_nonce = g_variant_get_child_value (body, 1);
-  gsize length = 0;
-  const guint8 *nonce = g_variant_get_fixed_array (server_nonce, &length, 1);
-  guint8 mac[MAC_SIZE];
+  g_autoptr(GError) malformed = NULL;
+  CpUcxHello hello = {
+    .protocol = CP_UCX_PROTOCOL_VERSION,
+    .version = (char *) PACKAGE_VERSION,
+    .rank = config->rank,
+    .world_size = config->world_size,
+    .dim_names = config->dim_names,
+    .dim_sizes = (gint32 *) config->dim_sizes,
+    .n_dims = config->n_dims,
+    .address = my_address,
+  };
   gboolean ok;
 
-  if (length != NONCE_SIZE)
+  if (!_cp_ucx_parse_challenge (challenge->payload, self->server_nonce, &malformed))
     {
-      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_AUTH,
-                   "rank %d: %s sent a malformed challenge; it is not a libcpmesh rank 0",
-                   config->rank, self->where);
+      g_set_error (error, CP_MESH_ERROR, malformed->code == CP_MESH_ERROR_UNSUPPORTED ? malformed->code : CP_MESH_ERROR_AUTH,
+                   "rank %d: %s sent no valid challenge (%s); it is not a libcpmesh rank 0 of "
+                   "this version", config->rank, self->where, malformed->message);
       return FALSE;
     }
-  memcpy (self->server_nonce, nonce, NONCE_SIZE);
   if (!_cp_ucx_fill_nonce (self->nonce, error))
     return FALSE;
-  compute_mac (config->token, "cpmesh join", self->server_nonce, self->nonce, config->rank,
-               config->world_size, mac);
-  g_mutex_lock (&self->worker->lock);
-  ok = send_message (self, self->server, MSG_HELLO,
-                     g_variant_new ("(usii^as@ai@ay@ay@ay)", PROTOCOL_VERSION, PACKAGE_VERSION,
-                                    config->rank, config->world_size, config->dim_names,
-                                    g_variant_new_fixed_array (G_VARIANT_TYPE_INT32, config->dim_sizes,
-                                                               config->n_dims, sizeof (gint32)),
-                                    bytes_variant (self->nonce, NONCE_SIZE), bytes_variant (mac, MAC_SIZE),
-                                    g_variant_new_from_bytes (G_VARIANT_TYPE_BYTESTRING, my_address, TRUE)),
-                     error);
-  g_mutex_unlock (&self->worker->lock);
+  memcpy (hello.nonce, self->nonce, NONCE_SIZE);
+  _cp_ucx_hello_mac (config->token, "cpmesh join", self->server_nonce, self->nonce, config->rank,
+                     config->world_size, hello.mac);
+  _cp_mutex_lock (&self->worker->lock);
+  ok = send_hello_as (self, &hello, error);
+  _cp_mutex_unlock (&self->worker->lock);
   return ok;
 }
 
@@ -798,23 +690,26 @@ read_verdict (CpUcxRendezvous  *self,
               GError          **error)
 {
   const CpMeshConfig *config = self->config;
-  g_autoptr(GVariant) verdict = parse_message (message, VERDICT_TYPE);
-  g_autoptr(GVariant) mac = g_variant_get_child_value (verdict, 2);
-  const char *why = NULL;
+  g_autoptr(GError) malformed = NULL;
+  g_autofree char *why = NULL;
+  guint8 mac[MAC_SIZE];
   guint8 expected[MAC_SIZE];
   int code = 0;
 
-  g_variant_get (verdict, "(i&s@ay)", &code, &why, NULL);
-  if (code != ACCEPTED)
+  if (!_cp_ucx_parse_verdict (message->payload, &code, &why, mac, &malformed))
     {
-      if (code < CP_MESH_ERROR_FAILED || code > CP_MESH_ERROR_NO_DEVICE)
-        code = CP_MESH_ERROR_FAILED;
-      g_set_error (error, CP_MESH_ERROR, code, "%s", why);
+      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT, "rank %d: rank 0 at %s sent %s",
+                   config->rank, self->where, malformed->message);
       return FALSE;
     }
-  compute_mac (config->token, "cpmesh accept", self->nonce, self->server_nonce, config->rank,
-               config->world_size, expected);
-  if (mac_matches (expected, mac))
+  if (code != CP_UCX_ACCEPTED)
+    {
+      g_set_error_literal (error, CP_MESH_ERROR, code, why);
+      return FALSE;
+    }
+  _cp_ucx_hello_mac (config->token, "cpmesh accept", self->nonce, self->server_nonce, config->rank,
+                     config->world_size, expected);
+  if (_cp_ucx_mac_equal (expected, mac))
     return TRUE;
   g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_AUTH,
                "rank %d: the process listening at %s did not prove it holds the mesh token "
@@ -827,22 +722,18 @@ read_table (CpUcxRendezvous  *self,
             Message          *message,
             GError          **error)
 {
-  g_autoptr(GVariant) table = parse_message (message, TABLE_TYPE);
-  int world = self->config->world_size;
+  g_autoptr(GError) malformed = NULL;
+  g_autoptr(GPtrArray) addresses = _cp_ucx_parse_table (message->payload, self->config->world_size,
+                                                        &malformed);
 
-  if (g_variant_n_children (table) != (gsize) world)
+  if (addresses == NULL)
     {
-      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
-                   "rank %d: rank 0 sent %" G_GSIZE_FORMAT " worker addresses for %d ranks",
-                   self->config->rank, g_variant_n_children (table), world);
+      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT, "rank %d: %s", self->config->rank,
+                   malformed->message);
       return FALSE;
     }
-  for (int r = 0; r < world; r++)
-    {
-      g_autoptr(GVariant) address = g_variant_get_child_value (table, (gsize) r);
-
-      self->addresses[r] = g_variant_get_data_as_bytes (address);
-    }
+  for (int r = 0; r < self->config->world_size; r++)
+    self->addresses[r] = g_bytes_ref (g_ptr_array_index (addresses, r));
   return TRUE;
 }
 
@@ -890,9 +781,9 @@ _cp_ucx_rendezvous_run (CpUcxWorker         *worker,
   self->pending = g_ptr_array_new ();
   self->world_size = config->world_size;
   self->addresses = g_new0 (GBytes *, config->world_size);
-  g_mutex_lock (&worker->lock);
+  _cp_mutex_lock (&worker->lock);
   ok = set_message_handler (self, TRUE, error);
-  g_mutex_unlock (&worker->lock);
+  _cp_mutex_unlock (&worker->lock);
   if (ok && config->rank == 0)
     {
       self->addresses[0] = g_bytes_ref (my_address);
@@ -948,14 +839,14 @@ _cp_ucx_rendezvous_free (CpUcxRendezvous *self,
   CpUcxWorker *worker = self->worker;
 
   g_clear_pointer (&self->gate, _cp_ucx_gate_free);
-  g_mutex_lock (&worker->lock);
+  _cp_mutex_lock (&worker->lock);
   stop_listening (self);
-  g_mutex_unlock (&worker->lock);
+  _cp_mutex_unlock (&worker->lock);
   close_all (self, deadline);
-  g_mutex_lock (&worker->lock);
+  _cp_mutex_lock (&worker->lock);
   set_message_handler (self, FALSE, NULL);
   reap_sends (self, TRUE);
-  g_mutex_unlock (&worker->lock);
+  _cp_mutex_unlock (&worker->lock);
   g_queue_clear_full (&self->inbox, (GDestroyNotify) message_free);
   g_clear_pointer (&self->joiners, g_ptr_array_unref);
   for (int r = 0; r < self->world_size; r++)

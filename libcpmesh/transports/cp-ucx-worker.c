@@ -102,7 +102,7 @@ _cp_ucx_worker_new (guint    keepalive_ms,
   };
   CpUcxWorker *self = g_new0 (CpUcxWorker, 1);
 
-  g_mutex_init (&self->lock);
+  _cp_mutex_init (&self->lock);
   self->endpoints = g_ptr_array_new_with_free_func (g_free);
   self->retained = g_array_new (FALSE, FALSE, sizeof (Retained));
   if (!create_context (self, keepalive_ms, error) ||
@@ -130,7 +130,7 @@ _cp_ucx_worker_free (CpUcxWorker *self)
       retained->destroy (retained->data);
     }
   g_clear_pointer (&self->retained, g_array_unref);
-  g_mutex_clear (&self->lock);
+  _cp_mutex_clear (&self->lock);
   g_free (self);
 }
 
@@ -155,9 +155,9 @@ _cp_ucx_worker_progress (CpUcxWorker *self)
 {
   unsigned events;
 
-  g_mutex_lock (&self->lock);
+  _cp_mutex_lock (&self->lock);
   events = ucp_worker_progress (self->worker);
-  g_mutex_unlock (&self->lock);
+  _cp_mutex_unlock (&self->lock);
   return events;
 }
 
@@ -280,20 +280,20 @@ finish_requests (CpUcxWorker  *self,
 
   while (!done)
     {
-      g_mutex_lock (&self->lock);
+      _cp_mutex_lock (&self->lock);
       ucp_worker_progress (self->worker);
       done = TRUE;
       for (guint i = 0; i < n; i++)
         done &= requests[i] == NULL || ucp_request_check_status (requests[i]) != UCS_INPROGRESS;
-      g_mutex_unlock (&self->lock);
+      _cp_mutex_unlock (&self->lock);
       if (done || g_get_monotonic_time () >= deadline)
         break;
       _cp_ucx_idle (&idle);
     }
-  g_mutex_lock (&self->lock);
+  _cp_mutex_lock (&self->lock);
   for (guint i = 0; i < n; i++)
     g_clear_pointer (&requests[i], ucp_request_free);
-  g_mutex_unlock (&self->lock);
+  _cp_mutex_unlock (&self->lock);
 }
 
 /* Waits, until @deadline at most, for what was sent to reach the peers. */
@@ -304,9 +304,9 @@ flush_worker (CpUcxWorker *self,
   ucp_request_param_t param = { 0 };
   ucs_status_ptr_t request;
 
-  g_mutex_lock (&self->lock);
+  _cp_mutex_lock (&self->lock);
   request = ucp_worker_flush_nbx (self->worker, &param);
-  g_mutex_unlock (&self->lock);
+  _cp_mutex_unlock (&self->lock);
   if (UCS_PTR_IS_PTR (request))
     finish_requests (self, &request, 1, deadline);
 }
@@ -322,11 +322,11 @@ _cp_ucx_close_endpoints (CpUcxWorker    *self,
 
   if (graceful)
     flush_worker (self, deadline);
-  g_mutex_lock (&self->lock);
+  _cp_mutex_lock (&self->lock);
   for (guint i = 0; i < n; i++)
     if (endpoints[i] != NULL && endpoints[i]->ep != NULL)
       requests[i] = start_close (endpoints[i]);
-  g_mutex_unlock (&self->lock);
+  _cp_mutex_unlock (&self->lock);
   finish_requests (self, requests, n, g_get_monotonic_time () + G_TIME_SPAN_SECOND);
 }
 
@@ -359,6 +359,10 @@ _cp_ucx_op_poll (CpUcxOp *op)
     status = ucp_request_check_status (op->request);
   if (status == UCS_INPROGRESS)
     return FALSE;
+  /* Tagged receives take any message that fits; one that is shorter than
+   * the sender's buffer was cut on the way. */
+  if (status == UCS_OK && op->is_recv && op->expected > 0 && op->info.length != op->expected)
+    status = UCS_ERR_MESSAGE_TRUNCATED;
   op->status = status;
   g_clear_pointer (&op->request, ucp_request_free);
   return TRUE;
@@ -383,6 +387,9 @@ _cp_ucx_error_code (ucs_status_t status)
     case UCS_ERR_UNREACHABLE:
     case UCS_ERR_REJECTED:
     case UCS_ERR_NOT_CONNECTED:
+    /* A peer that died takes its shared-memory segments with it: a
+     * transfer from them fails this way before the keepalive notices. */
+    case UCS_ERR_SHMEM_SEGMENT:
       return CP_MESH_ERROR_PEER_LOST;
     case UCS_ERR_TIMED_OUT:
       return CP_MESH_ERROR_TIMED_OUT;

@@ -5,11 +5,9 @@
 import threading
 import traceback
 
-import gi
+import numpy as np
 
-gi.require_version('Cp', '1')
-from gi.repository import Cp  # noqa: E402
-import numpy as np  # noqa: E402
+from cptest import Cp
 
 
 def T(values, dtype=np.int64):

@@ -5,12 +5,9 @@
 import threading
 import unittest
 
-import gi
+import numpy as np
 
-gi.require_version('Cp', '1')
-from gi.repository import Cp, GLib  # noqa: E402
-
-import numpy as np  # noqa: E402
+from cptest import Cp, GLib, record_error
 
 
 def reference(q, k, v, dout, causal, real_len):
@@ -159,6 +156,8 @@ class AttentionTest(unittest.TestCase):
             attention.forward(q, k, k)
         self.assertTrue(raised.exception.matches(Cp.attention_error_quark(), Cp.AttentionError.SHAPE))
         self.assertIn('not divisible', raised.exception.message)
+        record_error(self, 'CpAttention', 'forward with q heads not a multiple of k/v heads (GQA)',
+                     raised.exception)
 
 
 if __name__ == '__main__':

@@ -14,6 +14,7 @@ from gi.repository import Cp, GLib  # noqa: E402
 import numpy as np  # noqa: E402
 
 from cptestutil import T, run_ranks  # noqa: E402
+from reliability import record_error  # noqa: E402
 
 
 def e2_batch():
@@ -347,7 +348,7 @@ class PropertyTests(unittest.TestCase):
 
 class ErrorTests(unittest.TestCase):
 
-    def assert_prepare_fails(self, batch, options, code, needle):
+    def assert_prepare_fails(self, batch, options, code, needle, what):
         before = {key: (batch[key], batch[key].numpy().copy()) for key in batch.keys()}
         keys = batch.keys()
 
@@ -356,6 +357,7 @@ class ErrorTests(unittest.TestCase):
                 batch.prepare(mesh, options)
             self.assertEqual(caught.exception.code, code)
             self.assertIn(needle, caught.exception.message)
+            record_error(self, 'CpBatch', what, caught.exception)
         meshes = Cp.Mesh.new_local_group(['cp'], [2])
         # prepare does not communicate, so one rank's call shows the error.
         rank(meshes[0])
@@ -367,26 +369,33 @@ class ErrorTests(unittest.TestCase):
     def test_xor_and_missing_keys(self):
         only_labels = Cp.Batch()
         only_labels['labels'] = T([[1, 2]])
-        self.assert_prepare_fails(only_labels, None, Cp.BatchError.MISSING_KEY, 'exactly one')
+        self.assert_prepare_fails(only_labels, None, Cp.BatchError.MISSING_KEY, 'exactly one',
+                                  'cp_batch_prepare of a batch with neither input_ids nor inputs_embeds')
         both = e2_batch()
         both['inputs_embeds'] = T(np.zeros((1, 6, 2)), np.float32)
-        self.assert_prepare_fails(both, None, Cp.BatchError.CONFLICTING_KEYS, 'exactly one')
+        self.assert_prepare_fails(both, None, Cp.BatchError.CONFLICTING_KEYS, 'exactly one',
+                                  'cp_batch_prepare of a batch with both input_ids and inputs_embeds')
         no_labels = e2_batch()
         del no_labels['labels']
-        self.assert_prepare_fails(no_labels, None, Cp.BatchError.MISSING_KEY, "'labels'")
+        self.assert_prepare_fails(no_labels, None, Cp.BatchError.MISSING_KEY, "'labels'",
+                                  'cp_batch_prepare of a batch without labels')
         self.assert_prepare_fails(e2_batch(), Cp.BatchOptions(extra_buffers={'teacher_logits': 1}),
-                                  Cp.BatchError.MISSING_KEY, "'teacher_logits' is missing")
+                                  Cp.BatchError.MISSING_KEY, "'teacher_logits' is missing",
+                                  'cp_batch_prepare naming an extra buffer the batch lacks')
 
     def test_shapes_and_options(self):
         short = e2_batch()
         short['labels'] = T([[1, 2, 3, 4, 5]])
-        self.assert_prepare_fails(short, None, Cp.TensorError.SHAPE, "'labels'")
+        self.assert_prepare_fails(short, None, Cp.TensorError.SHAPE, "'labels'",
+                                  'cp_batch_prepare with labels shorter than input_ids')
         axis = e2_batch()
         axis['teacher_logits'] = T(np.zeros((1, 6, 5)), np.float32)
         self.assert_prepare_fails(axis, Cp.BatchOptions(extra_buffers={'teacher_logits': 3}),
-                                  Cp.TensorError.SHAPE, 'dimension 3')
+                                  Cp.TensorError.SHAPE, 'dimension 3',
+                                  'cp_batch_prepare with an extra buffer along a dimension it does not have')
         self.assert_prepare_fails(e2_batch(), Cp.BatchOptions(rotate_method='addtoall'),
-                                  Cp.BatchError.INVALID_OPTION, '"addtoall"')
+                                  Cp.BatchError.INVALID_OPTION, '"addtoall"',
+                                  'cp_batch_prepare with an unknown rotate method name')
 
     def test_rank_disagreement_at_enter(self):
         def rank(mesh):
@@ -401,6 +410,8 @@ class ErrorTests(unittest.TestCase):
             self.assertTrue(caught.exception.matches(Cp.mesh_error_quark(),
                                                      Cp.MeshError.INVALID_TOPOLOGY))
             self.assertIn('padded sequence length 8', caught.exception.message)
+            record_error(self, 'CpContext', "cp_context_enter where ranks' lengths disagree (every rank fails)",
+                         caught.exception)
             self.assertEqual(ids.shape, (1, length))
             self.assertFalse(ctx.is_entered())
         run_ranks([2], rank)

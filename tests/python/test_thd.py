@@ -14,6 +14,7 @@ from gi.repository import Cp, GLib  # noqa: E402
 import numpy as np  # noqa: E402
 
 from cptestutil import T, run_ranks  # noqa: E402
+from reliability import record_error  # noqa: E402
 
 SENTINEL = -1000
 
@@ -269,33 +270,40 @@ class ShardTests(unittest.TestCase):
 
 class ErrorTests(unittest.TestCase):
 
-    def assert_fails(self, batch, options, size, code, needle):
+    def assert_fails(self, batch, options, size, code, needle, what):
         def rank(mesh):
             with self.assertRaises(GLib.Error) as caught:
                 batch.to_thd(mesh, options)
             self.assertEqual(caught.exception.code, code)
             self.assertIn(needle, caught.exception.message)
+            record_error(self, 'CpBatch (THD)', what, caught.exception)
         run_ranks([size], rank)
 
     def test_errors(self):
         batch = uniform(1, 4)
         self.assert_fails(batch, Cp.ThdOptions(qkv_format='bshd'), 2, Cp.BatchError.UNSUPPORTED_FORMAT,
-                          "only 'thd' format is supported")
+                          "only 'thd' format is supported",
+                          'cp_batch_to_thd with a qkv format other than thd')
         missing = uniform(1, 3)
         del missing['seq_lens']
-        self.assert_fails(missing, None, 1, Cp.BatchError.MISSING_KEY, 'seq_lens')
+        self.assert_fails(missing, None, 1, Cp.BatchError.MISSING_KEY, 'seq_lens',
+                          'cp_batch_to_thd of a padded batch without seq_lens')
         self.assert_fails(packed(np.arange(8).reshape(1, 8), [[6, 2]]), None, 2,
-                          Cp.BatchError.INDIVISIBLE, 'not a multiple of 2·C = 4')
+                          Cp.BatchError.INDIVISIBLE, 'not a multiple of 2·C = 4',
+                          'cp_batch_to_thd with a padded document length not a multiple of 2·C')
         self.assert_fails(packed(np.arange(8).reshape(1, 8), [[4, -3]], [[4, 4]]), None, 2,
-                          Cp.BatchError.INVALID_SEQ_LENS, 'negative length')
+                          Cp.BatchError.INVALID_SEQ_LENS, 'negative length',
+                          'cp_batch_to_thd with a negative sequence length')
         self.assert_fails(uniform(4, 4), Cp.ThdOptions(num_chunks=3), 2, Cp.BatchError.INDIVISIBLE,
-                          'num_chunks 3 does not divide the 4 batch rows')
+                          'num_chunks 3 does not divide the 4 batch rows',
+                          'cp_batch_to_thd with num_chunks not dividing the batch rows')
         thd = Cp.Batch()
         thd['input_ids'] = T([1, 2, 3, 4])
         thd['labels'] = T([1, 2, 3, 4])
         thd['position_ids'] = T([0, 1, 2, 3])
         thd['cu_seqlens'] = T([0, 4], np.int64)
-        self.assert_fails(thd, None, 2, Cp.BatchError.INVALID_SEQ_LENS, 'int32')
+        self.assert_fails(thd, None, 2, Cp.BatchError.INVALID_SEQ_LENS, 'int32',
+                          'cp_batch_to_thd of a packed batch whose cu_seqlens are not int32')
 
 
 if __name__ == '__main__':

@@ -272,3 +272,17 @@ def bfloat16_to_float32(bits):
 
 
 __all__ += ['float32_to_bfloat16', 'bfloat16_to_float32']
+
+
+def _resolve_every_name():
+    """PyGObject builds a function's argument cache on its first call, and
+    building it imports wrapper classes, which runs Python code: another
+    thread may run in the middle. When two rank threads make the first call
+    of one function together, both build a cache and one leaks. Making
+    every wrapper now, on the importing thread, leaves nothing to import on
+    that path (about a millisecond)."""
+    for name in dir(Cp):
+        getattr(Cp, name)
+
+
+_resolve_every_name()

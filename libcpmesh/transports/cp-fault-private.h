@@ -1,0 +1,125 @@
+/* cp-fault-private.h: faults the transports can be told to suffer
+ *
+ * Compiled only into the test variant of the library (Meson option
+ * fault_injection, which defines CP_FAULT_INJECTION for that variant
+ * alone): the shared library users install never contains the hook.
+ * Without it, the calls below are constants the compiler folds away.
+ *
+ * A test arms one fault at a time.  It strikes one rank (a world rank of
+ * one backend, "local" or "ucx") at one of its collectives, counted from
+ * 0 since the fault was armed, at one step of it:
+ *
+ *   descriptor  the rank's description of the call, which is also its
+ *               arrival: the in-process backend's only message, since
+ *               its ranks copy straight out of each other's memory
+ *   data        the pieces the rank sends to its peers (UCX only)
+ *   hello       a joiner's HELLO to rank 0 during the rendezvous (UCX
+ *               only; its operation is always 0)
+ *
+ * What happens there: the message is dropped, sent late, sent with its
+ * second half cut off (UCX only: in-process ranks share memory, nothing
+ * crosses a wire), or the rank dies — the process kills itself with
+ * SIGKILL (UCX) or the rank leaves its group (in-process).  Allocation
+ * failures are armed per thread instead: the next host allocation of
+ * the calling thread fails.
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include <glib.h>
+
+G_BEGIN_DECLS
+
+typedef enum
+{
+  CP_FAULT_NONE,
+  CP_FAULT_DROP,
+  CP_FAULT_DELAY,
+  CP_FAULT_TRUNCATE,
+  CP_FAULT_KILL,
+} CpFaultKind;
+
+typedef enum
+{
+  CP_FAULT_STEP_DESCRIPTOR,
+  CP_FAULT_STEP_DATA,
+  CP_FAULT_STEP_HELLO,
+} CpFaultStep;
+
+typedef struct
+{
+  CpFaultKind kind;
+  const char *backend;  /* "local" or "ucx" */
+  int rank;             /* the world rank it strikes */
+  guint operation;      /* which of the rank's collectives, from 0 */
+  CpFaultStep step;
+  guint delay_ms;       /* CP_FAULT_DELAY */
+} CpFault;
+
+#ifdef CP_FAULT_INJECTION
+
+/* Arms @fault, replacing any armed one, and restarts every rank's count
+ * of collectives. */
+void        _cp_fault_arm               (const CpFault *fault);
+/* Disarms the fault, and the allocation failure of the calling thread. */
+void        _cp_fault_disarm            (void);
+
+/* Called by a backend as rank @rank starts a collective: its index since
+ * the fault was armed. */
+guint       _cp_fault_begin_operation   (const char    *backend,
+                                         int            rank);
+
+/* Called at each step of the collective @operation: the fault to apply
+ * now, if the armed one strikes here (it strikes once), else
+ * CP_FAULT_NONE.  @delay_ms receives the delay of CP_FAULT_DELAY. */
+CpFaultKind _cp_fault_strike            (const char    *backend,
+                                         int            rank,
+                                         guint          operation,
+                                         CpFaultStep    step,
+                                         guint         *delay_ms);
+
+/* Makes the host allocation after the next @skip ones made by the calling
+ * thread fail. */
+void        _cp_fault_fail_allocation   (guint          skip);
+
+/* Called by the host allocator: whether this allocation must fail. */
+gboolean    _cp_fault_allocation_fails  (void);
+
+/* A rank told to die: the process ends at once, as SIGKILL ends it. */
+G_NORETURN void _cp_fault_kill_process  (void);
+
+#else
+
+static inline guint
+_cp_fault_begin_operation (const char *backend,
+                           int         rank)
+{
+  return 0;
+}
+
+static inline CpFaultKind
+_cp_fault_strike (const char  *backend,
+                  int          rank,
+                  guint        operation,
+                  CpFaultStep  step,
+                  guint       *delay_ms)
+{
+  return CP_FAULT_NONE;
+}
+
+static inline gboolean
+_cp_fault_allocation_fails (void)
+{
+  return FALSE;
+}
+
+static inline void
+_cp_fault_kill_process (void)
+{
+}
+
+#endif
+
+G_END_DECLS

@@ -1,0 +1,88 @@
+/* cp-test-procs.h: ranks of a multi-process mesh as child processes
+ *
+ * A test starts each rank as a child process (a rank helper program such
+ * as cp-test-ucx-rank), reads the lines it reports on stdout ("JOINED 1",
+ * "ERROR 4 …", "OK") and waits on its main loop for a condition, never
+ * longer than a minute: hung ranks are killed and the test fails.
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include <gio/gio.h>
+
+G_BEGIN_DECLS
+
+/* The mesh timeout ranks get unless their settings say otherwise. */
+#define CP_TEST_RANK_TIMEOUT_MS 3000
+
+typedef struct
+{
+  GSubprocess *process;
+  GDataInputStream *out;
+  GPtrArray *lines;
+  gboolean exited;
+  gboolean eof;
+} CpTestRank;
+
+/* The ranks one test case started. */
+typedef struct
+{
+  const char *program;   /* the helper in the build directory; NULL: cp-test-ucx-rank */
+  CpTestRank *ranks[8];
+  guint n;
+} CpTestGroup;
+
+#define CP_TEST_SETTINGS(...) ((const char * const[]) { __VA_ARGS__, NULL })
+
+/* A TCP port of the loopback interface nobody listens on. */
+guint16      cp_test_free_port        (void);
+
+/* Starts rank @rank of a world of @world_size meeting at @port, playing
+ * @scenario, with @extra NAME=VALUE settings (NULL-terminated, may be
+ * NULL) over the defaults. */
+CpTestRank  *cp_test_group_spawn      (CpTestGroup         *group,
+                                       const char          *scenario,
+                                       int                  rank,
+                                       int                  world_size,
+                                       guint16              port,
+                                       const char * const  *extra);
+
+/* Kills what is left, frees the ranks and asserts that no child process
+ * of this test is left, not even a zombie. */
+void         cp_test_group_clear      (CpTestGroup         *group);
+
+gboolean     cp_test_rank_is_done     (CpTestRank          *rank);
+/* The first line the rank reported that starts with @prefix, or NULL. */
+const char  *cp_test_rank_find_line   (CpTestRank          *rank,
+                                       const char          *prefix);
+
+typedef gboolean (*CpTestCondition) (CpTestRank **ranks,
+                                     guint        n);
+
+gboolean     cp_test_all_done         (CpTestRank         **ranks,
+                                       guint                n);
+/* Every rank reported READY, or is done. */
+gboolean     cp_test_all_ready        (CpTestRank         **ranks,
+                                       guint                n);
+gboolean     cp_test_any_done         (CpTestRank         **ranks,
+                                       guint                n);
+
+/* Runs the main loop until @condition holds. */
+void         cp_test_run_until        (CpTestRank         **ranks,
+                                       guint                n,
+                                       CpTestCondition      condition);
+
+void         cp_test_assert_exit      (CpTestRank          *rank,
+                                       int                  status);
+
+/* The error the rank reported ("ERROR code message", a CpMeshError) and
+ * exited 3 for, asserting that its message contains @text. */
+GError      *cp_test_rank_dup_error   (CpTestRank          *rank,
+                                       int                  code,
+                                       const char          *text);
+
+void         cp_test_assert_no_children (void);
+
+G_END_DECLS
