@@ -22,6 +22,8 @@ import os
 import sys
 
 HEADER = """\
+Title: Reliability
+
 # Reliability: bad input and faults
 
 Every row is a case the test suite checks: what was tried against which
