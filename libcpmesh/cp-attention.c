@@ -1392,39 +1392,22 @@ agree (CpAttention  *self,
   return ok && compare_calls (all, comm->size, error);
 }
 
-/* A float32 tensor shaped like @tensor. */
-static CpTensor *
-float32_like (CpTensor *tensor,
-              gboolean  zeroed)
-{
-  const gint64 *shape = cp_tensor_get_shape (tensor, NULL);
-  guint n_dims = cp_tensor_get_n_dims (tensor);
-  CpTensor *copy = zeroed ? cp_tensor_new (CP_DTYPE_FLOAT32, shape, n_dims, NULL)
-                          : _cp_tensor_new_uninit (CP_DTYPE_FLOAT32, shape, n_dims, NULL);
-
-  g_assert (copy != NULL);  /* the same size as an existing tensor */
-  return copy;
-}
-
-/* Float32 operands: the tensor's own memory, or a converted copy.  Copies
- * are tensors so that their memory comes from the host block cache: a
- * fresh allocation of this size would spend more time faulting pages in
- * than converting. */
+/* Float32 operands: the tensor's own memory, or @copy, a float32 buffer
+ * of at least as many elements, converted into. */
 static float *
-as_float32 (CpTensor  *tensor,
-            CpTensor **owned)
+as_float32 (CpTensor *tensor,
+            CpTensor *copy)
 {
   gsize n = (gsize) cp_tensor_get_numel (tensor);
   const guint16 *bf16;
   float *values;
 
-  *owned = NULL;
   if (cp_tensor_get_dtype (tensor) == CP_DTYPE_FLOAT32)
     return cp_tensor_get_data (tensor);
   g_assert (cp_tensor_get_dtype (tensor) == CP_DTYPE_BFLOAT16);
-  *owned = float32_like (tensor, FALSE);
+  g_assert (copy != NULL && (gsize) cp_tensor_get_numel (copy) >= n);
   bf16 = cp_tensor_get_data (tensor);
-  values = cp_tensor_get_data (*owned);
+  values = cp_tensor_get_data (copy);
   for (gsize i = 0; i < n; i++)
     values[i] = _cp_bf16_to_float (bf16[i]);
   return values;
@@ -1448,17 +1431,24 @@ store_float32 (CpTensor    *tensor,
     bf16[i] = _cp_float_to_bf16 (values[i]);
 }
 
-/* What the kernel reads of an input: its own memory when the kernel
- * multiplies its dtype, a float32 copy otherwise. */
-static gpointer
-as_operand (const Plan  *plan,
-            CpTensor    *tensor,
-            CpTensor   **owned)
+/* Whether the kernel multiplies float32 copies of the inputs: bfloat16
+ * inputs on a machine without bfloat16 matmul. */
+static gboolean
+converts_operands (const Plan *plan)
 {
-  *owned = NULL;
-  if (plan->type == CP_ATTN_BFLOAT16)
+  return plan->dtype != CP_DTYPE_FLOAT32 && plan->type != CP_ATTN_BFLOAT16;
+}
+
+/* What the kernel reads of an input: its own memory when the kernel
+ * multiplies its dtype, @copy, converted into, otherwise. */
+static gpointer
+as_operand (const Plan *plan,
+            CpTensor   *tensor,
+            CpTensor   *copy)
+{
+  if (!converts_operands (plan))
     return cp_tensor_get_data (tensor);
-  return as_float32 (tensor, owned);
+  return as_float32 (tensor, copy);
 }
 
 static gsize
@@ -1489,34 +1479,214 @@ kv_seq_dim (const Plan *plan)
   return plan->thd ? 1 : 3;
 }
 
-static CpTensor *
-new_kv_like (const Plan *plan,
-             CpDType     dtype,
-             gint64      rows,
-             gboolean    zeroed)
+static gboolean
+uses_ring (CpAttention *self,
+           const Plan  *plan)
+{
+  return plan->size > 1 && self->options->rotate_method != CP_ROTATE_METHOD_ALLGATHER;
+}
+
+/* The rows of K/V the kernel reads at once: every rank's after the
+ * all-gather, one rank's on the ring. */
+static gint64
+kv_block_rows (CpAttention *self,
+               const Plan  *plan)
+{
+  if (plan->size == 1 || uses_ring (self, plan))
+    return plan->local_len;
+  return plan->local_len * plan->size;
+}
+
+/* Buffers. */
+
+/* Every buffer a call needs beyond the kernel's small scratch and what
+ * the collectives return.  They are allocated before the ranks agree to
+ * go ahead, so that a rank short of memory makes every rank fail at
+ * once, before any data moves, instead of leaving its ring neighbours
+ * waiting for the timeout.  Tensors, so that their memory comes from the
+ * host block cache: a fresh allocation of these sizes would spend more
+ * time faulting pages in than the conversions spend. */
+typedef struct
+{
+  CpTensor *kv;          /* this rank's K and V side by side */
+  CpTensor *kv_next;     /* the ring's shard arriving */
+  CpTensor *kv32;        /* float32 copy of the K/V block the kernel reads */
+  CpTensor *q32;         /* float32 copies of bfloat16 inputs */
+  CpTensor *dout32;
+  CpTensor *rows[2];     /* per query row: forward's max and sum; backward's delta */
+  CpTensor *acc;         /* float32: forward's output (bfloat16 only); backward's dQ */
+  CpTensor *dkv;         /* float32 dK, dV of this rank's keys */
+  CpTensor *partial[3];  /* float32 dK, dV partials of other ranks' keys */
+  CpTensor *results[3];  /* forward: out, lse; backward: dq, dk, dv */
+} Buffers;
+
+static void
+clear_tensors (CpTensor **tensors,
+               guint      n)
+{
+  for (guint i = 0; i < n; i++)
+    g_clear_object (&tensors[i]);
+}
+
+static void
+buffers_clear (Buffers *bufs)
+{
+  g_clear_object (&bufs->kv);
+  g_clear_object (&bufs->kv_next);
+  g_clear_object (&bufs->kv32);
+  g_clear_object (&bufs->q32);
+  g_clear_object (&bufs->dout32);
+  clear_tensors (bufs->rows, G_N_ELEMENTS (bufs->rows));
+  g_clear_object (&bufs->acc);
+  g_clear_object (&bufs->dkv);
+  clear_tensors (bufs->partial, G_N_ELEMENTS (bufs->partial));
+  clear_tensors (bufs->results, G_N_ELEMENTS (bufs->results));
+}
+
+G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (Buffers, buffers_clear)
+
+static gboolean
+buffer_new (CpTensor     **slot,
+            CpDType        dtype,
+            const gint64  *shape,
+            guint          n_dims,
+            gboolean       zeroed,
+            GError       **error)
+{
+  if (zeroed)
+    *slot = cp_tensor_new (dtype, shape, n_dims, error);
+  else
+    *slot = _cp_tensor_new_uninit (dtype, shape, n_dims, error);
+  return *slot != NULL;
+}
+
+static gboolean
+buffer_new_like (CpTensor **slot,
+                 CpTensor  *tensor,
+                 CpDType    dtype,
+                 gboolean   zeroed,
+                 GError   **error)
+{
+  return buffer_new (slot, dtype, cp_tensor_get_shape (tensor, NULL),
+                     cp_tensor_get_n_dims (tensor), zeroed, error);
+}
+
+/* A [2, ...] K/V pack of @rows rows per head. */
+static gboolean
+buffer_new_kv (CpTensor   **slot,
+               const Plan  *plan,
+               CpDType      dtype,
+               gint64       rows,
+               gboolean     zeroed,
+               GError     **error)
 {
   gint64 shape[5] = { 2 };
   guint n_dims = operand_shape (plan, plan->n_kv_heads, shape + 1) + 1;
 
   shape[kv_seq_dim (plan)] = rows;
-  if (zeroed)
-    return cp_tensor_new (dtype, shape, n_dims, NULL);
-  return _cp_tensor_new_uninit (dtype, shape, n_dims, NULL);
+  return buffer_new (slot, dtype, shape, n_dims, zeroed, error);
+}
+
+/* One float32 per query row. */
+static gboolean
+buffer_new_rows (CpTensor   **slot,
+                 const Plan  *plan,
+                 GError     **error)
+{
+  gint64 n_rows = MAX ((gint64) plan->batch * plan->n_heads * plan->local_len, 1);
+
+  return buffer_new (slot, CP_DTYPE_FLOAT32, &n_rows, 1, FALSE, error);
+}
+
+/* What forward and backward both need. */
+static gboolean
+buffers_new_common (CpAttention  *self,
+                    const Plan   *plan,
+                    CpTensor     *q,
+                    Buffers      *bufs,
+                    GError      **error)
+{
+  gboolean convert = converts_operands (plan);
+
+  return buffer_new_kv (&bufs->kv, plan, plan->dtype, plan->local_len, FALSE, error) &&
+         (!uses_ring (self, plan) ||
+          buffer_new_kv (&bufs->kv_next, plan, plan->dtype, plan->local_len, FALSE, error)) &&
+         (!convert ||
+          buffer_new_kv (&bufs->kv32, plan, CP_DTYPE_FLOAT32, kv_block_rows (self, plan), FALSE, error)) &&
+         (!convert || buffer_new_like (&bufs->q32, q, CP_DTYPE_FLOAT32, FALSE, error)) &&
+         buffer_new_rows (&bufs->rows[0], plan, error);
+}
+
+/* The output starts zeroed: a float32 one accumulates in place. */
+static gboolean
+buffers_new_forward (CpAttention  *self,
+                     const Plan   *plan,
+                     CpTensor     *q,
+                     Buffers      *bufs,
+                     GError      **error)
+{
+  gint64 shape[3];
+  guint n_dims = lse_shape (plan, shape);
+
+  return buffers_new_common (self, plan, q, bufs, error) &&
+         buffer_new_rows (&bufs->rows[1], plan, error) &&
+         buffer_new_like (&bufs->results[0], q, plan->dtype, TRUE, error) &&
+         buffer_new (&bufs->results[1], CP_DTYPE_FLOAT32, shape, n_dims, FALSE, error) &&
+         (plan->dtype == CP_DTYPE_FLOAT32 ||
+          buffer_new_like (&bufs->acc, q, CP_DTYPE_FLOAT32, TRUE, error));
+}
+
+/* The partials of dK, dV: every rank's keys at once after an all-gather,
+ * or three of one rank's travelling the ring. */
+static gboolean
+buffers_new_partials (CpAttention  *self,
+                      const Plan   *plan,
+                      Buffers      *bufs,
+                      GError      **error)
+{
+  guint n = uses_ring (self, plan) ? 3 : 1;
+
+  if (plan->size == 1)
+    return TRUE;
+  for (guint i = 0; i < n; i++)
+    if (!buffer_new_kv (&bufs->partial[i], plan, CP_DTYPE_FLOAT32, kv_block_rows (self, plan),
+                        FALSE, error))
+      return FALSE;
+  return TRUE;
+}
+
+static gboolean
+buffers_new_backward (CpAttention  *self,
+                      const Plan   *plan,
+                      CpTensor     *q,
+                      Buffers      *bufs,
+                      GError      **error)
+{
+  gint64 kv_shape[4];
+  guint kv_dims = operand_shape (plan, plan->n_kv_heads, kv_shape);
+
+  return buffers_new_common (self, plan, q, bufs, error) &&
+         (!converts_operands (plan) ||
+          buffer_new_like (&bufs->dout32, q, CP_DTYPE_FLOAT32, FALSE, error)) &&
+         buffer_new_like (&bufs->acc, q, CP_DTYPE_FLOAT32, TRUE, error) &&
+         buffer_new_kv (&bufs->dkv, plan, CP_DTYPE_FLOAT32, plan->local_len, TRUE, error) &&
+         buffers_new_partials (self, plan, bufs, error) &&
+         buffer_new_like (&bufs->results[0], q, plan->dtype, FALSE, error) &&
+         buffer_new (&bufs->results[1], plan->dtype, kv_shape, kv_dims, FALSE, error) &&
+         buffer_new (&bufs->results[2], plan->dtype, kv_shape, kv_dims, FALSE, error);
 }
 
 /* K and V side by side in one buffer, so that every transfer moves both
  * at once, in their own dtype and head count. */
-static CpTensor *
-pack_kv (const Plan *plan,
-         CpTensor   *k,
-         CpTensor   *v)
+static void
+pack_kv (CpTensor *k,
+         CpTensor *v,
+         CpTensor *kv)
 {
-  CpTensor *kv = new_kv_like (plan, plan->dtype, plan->local_len, FALSE);
   gsize bytes = cp_tensor_get_nbytes (k);
 
   memcpy (cp_tensor_get_data (kv), cp_tensor_get_data (k), bytes);
   memcpy ((guint8 *) cp_tensor_get_data (kv) + bytes, cp_tensor_get_data (v), bytes);
-  return kv;
 }
 
 /* Keys of @n_ranks consecutive ranks from @first_rank, held in @kv, a K/V
@@ -1591,12 +1761,23 @@ transfers_wait (CpAttention     *self,
   return ok;
 }
 
+static void
+swap_tensors (CpTensor **a,
+              CpTensor **b)
+{
+  CpTensor *swap = *a;
+
+  *a = *b;
+  *b = swap;
+}
+
 /* Forward. */
 
 typedef struct
 {
   CpAttnView q;
   CpAttnState state;
+  CpTensor *kv32;
 } Forward;
 
 static void
@@ -1606,8 +1787,7 @@ forward_on (const Plan *plan,
             int         first_rank,
             int         n_ranks)
 {
-  g_autoptr(CpTensor) owned = NULL;
-  gpointer data = as_operand (plan, kv, &owned);
+  gpointer data = as_operand (plan, kv, fwd->kv32);
   g_autoptr(GArray) runs = g_array_new (FALSE, FALSE, sizeof (CpAttnRun));
   CpAttnKeys keys;
 
@@ -1637,11 +1817,11 @@ static gboolean
 forward_ring (CpAttention  *self,
               const Plan   *plan,
               Forward      *fwd,
-              CpTensor     *kv,
+              Buffers      *bufs,
               GError      **error)
 {
-  g_autoptr(CpTensor) current = g_object_ref (kv);
-  g_autoptr(CpTensor) next = new_kv_like (plan, plan->dtype, plan->local_len, FALSE);
+  CpTensor *current = bufs->kv;
+  CpTensor *next = bufs->kv_next;
 
   for (int step = 0; step < plan->size; step++)
     {
@@ -1658,12 +1838,7 @@ forward_ring (CpAttention  *self,
       if (!transfers_wait (self, (Transfer *[]) { &transfers[0], &transfers[1] }, 2, error))
         return FALSE;
       if (!last)
-        {
-          CpTensor *swap = current;
-
-          current = next;
-          next = swap;
-        }
+        swap_tensors (&current, &next);
     }
   return TRUE;
 }
@@ -1696,43 +1871,39 @@ finish_forward (const Plan *plan,
   store_float32 (out, fwd->state.acc.data);
 }
 
+/* A float32 output accumulates in place. */
 static gboolean
 forward_run (CpAttention  *self,
              const Plan   *plan,
              CpTensor     *q,
-             CpTensor     *kv,
-             CpTensor     *out,
-             CpTensor     *lse,
+             Buffers      *bufs,
              GError      **error)
 {
-  gsize n_rows = (gsize) plan->batch * plan->n_heads * (gsize) plan->local_len;
-  g_autoptr(CpTensor) q_owned = NULL;
-  g_autoptr(CpTensor) acc_owned = NULL;
-  g_autofree float *m = g_new (float, MAX (n_rows, 1));
-  g_autofree float *l = g_new0 (float, MAX (n_rows, 1));
-  float *acc = cp_tensor_get_data (out);
-  Forward fwd;
+  gsize n_rows = (gsize) cp_tensor_get_numel (bufs->rows[0]);
+  float *m = cp_tensor_get_data (bufs->rows[0]);
+  float *l = cp_tensor_get_data (bufs->rows[1]);
+  float *acc = cp_tensor_get_data (bufs->acc != NULL ? bufs->acc : bufs->results[0]);
+  gpointer q_data = as_operand (plan, q, bufs->q32);
+  Forward fwd = {
+    .q = view_of (plan, q_data, plan->n_heads, plan->local_len),
+    .state = { view_of (plan, acc, plan->n_heads, plan->local_len), m, l },
+    .kv32 = bufs->kv32,
+  };
   gboolean ok = TRUE;
 
-  /* A float32 output accumulates in place. */
-  if (plan->dtype != CP_DTYPE_FLOAT32)
-    {
-      acc_owned = float32_like (out, TRUE);
-      acc = cp_tensor_get_data (acc_owned);
-    }
   for (gsize i = 0; i < n_rows; i++)
-    m[i] = -INFINITY;
-  fwd.q = view_of (plan, as_operand (plan, q, &q_owned), plan->n_heads, plan->local_len);
-  fwd.state = (CpAttnState) { view_of (plan, acc, plan->n_heads, plan->local_len), m, l };
-
+    {
+      m[i] = -INFINITY;
+      l[i] = 0.0f;
+    }
   if (plan->size == 1)
-    forward_on (plan, &fwd, kv, 0, 1);
-  else if (self->options->rotate_method == CP_ROTATE_METHOD_ALLGATHER)
-    ok = forward_gathered (self, plan, &fwd, kv, error);
+    forward_on (plan, &fwd, bufs->kv, 0, 1);
+  else if (uses_ring (self, plan))
+    ok = forward_ring (self, plan, &fwd, bufs, error);
   else
-    ok = forward_ring (self, plan, &fwd, kv, error);
+    ok = forward_gathered (self, plan, &fwd, bufs->kv, error);
   if (ok)
-    finish_forward (plan, &fwd, out, lse);
+    finish_forward (plan, &fwd, bufs->results[0], bufs->results[1]);
   return ok;
 }
 
@@ -1756,7 +1927,9 @@ forward_run (CpAttention  *self,
  *   %CP_ATTENTION_ERROR_SHAPE when shapes, dtypes, head counts or local
  *   lengths disagree with each other, with the layout or across ranks,
  *   %CP_ATTENTION_ERROR_UNSUPPORTED for other dtypes, head dimensions over
- *   256 or device memory, or a [error@Cp.MeshError] from the transport
+ *   256 or device memory, %CP_TENSOR_ERROR_OUT_OF_MEMORY when a rank
+ *   cannot allocate its buffers (every buffer is allocated before any
+ *   data moves), or a [error@Cp.MeshError] from the transport
  *
  * Since: 1.0
  */
@@ -1770,11 +1943,7 @@ cp_attention_forward (CpAttention  *self,
                       GError      **error)
 {
   g_auto(Plan) plan = { 0 };
-  g_autoptr(CpTensor) result = NULL;
-  g_autoptr(CpTensor) result_lse = NULL;
-  g_autoptr(CpTensor) kv = NULL;
-  gint64 shape[3];
-  guint n_dims;
+  g_auto(Buffers) bufs = { 0 };
   GError *invalid = NULL;
 
   g_return_val_if_fail (CP_IS_ATTENTION (self), FALSE);
@@ -1783,19 +1952,16 @@ cp_attention_forward (CpAttention  *self,
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
   plan_build (self, &plan, q, k, v, NULL, NULL, NULL, &invalid);
+  if (invalid == NULL)
+    buffers_new_forward (self, &plan, q, &bufs, &invalid);
   if (!agree (self, &plan, FALSE, invalid, error))
     return FALSE;
-  n_dims = lse_shape (&plan, shape);
-  result = cp_tensor_new (plan.dtype, cp_tensor_get_shape (q, NULL), cp_tensor_get_n_dims (q), error);
-  result_lse = result ? _cp_tensor_new_uninit (CP_DTYPE_FLOAT32, shape, n_dims, error) : NULL;
-  if (result_lse == NULL)
+  pack_kv (k, v, bufs.kv);
+  if (!forward_run (self, &plan, q, &bufs, error))
     return FALSE;
-  kv = pack_kv (&plan, k, v);
-  if (!forward_run (self, &plan, q, kv, result, result_lse, error))
-    return FALSE;
-  *out = g_steal_pointer (&result);
+  *out = g_steal_pointer (&bufs.results[0]);
   if (lse != NULL)
-    *lse = g_steal_pointer (&result_lse);
+    *lse = g_steal_pointer (&bufs.results[1]);
   return TRUE;
 }
 
@@ -1812,13 +1978,12 @@ load (CpDType       dtype,
 }
 
 /* delta = rowsum (dout ∘ out), the softmax-gradient term of each row. */
-static float *
+static void
 row_deltas (const Plan *plan,
             CpTensor   *dout,
-            CpTensor   *out)
+            CpTensor   *out,
+            float      *delta)
 {
-  gsize n_rows = (gsize) plan->batch * plan->n_heads * (gsize) plan->local_len;
-  float *delta = g_new (float, MAX (n_rows, 1));
   CpAttnView view = view_of (plan, NULL, plan->n_heads, plan->local_len);
   gconstpointer dout_data = cp_tensor_get_data (dout);
   gconstpointer out_data = cp_tensor_get_data (out);
@@ -1835,19 +2000,21 @@ row_deltas (const Plan *plan,
             sum += load (plan->dtype, dout_data, at + j) * load (plan->dtype, out_data, at + j);
           delta[row] = sum;
         }
-  return delta;
 }
 
+/* Adds to @dkv the gradients of the keys of @kv, a K/V block of @n_ranks
+ * ranks from @first_rank; @kv32 takes its float32 copy if the kernel
+ * needs one. */
 static void
 backward_on (const Plan        *plan,
              const CpAttnGrads *grads,
              CpTensor          *kv,
+             CpTensor          *kv32,
              int                first_rank,
              int                n_ranks,
              CpTensor          *dkv)
 {
-  g_autoptr(CpTensor) owned = NULL;
-  gpointer data = as_operand (plan, kv, &owned);
+  gpointer data = as_operand (plan, kv, kv32);
   g_autoptr(GArray) runs = g_array_new (FALSE, FALSE, sizeof (CpAttnRun));
   g_autoptr(GArray) unused = g_array_new (FALSE, FALSE, sizeof (CpAttnRun));
   CpAttnKeys keys, dkeys;
@@ -1883,23 +2050,20 @@ static gboolean
 backward_gathered (CpAttention        *self,
                    const Plan         *plan,
                    const CpAttnGrads  *grads,
-                   CpTensor           *kv,
-                   CpTensor           *dkv,
+                   Buffers            *bufs,
                    GError            **error)
 {
-  g_autoptr(CpTensor) gathered = cp_mesh_all_gather (self->mesh, kv, kv_seq_dim (plan), error);
-  g_autoptr(CpTensor) partial = NULL;
+  g_autoptr(CpTensor) gathered = cp_mesh_all_gather (self->mesh, bufs->kv, kv_seq_dim (plan), error);
   g_autoptr(CpTensor) exchanged = NULL;
 
   if (gathered == NULL)
     return FALSE;
-  partial = new_kv_like (plan, CP_DTYPE_FLOAT32, plan->local_len * plan->size, FALSE);
-  backward_on (plan, grads, gathered, 0, plan->size, partial);
+  backward_on (plan, grads, gathered, bufs->kv32, 0, plan->size, bufs->partial[0]);
   g_clear_object (&gathered);  /* lowers the peak before the exchange */
-  exchanged = cp_mesh_all_to_all (self->mesh, partial, kv_seq_dim (plan), error);
+  exchanged = cp_mesh_all_to_all (self->mesh, bufs->partial[0], kv_seq_dim (plan), error);
   if (exchanged == NULL)
     return FALSE;
-  sum_pieces (plan, exchanged, dkv);
+  sum_pieces (plan, exchanged, bufs->dkv);
   return TRUE;
 }
 
@@ -1912,32 +2076,12 @@ backward_gathered (CpAttention        *self,
 typedef struct
 {
   CpTensor *kv[2];         /* current, next */
+  CpTensor *kv32;
   CpTensor *partial[3];    /* computing, received, in flight */
   Transfer kv_moves[2];
   Transfer partial_in;
   Transfer partial_out;
 } Ring;
-
-static void
-ring_clear (Ring *ring)
-{
-  for (guint i = 0; i < G_N_ELEMENTS (ring->kv); i++)
-    g_clear_object (&ring->kv[i]);
-  for (guint i = 0; i < G_N_ELEMENTS (ring->partial); i++)
-    g_clear_object (&ring->partial[i]);
-}
-
-G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (Ring, ring_clear)
-
-static void
-swap_tensors (CpTensor **a,
-              CpTensor **b)
-{
-  CpTensor *swap = *a;
-
-  *a = *b;
-  *b = swap;
-}
 
 static void
 add_float32 (CpTensor *dst,
@@ -2001,7 +2145,7 @@ ring_step (CpAttention        *self,
     }
   if (step > 0)
     transfer_post (self, &ring->partial_in, ring->partial[1], FALSE, TAG_DKV);
-  backward_on (plan, grads, ring->kv[0], source, 1, ring->partial[0]);
+  backward_on (plan, grads, ring->kv[0], ring->kv32, source, 1, ring->partial[0]);
   if (!ring_pass_partial (self, ring, step, error))
     return FALSE;
   if (!last)
@@ -2019,16 +2163,17 @@ static gboolean
 backward_ring (CpAttention        *self,
                const Plan         *plan,
                const CpAttnGrads  *grads,
-               CpTensor           *kv,
-               CpTensor           *dkv,
+               Buffers            *bufs,
                GError            **error)
 {
-  g_auto(Ring) ring = { { g_object_ref (kv), new_kv_like (plan, plan->dtype, plan->local_len, FALSE) } };
+  Ring ring = {
+    .kv = { bufs->kv, bufs->kv_next },
+    .kv32 = bufs->kv32,
+    .partial = { bufs->partial[0], bufs->partial[1], bufs->partial[2] },
+  };
   Transfer final = { { 0 } };
   gboolean ok = TRUE;
 
-  for (guint i = 0; i < G_N_ELEMENTS (ring.partial); i++)
-    ring.partial[i] = new_kv_like (plan, CP_DTYPE_FLOAT32, plan->local_len, FALSE);
   for (int step = 0; ok && step < plan->size; step++)
     ok = ring_step (self, plan, grads, &ring, step, error);
   if (!ok)
@@ -2037,81 +2182,45 @@ backward_ring (CpAttention        *self,
       return FALSE;
     }
   /* The last hand-over brings this rank's own shard home. */
-  transfer_post (self, &final, dkv, FALSE, TAG_DKV);
+  transfer_post (self, &final, bufs->dkv, FALSE, TAG_DKV);
   ok = transfers_wait (self, (Transfer *[]) { &final }, 1, error);
   return ring_wait_all (self, &ring, ok ? error : NULL) && ok;
 }
-
-static CpTensor *
-tensor_from_float32 (CpDType       dtype,
-                     const gint64 *shape,
-                     guint         n_dims,
-                     const float  *values)
-{
-  CpTensor *tensor = _cp_tensor_new_uninit (dtype, shape, n_dims, NULL);
-
-  store_float32 (tensor, values);
-  return tensor;
-}
-
-typedef struct
-{
-  CpTensor *dq;
-  CpTensor *dk;
-  CpTensor *dv;
-} Gradients;
-
-static void
-gradients_clear (Gradients *g)
-{
-  g_clear_object (&g->dq);
-  g_clear_object (&g->dk);
-  g_clear_object (&g->dv);
-}
-
-G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (Gradients, gradients_clear)
 
 static gboolean
 backward_run (CpAttention  *self,
               const Plan   *plan,
               CpTensor     *dout,
               CpTensor     *q,
-              CpTensor     *kv,
               CpTensor     *out,
               CpTensor     *lse,
-              Gradients    *result,
+              Buffers      *bufs,
               GError      **error)
 {
-  g_autoptr(CpTensor) q_owned = NULL, dout_owned = NULL;
-  g_autofree float *delta = row_deltas (plan, dout, out);
-  g_autoptr(CpTensor) dq32 = float32_like (q, TRUE);
-  float *dq = cp_tensor_get_data (dq32);
-  g_autoptr(CpTensor) dkv = new_kv_like (plan, CP_DTYPE_FLOAT32, plan->local_len, TRUE);
-  gint64 kv_shape[4];
-  guint kv_dims = operand_shape (plan, plan->n_kv_heads, kv_shape);
+  float *delta = cp_tensor_get_data (bufs->rows[0]);
+  float *dq = cp_tensor_get_data (bufs->acc);
+  const float *dkv = cp_tensor_get_data (bufs->dkv);
   CpAttnGrads grads = {
-    .q = view_of (plan, as_operand (plan, q, &q_owned), plan->n_heads, plan->local_len),
-    .dout = view_of (plan, as_operand (plan, dout, &dout_owned), plan->n_heads, plan->local_len),
+    .q = view_of (plan, as_operand (plan, q, bufs->q32), plan->n_heads, plan->local_len),
+    .dout = view_of (plan, as_operand (plan, dout, bufs->dout32), plan->n_heads, plan->local_len),
     .lse = cp_tensor_get_data (lse),
     .delta = delta,
     .dq = view_of (plan, dq, plan->n_heads, plan->local_len),
   };
-  const float *dkv_data = cp_tensor_get_data (dkv);
   gboolean ok = TRUE;
 
+  row_deltas (plan, dout, out, delta);
   if (plan->size == 1)
-    backward_on (plan, &grads, kv, 0, 1, dkv);
-  else if (self->options->rotate_method == CP_ROTATE_METHOD_ALLGATHER)
-    ok = backward_gathered (self, plan, &grads, kv, dkv, error);
+    backward_on (plan, &grads, bufs->kv, bufs->kv32, 0, 1, bufs->dkv);
+  else if (uses_ring (self, plan))
+    ok = backward_ring (self, plan, &grads, bufs, error);
   else
-    ok = backward_ring (self, plan, &grads, kv, dkv, error);
+    ok = backward_gathered (self, plan, &grads, bufs, error);
   if (!ok)
     return FALSE;
-  result->dq = tensor_from_float32 (plan->dtype, cp_tensor_get_shape (q, NULL),
-                                    cp_tensor_get_n_dims (q), dq);
-  result->dk = tensor_from_float32 (plan->dtype, kv_shape, kv_dims, dkv_data);
-  result->dv = tensor_from_float32 (plan->dtype, kv_shape, kv_dims,
-                                    dkv_data + cp_tensor_get_numel (dkv) / 2);
+  store_float32 (bufs->results[0], dq);
+  store_float32 (bufs->results[1], dkv);
+  store_float32 (bufs->results[2], dkv + cp_tensor_get_numel (bufs->dkv) / 2);
   return TRUE;
 }
 
@@ -2155,8 +2264,7 @@ cp_attention_backward (CpAttention  *self,
                        GError      **error)
 {
   g_auto(Plan) plan = { 0 };
-  g_auto(Gradients) result = { 0 };
-  g_autoptr(CpTensor) kv = NULL;
+  g_auto(Buffers) bufs = { 0 };
   GError *invalid = NULL;
 
   g_return_val_if_fail (CP_IS_ATTENTION (self), FALSE);
@@ -2166,13 +2274,15 @@ cp_attention_backward (CpAttention  *self,
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
   plan_build (self, &plan, q, k, v, dout, out, lse, &invalid);
+  if (invalid == NULL)
+    buffers_new_backward (self, &plan, q, &bufs, &invalid);
   if (!agree (self, &plan, TRUE, invalid, error))
     return FALSE;
-  kv = pack_kv (&plan, k, v);
-  if (!backward_run (self, &plan, dout, q, kv, out, lse, &result, error))
+  pack_kv (k, v, bufs.kv);
+  if (!backward_run (self, &plan, dout, q, out, lse, &bufs, error))
     return FALSE;
-  *dq = g_steal_pointer (&result.dq);
-  *dk = g_steal_pointer (&result.dk);
-  *dv = g_steal_pointer (&result.dv);
+  *dq = g_steal_pointer (&bufs.results[0]);
+  *dk = g_steal_pointer (&bufs.results[1]);
+  *dv = g_steal_pointer (&bufs.results[2]);
   return TRUE;
 }
