@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <oneapi/dnnl/dnnl.h>
 
@@ -246,6 +247,17 @@ single_rank (CpDType       dtype,
   return ok;
 }
 
+/* Whether PyTorch's S × S scores, and the softmax of them, fit in half
+ * of physical memory: at S = 16384 they take 32 GiB. */
+static gboolean
+torch_fits (gint64 s)
+{
+  double bytes = 2.0 * 16 * (double) s * (double) s * sizeof (float);
+  double memory = (double) sysconf (_SC_PHYS_PAGES) * (double) sysconf (_SC_PAGESIZE);
+
+  return bytes <= memory / 2;
+}
+
 /* Times PyTorch computing the same causal attention as matmul + mask +
  * softmax + matmul, when python3 can import torch. */
 static double
@@ -271,6 +283,8 @@ torch_gflops (CpDType dtype,
   g_autofree char *output = NULL;
   int status = 0;
 
+  if (!torch_fits (s))
+    return 0.0;
   if (!g_spawn_sync (NULL, (char **) argv, NULL, G_SPAWN_STDERR_TO_DEV_NULL, NULL, NULL,
                      &output, NULL, &status, NULL) || status != 0)
     return 0.0;
@@ -490,7 +504,7 @@ bench_single (const BenchOptions  *options,
   printf ("attention bfloat16 path: %s\n",
           native16 ? "bfloat16 GEMMs (compared with the bfloat16 matmul)"
                    : "converted to float32 (compared with the float32 matmul)");
-  printf ("PyTorch reference: %s\n\n", torch ? "python3-torch found" : "skipped (python3 cannot import torch)");
+  printf ("PyTorch reference: %s\n\n", torch ? "python3-torch found; \"-\" where its S x S scores would not fit in half the memory" : "skipped (python3 cannot import torch)");
   printf ("Best time of %d runs; ×matmul is the median over the runs of each run's GFLOP/s over\n"
           "the matmul measured right before and after it.\n\n", options->reps);
   printf ("| dtype    |      S |  fwd s | fwd GF/s | ×matmul |  f+b s | f+b GF/s | ×matmul | matmul | torch fwd GF/s |\n");
