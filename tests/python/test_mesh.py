@@ -27,6 +27,14 @@ def rank_array(rank, shape, dtype=np.float32):
 
 class TestProperties(unittest.TestCase):
 
+    def test_import_builds_call_caches(self):
+        # Rank threads must never make the first call of a function (see
+        # the override's _build_call_caches): importing Cp calls every one
+        # with arguments that each must refuse before reaching C.
+        import gi.overrides.Cp as override
+        self.assertEqual(override._CALLS_NOT_REFUSED, [])
+        self.assertGreater(len(list(override._callables())), 150)
+
     def test_local_group(self):
         meshes = Cp.Mesh.new_local_group(['dp', 'cp'], [2, 3])
         self.assertEqual([m.get_rank() for m in meshes], list(range(6)))
