@@ -1617,7 +1617,7 @@ buffers_new_common (CpAttention  *self,
          buffer_new_rows (&bufs->rows[0], plan, error);
 }
 
-/* The output starts zeroed: a float32 one accumulates in place. */
+/* A float32 output starts zeroed: it accumulates in place. */
 static gboolean
 buffers_new_forward (CpAttention  *self,
                      const Plan   *plan,
@@ -1630,7 +1630,7 @@ buffers_new_forward (CpAttention  *self,
 
   return buffers_new_common (self, plan, q, bufs, error) &&
          buffer_new_rows (&bufs->rows[1], plan, error) &&
-         buffer_new_like (&bufs->results[0], q, plan->dtype, TRUE, error) &&
+         buffer_new_like (&bufs->results[0], q, plan->dtype, plan->dtype == CP_DTYPE_FLOAT32, error) &&
          buffer_new (&bufs->results[1], CP_DTYPE_FLOAT32, shape, n_dims, FALSE, error) &&
          (plan->dtype == CP_DTYPE_FLOAT32 ||
           buffer_new_like (&bufs->acc, q, CP_DTYPE_FLOAT32, TRUE, error));

@@ -115,6 +115,25 @@ collect_primary (Plan     *plan,
   return TRUE;
 }
 
+/* Every [B, S] buffer has the primary buffer's rows: padding and sharding
+ * would run, and the loss would read rows that do not belong together. */
+static gboolean
+check_rows (Plan        *plan,
+            const char  *key,
+            CpTensor    *tensor,
+            guint        batch_dim,
+            const char  *form,
+            GError     **error)
+{
+  g_autofree char *need = NULL;
+
+  if (cp_tensor_get_dim (tensor, (int) batch_dim) == plan->rows)
+    return TRUE;
+  need = g_strdup_printf ("%s with B = %" G_GINT64_FORMAT " like '%s'", form, plan->rows,
+                          plan->primary_key);
+  return _cp_batch_shape_error (error, "prepare", key, tensor, need);
+}
+
 static gboolean
 collect_labels (Plan     *plan,
                 CpBatch  *batch,
@@ -130,6 +149,8 @@ collect_labels (Plan     *plan,
     }
   if (cp_tensor_get_n_dims (labels) < 2)
     return _cp_batch_shape_error (error, "prepare", "labels", labels, "[B, S]");
+  if (!check_rows (plan, "labels", labels, 0, "[B, S]", error))
+    return FALSE;
   plan_add (plan, "labels", labels, 1, -100.0);
   return TRUE;
 }
@@ -163,6 +184,10 @@ collect_position_ids (Plan     *plan,
 
       return _cp_batch_shape_error (error, "prepare", "position_ids", positions, need);
     }
+  if (n_dims == 3 && cp_tensor_get_dim (positions, 0) != 3)
+    return _cp_batch_shape_error (error, "prepare", "position_ids", positions, "[3, B, S]");
+  if (n_dims == 3 && !check_rows (plan, "position_ids", positions, 1, "[3, B, S]", error))
+    return FALSE;
   item = plan_add (plan, "position_ids", positions, n_dims == 3 ? 2 : 1, 0.0);
   item->restore = TRUE;
   item->expand = n_dims == 2 && cp_tensor_get_dim (positions, 0) == 1 && plan->rows > 1;
@@ -194,7 +219,7 @@ collect_loss_mask (Plan            *plan,
   item = plan_add (plan, "loss_mask", given != NULL ? given : entry, 1, 0.0);
   if (cp_tensor_get_n_dims (item->tensor) < 2)
     return _cp_batch_shape_error (error, "prepare", "loss_mask", item->tensor, "[B, S]");
-  return TRUE;
+  return check_rows (plan, "loss_mask", item->tensor, 0, "[B, S]", error);
 }
 
 static gboolean
@@ -208,6 +233,8 @@ collect_padding_mask (Plan     *plan,
     return TRUE;
   if (cp_tensor_get_n_dims (mask) < 2)
     return _cp_batch_shape_error (error, "prepare", "padding_mask", mask, "[B, S]");
+  if (!check_rows (plan, "padding_mask", mask, 0, "[B, S]", error))
+    return FALSE;
   plan_add (plan, "padding_mask", mask, 1, 1.0);
   return TRUE;
 }

@@ -229,6 +229,14 @@ collect_options (Thd           *thd,
   return TRUE;
 }
 
+/* Integer ids, [B, S] or packed [T]: no per-token dimensions. */
+static gboolean
+holds_token_ids (const Thd *thd)
+{
+  return !cp_dtype_is_floating (cp_tensor_get_dtype (thd->primary)) &&
+         cp_tensor_get_n_dims (thd->primary) == (thd->packed ? 1u : 2u);
+}
+
 static gboolean
 collect (Thd           *thd,
          CpBatch       *batch,
@@ -244,11 +252,20 @@ collect (Thd           *thd,
       !collect_shapes (thd, batch, error) ||
       !check_host (thd, error))
     return FALSE;
-  if (thd->rule == CP_PADDING_MASK_RULE_TOKEN_ID && cp_dtype_is_floating (cp_tensor_get_dtype (thd->primary)))
+  if (thd->rule == CP_PADDING_MASK_RULE_TOKEN_ID && !holds_token_ids (thd))
     {
+      g_autofree char *description = cp_tensor_describe (thd->primary);
+
       g_set_error (error, CP_BATCH_ERROR, CP_BATCH_ERROR_INVALID_OPTION,
-                   "to_thd: the token-id padding rule needs token ids, and '%s' holds %s values",
-                   thd->primary_key, cp_dtype_get_name (cp_tensor_get_dtype (thd->primary)));
+                   "to_thd: the token-id padding rule needs one integer id per token, and '%s' is %s",
+                   thd->primary_key, description);
+      return FALSE;
+    }
+  if (thd->rows == 0 && thd->num_chunks != 1)
+    {
+      g_set_error (error, CP_BATCH_ERROR, CP_BATCH_ERROR_INDIVISIBLE,
+                   "to_thd: num_chunks %d splits the batch rows, and the batch has none",
+                   thd->num_chunks);
       return FALSE;
     }
   if (thd->rows % thd->num_chunks != 0)
@@ -628,11 +645,12 @@ shard_tokens (Thd       *thd,
     {
       guint8 *full = (guint8 *) cp_tensor_get_data (tensor) + (gsize) thd->chunks[c].first * step;
       guint8 *dest = widen ? scratch : (guint8 *) cp_tensor_get_data (out) + (gsize) (c * local) * step;
+      gsize per_chunk = (gsize) local * step / cp_dtype_get_size (dtype);  /* elements */
 
       _cp_layout_transfer_runs (thd->chunks[c].layout, thd->cp_rank, full, dest, 1, step, local, 0, TRUE);
       if (widen)
-        widen_to_int64 (dtype, scratch, (gint64 *) cp_tensor_get_data (out) + c * local,
-                        (gsize) local * step / cp_dtype_get_size (dtype));
+        widen_to_int64 (dtype, scratch, (gint64 *) cp_tensor_get_data (out) + (gsize) c * per_chunk,
+                        per_chunk);
     }
   return g_steal_pointer (&out);
 }
@@ -1042,8 +1060,8 @@ pad_measure_row (Pad      *pad,
 
       if (real == pad->sentinel)
         continue;
-      real_total += real;
-      if (real < 0 || real_total > pad->seq_len)
+      /* Compared with the room left, so that the sum never overflows. */
+      if (real < 0 || real > pad->seq_len - real_total)
         {
           g_set_error (error, CP_BATCH_ERROR, CP_BATCH_ERROR_INVALID_SEQ_LENS,
                        "pad_documents: seq_lens[%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT "] = %"
@@ -1051,6 +1069,7 @@ pad_measure_row (Pad      *pad,
                        row, j, real, pad->seq_len);
           return FALSE;
         }
+      real_total += real;
       *padded += round_up (real, pad->divisor);
       any = TRUE;
     }

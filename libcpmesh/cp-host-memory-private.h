@@ -20,10 +20,4 @@ gpointer _cp_host_alloc       (gsize     size,
 void     _cp_host_free        (gpointer  data,
                                gsize     size);
 
-/* Returns every cached block to the system. */
-void     _cp_host_cache_trim  (void);
-
-/* Bytes currently held by the cache. */
-gsize    _cp_host_cache_bytes (void);
-
 G_END_DECLS

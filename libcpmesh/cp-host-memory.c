@@ -210,29 +210,3 @@ _cp_host_free (gpointer data,
   cache_evict_locked ();
   _cp_mutex_unlock (&cache_lock);
 }
-
-void
-_cp_host_cache_trim (void)
-{
-  _cp_mutex_lock (&cache_lock);
-  while (!g_queue_is_empty (&cache_blocks))
-    {
-      Block *block = g_queue_pop_head (&cache_blocks);
-
-      unmap_block (block->data, block->capacity);
-      g_free (block);
-    }
-  cache_bytes = 0;
-  _cp_mutex_unlock (&cache_lock);
-}
-
-gsize
-_cp_host_cache_bytes (void)
-{
-  gsize bytes;
-
-  _cp_mutex_lock (&cache_lock);
-  bytes = cache_bytes;
-  _cp_mutex_unlock (&cache_lock);
-  return bytes;
-}

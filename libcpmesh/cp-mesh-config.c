@@ -290,6 +290,7 @@ static gboolean
 check_explicit (int          rank,
                 int          world_size,
                 guint        port,
+                guint        timeout_ms,
                 GError     **error)
 {
   if (world_size < 1 || world_size > CP_MESH_UCX_MAX_WORLD_SIZE || rank < 0 || rank >= world_size)
@@ -303,6 +304,13 @@ check_explicit (int          rank,
     {
       g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
                    "rendezvous port %u: ranks need a port in [1, 65535] to meet on", port);
+      return FALSE;
+    }
+  /* The same range as CPMESH_TIMEOUT_MS: what CpMesh:timeout-ms holds. */
+  if (timeout_ms > G_MAXINT)
+    {
+      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
+                   "timeout %u ms: it must be at most %d ms (0 for the default)", timeout_ms, G_MAXINT);
       return FALSE;
     }
   return TRUE;
@@ -322,7 +330,7 @@ _cp_mesh_config_init (CpMeshConfig        *config,
                       GError             **error)
 {
   memset (config, 0, sizeof *config);
-  if (!check_explicit (rank, world_size, port, error))
+  if (!check_explicit (rank, world_size, port, timeout_ms, error))
     return FALSE;
   config->rank = rank;
   config->world_size = world_size;

@@ -132,7 +132,7 @@ cp_mesh_new_from_env (GError **error)
  * @dim_sizes: (array length=n_dims) (nullable): the size of each dimension
  * @n_dims: the number of dimensions
  * @timeout_ms: the bound on the rendezvous and on every later operation,
- *   in milliseconds; 0 for the default of 120000
+ *   in milliseconds, at most %G_MAXINT; 0 for the default of 120000
  * @error: return location for a #GError
  *
  * Joins this process to a multi-process mesh, like

@@ -898,6 +898,55 @@ plan_gather (CpCollective *coll,
   coll->block = (gsize) length * step;
 }
 
+/* The length of dimension @dim of @tensor once every rank's piece is
+ * concatenated along it. */
+static gboolean
+gathered_length (CpMesh      *self,
+                 CpTensor    *tensor,
+                 guint        dim,
+                 const char  *what,
+                 gint64      *length,
+                 GError     **error)
+{
+  gint64 local = cp_tensor_get_dim (tensor, (int) dim);
+
+  if (local > G_MAXINT64 / self->comm->size)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                   "%s: dimension %u has length %" G_GINT64_FORMAT
+                   ", too long to concatenate from %d ranks", what, dim, local, self->comm->size);
+      return FALSE;
+    }
+  *length = local * self->comm->size;
+  return TRUE;
+}
+
+/* @tensor's shape with dimension @dim gathered from every rank. */
+static gboolean
+gathered_shape (CpMesh    *self,
+                CpTensor  *tensor,
+                guint      dim,
+                gint64    *shape,
+                GError   **error)
+{
+  memcpy (shape, cp_tensor_get_shape (tensor, NULL), cp_tensor_get_n_dims (tensor) * sizeof (gint64));
+  return gathered_length (self, tensor, dim, "all_gather", &shape[dim], error);
+}
+
+/* Fails every rank with this rank's @invalid (taken): the others learn of
+ * it in the rendezvous of the all-gather they are making. */
+static void
+fail_gather_together (CpMesh    *self,
+                      CpTensor  *tensor,
+                      GError    *invalid,
+                      GError   **error)
+{
+  CpCollective coll;
+
+  describe_operand (&coll, CP_COLL_ALL_GATHER, tensor);
+  run_collective (self, &coll, invalid, error);
+}
+
 static gboolean
 check_gather_output (CpMesh     *self,
                      CpTensor   *tensor,
@@ -906,11 +955,10 @@ check_gather_output (CpMesh     *self,
                      GError    **error)
 {
   gint64 shape[CP_TENSOR_MAX_DIMS];
-  guint n_dims;
-  const gint64 *source_shape = cp_tensor_get_shape (tensor, &n_dims);
+  guint n_dims = cp_tensor_get_n_dims (tensor);
 
-  memcpy (shape, source_shape, n_dims * sizeof (gint64));
-  shape[dim] *= self->comm->size;
+  if (!gathered_shape (self, tensor, dim, shape, error))
+    return FALSE;
   if (cp_tensor_get_dtype (out) != cp_tensor_get_dtype (tensor) ||
       cp_tensor_get_n_dims (out) != n_dims ||
       memcmp (cp_tensor_get_shape (out, NULL), shape, n_dims * sizeof (gint64)) != 0)
@@ -980,21 +1028,13 @@ cp_mesh_all_gather (CpMesh    *self,
   g_return_val_if_fail (CP_IS_TENSOR (tensor), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  if (_cp_tensor_normalize_dim (tensor, "all_gather", dim, &d, &invalid))
-    {
-      guint n_dims;
-      const gint64 *source_shape = cp_tensor_get_shape (tensor, &n_dims);
-
-      memcpy (shape, source_shape, n_dims * sizeof (gint64));
-      shape[d] *= self->comm->size;
-      out = _cp_tensor_new_uninit (cp_tensor_get_dtype (tensor), shape, n_dims, &invalid);
-    }
+  if (_cp_tensor_normalize_dim (tensor, "all_gather", dim, &d, &invalid) &&
+      gathered_shape (self, tensor, d, shape, &invalid))
+    out = _cp_tensor_new_uninit (cp_tensor_get_dtype (tensor), shape,
+                                 cp_tensor_get_n_dims (tensor), &invalid);
   if (invalid != NULL)
     {
-      CpCollective coll;
-
-      describe_operand (&coll, CP_COLL_ALL_GATHER, tensor);
-      run_collective (self, &coll, invalid, error);
+      fail_gather_together (self, tensor, invalid, error);
       return NULL;
     }
   if (!gather_into (self, tensor, dim, out, error))
@@ -1555,6 +1595,7 @@ cp_mesh_unshard (CpMesh    *self,
 {
   g_autoptr(CpLayout) layout = NULL;
   GError *invalid = NULL;
+  gint64 seq_len = 0;
   guint d = 0;
 
   g_return_val_if_fail (CP_IS_MESH (self), NULL);
@@ -1563,16 +1604,12 @@ cp_mesh_unshard (CpMesh    *self,
 
   if (self->comm->size == 1)
     return g_object_ref (tensor);
-  if (_cp_tensor_normalize_dim (tensor, "unshard", seq_dim, &d, &invalid))
-    layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL,
-                            cp_tensor_get_dim (tensor, (int) d) * self->comm->size,
-                            self->comm->size, &invalid);
+  if (_cp_tensor_normalize_dim (tensor, "unshard", seq_dim, &d, &invalid) &&
+      gathered_length (self, tensor, d, "unshard", &seq_len, &invalid))
+    layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, seq_len, self->comm->size, &invalid);
   if (invalid != NULL)
     {
-      CpCollective coll;
-
-      describe_operand (&coll, CP_COLL_ALL_GATHER, tensor);
-      run_collective (self, &coll, invalid, error);
+      fail_gather_together (self, tensor, invalid, error);
       return NULL;
     }
   return cp_mesh_unshard_layout (self, tensor, seq_dim, layout, error);
@@ -1646,10 +1683,7 @@ cp_mesh_unshard_layout (CpMesh    *self,
                  cp_tensor_get_dim (tensor, (int) d), cp_layout_get_local_len (layout, rank));
   if (invalid != NULL)
     {
-      CpCollective coll;
-
-      describe_operand (&coll, CP_COLL_ALL_GATHER, tensor);
-      run_collective (self, &coll, invalid, error);
+      fail_gather_together (self, tensor, invalid, error);
       return NULL;
     }
   gathered = cp_mesh_all_gather (self, tensor, (int) d, error);

@@ -312,9 +312,13 @@ check_fd_range (int      fd,
                    "cannot stat fd %d: %s", fd, g_strerror (errno));
       return FALSE;
     }
-  /* dma-bufs report no size through fstat; their mmap checks the range. */
-  if (S_ISREG (st.st_mode) &&
-      (offset < 0 || (guint64) offset + size > (guint64) st.st_size))
+  /* Written so that nothing wraps; dma-bufs report no size through
+   * fstat, so for them the range only has to fit in a file offset (their
+   * mmap checks the rest), which also keeps map_fd's length from
+   * wrapping. */
+  if (offset < 0 || (guint64) size > (guint64) (G_MAXINT64 - offset) ||
+      (S_ISREG (st.st_mode) &&
+       ((guint64) size > (guint64) st.st_size || (guint64) offset > (guint64) st.st_size - size)))
     {
       g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
                    "fd %d holds %" G_GINT64_FORMAT " bytes, but %" G_GSIZE_FORMAT

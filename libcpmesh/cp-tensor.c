@@ -611,6 +611,29 @@ arange_length (gint64 start,
   return (gint64) MIN ((span - 1) / stride + 1, (guint64) G_MAXINT64);
 }
 
+/* int64 values are computed in integers: a double holds them exactly only
+ * up to 2^53.  They cannot overflow, every one lies between start and end.
+ * Other dtypes convert from double as every writer does. */
+static void
+arange_fill (CpTensor *self,
+             gint64    start,
+             gint64    step,
+             gint64    count)
+{
+  gpointer data = cp_tensor_get_data (self);
+  CpDType dtype = cp_tensor_get_dtype (self);
+
+  for (gint64 i = 0; i < count; i++)
+    {
+      gint64 value = (gint64) ((guint64) start + (guint64) i * (guint64) step);
+
+      if (dtype == CP_DTYPE_INT64)
+        ((gint64 *) data)[i] = value;
+      else
+        _cp_dtype_write (dtype, data, (gsize) i, (double) value);
+    }
+}
+
 /**
  * cp_tensor_new_arange:
  * @dtype: the element type
@@ -650,9 +673,7 @@ cp_tensor_new_arange (CpDType   dtype,
   self = _cp_tensor_new_uninit (dtype, &count, 1, error);
   if (self == NULL)
     return NULL;
-  for (gint64 i = 0; i < count; i++)
-    _cp_dtype_write (dtype, cp_tensor_get_data (self), (gsize) i,
-                     (double) start + (double) i * (double) step);
+  arange_fill (self, start, step, count);
   return self;
 }
 

@@ -894,6 +894,30 @@ short_extra (CpBatch *batch, CpBatchOptions *options)
 }
 
 static void
+labels_of_other_rows (CpBatch *batch, CpBatchOptions *options)
+{
+  const gint64 shape[] = { 2, 6 };
+
+  cp_test_batch_take (batch, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 2, 0));
+}
+
+static void
+loss_mask_of_other_rows (CpBatch *batch, CpBatchOptions *options)
+{
+  const gint64 shape[] = { 2, 6 };
+
+  cp_test_batch_take (batch, "loss_mask", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, shape, 2, 0));
+}
+
+static void
+mrope_of_other_rows (CpBatch *batch, CpBatchOptions *options)
+{
+  const gint64 shape[] = { 3, 2, 6 };
+
+  cp_test_batch_take (batch, "position_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 3, 0));
+}
+
+static void
 unknown_rotate (CpBatch *batch, CpBatchOptions *options)
 {
   cp_batch_options_set_rotate_method_name (options, "addtoall");
@@ -985,6 +1009,15 @@ static const ErrorCase error_cases[] = {
     "cp_batch_prepare with a loss mask in the options and another in the batch" },
   { "standard-key-as-extra", extra_is_labels, 0, CP_BATCH_ERROR_CONFLICTING_KEYS, "'labels' is already registered as a standard buffer",
     "cp_batch_prepare with labels also named as an extra buffer" },
+  { "rows-mismatch-labels", labels_of_other_rows, 1, CP_TENSOR_ERROR_SHAPE,
+    "'labels' is int64[2, 6] on host; it must be [B, S] with B = 1 like 'input_ids'",
+    "cp_batch_prepare with labels of another batch size than input_ids" },
+  { "rows-mismatch-loss-mask", loss_mask_of_other_rows, 1, CP_TENSOR_ERROR_SHAPE,
+    "'loss_mask' is float32[2, 6] on host; it must be [B, S] with B = 1 like 'input_ids'",
+    "cp_batch_prepare with a loss_mask of another batch size than input_ids" },
+  { "rows-mismatch-mrope", mrope_of_other_rows, 1, CP_TENSOR_ERROR_SHAPE,
+    "'position_ids' is int64[3, 2, 6] on host; it must be [3, B, S] with B = 1 like 'input_ids'",
+    "cp_batch_prepare with mRoPE position_ids of another batch size than input_ids" },
   { "bad-position-ids", bad_positions, 1, CP_TENSOR_ERROR_SHAPE, "'position_ids' is int64[6] on host",
     "cp_batch_prepare with 1-d position_ids" },
 };

@@ -188,14 +188,21 @@ add_failure (const char  *path,
   g_test_add_data_func (path, c, test_failure);
 }
 
+typedef struct
+{
+  CpTensor *ids;
+  int calls;
+} RunState;
+
 static void
 run_func (CpContext *context,
           gpointer   user_data)
 {
-  CpTensor *ids = user_data;
+  RunState *state = user_data;
 
+  state->calls++;
   g_assert_true (cp_context_is_entered (context));
-  g_assert_cmpint (cp_tensor_get_dim (ids, 1), ==, 2);
+  g_assert_cmpint (cp_tensor_get_dim (state->ids, 1), ==, 2);
 }
 
 static void
@@ -208,9 +215,12 @@ run_rank (CpMesh   *mesh,
   g_autoptr(CpTensor) copy = cp_tensor_copy (ids, NULL);
   g_autoptr(GError) error = NULL;
 
+  RunState state = { ids, 0 };
+
   cp_context_register_buffer (context, ids, 1, TRUE);
-  g_assert_true (cp_context_run (context, run_func, ids, &error));
+  g_assert_true (cp_context_run (context, run_func, &state, &error));
   g_assert_no_error (error);
+  g_assert_cmpint (state.calls, ==, 1);
   g_assert_false (cp_context_is_entered (context));
   g_assert_true (cp_tensor_equal (ids, copy));
 }

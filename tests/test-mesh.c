@@ -157,6 +157,19 @@ gather_into_rank (CpMesh   *mesh,
   CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpMesh",
                        "all_gather_into where one rank's output has the wrong shape (every rank fails)");
   g_assert_nonnull (strstr (error->message, "communicator rank 2: all_gather: the output is float64[5]"));
+  g_clear_error (&error);
+
+  /* An empty piece may have any length; the gathered one must fit int64. */
+  {
+    const gint64 huge[] = { 0, G_GINT64_CONSTANT (1) << 62 };
+    g_autoptr(CpTensor) empty = cp_tensor_new (CP_DTYPE_UINT8, huge, 2, NULL);
+    g_autoptr(CpTensor) gathered = cp_mesh_all_gather (mesh, empty, 1, &error);
+
+    g_assert_null (gathered);
+    CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpMesh",
+                         "all_gather whose gathered length would overflow int64 (every rank fails)");
+    g_assert_nonnull (strstr (error->message, "too long to concatenate from 3 ranks"));
+  }
 }
 
 static void
@@ -661,10 +674,8 @@ test_submesh_collectives (void)
 {
   const char *names[] = { "dp", "cp", NULL };
   const int sizes[] = { 2, 4 };
-  GList *meshes = cp_mesh_new_local_group (names, sizes, 2, NULL);
 
-  cp_test_run_ranks (meshes, submesh_rank, NULL);
-  cp_test_free_group (meshes);
+  cp_test_run_mesh (names, sizes, 2, submesh_rank, NULL);
 }
 
 typedef struct

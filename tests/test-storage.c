@@ -118,6 +118,11 @@ test_from_fd_checks_range (void)
                        "cp_tensor_new_from_fd asking for more bytes than the file holds");
   g_assert_nonnull (strstr (error->message, "holds 64 bytes, but 128 bytes"));
   g_clear_error (&error);
+  /* offset + size wraps around: the range is still out of the file. */
+  g_assert_null (cp_storage_new_from_fd (fd, 8, G_MAXSIZE - 4, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE, "CpStorage",
+                       "cp_storage_new_from_fd with an offset + size that wraps around");
+  g_clear_error (&error);
   g_assert_null (cp_tensor_new_from_fd (CP_DTYPE_FLOAT32, &n, 1, fd, 2, &error));
   CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_MISALIGNED, "CpStorage",
                        "cp_tensor_new_from_fd at an offset not aligned to the element size");

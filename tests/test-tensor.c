@@ -228,6 +228,16 @@ test_arange_and_full (void)
     g_assert_no_error (error);
     g_assert_cmpint (cp_tensor_get_numel (two), ==, 2);
   }
+  /* int64 values past 2^53, which a double cannot tell apart. */
+  {
+    const gint64 big = G_GINT64_CONSTANT (1) << 60;
+    g_autoptr(CpTensor) large = cp_tensor_new_arange (CP_DTYPE_INT64, big, big + 4, 1, &error);
+    const gint64 *values = cp_tensor_get_data (large);
+
+    g_assert_no_error (error);
+    for (gint64 i = 0; i < 4; i++)
+      g_assert_cmpint (values[i], ==, big + i);
+  }
 }
 
 static void

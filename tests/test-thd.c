@@ -555,6 +555,25 @@ e7_rank (CpMesh *mesh,
   g_assert_nonnull (cp_batch_get_layout (out, 1));
 }
 
+/* int32 ids with a per-token dimension, in two chunks, widen to exactly
+ * what int64 ids give: every chunk lands at its own place. */
+static void
+narrow_ids_in_chunks (CpMesh *mesh)
+{
+  const gint64 shape[] = { 2, 4, 2 };
+  g_autoptr(CpThdOptions) options = chunks (2);
+  g_autoptr(CpBatch) narrow = uniform_batch (2, 4, 1);
+  g_autoptr(CpBatch) wide = uniform_batch (2, 4, 1);
+  g_autoptr(CpBatch) narrow_out = NULL, wide_out = NULL;
+
+  cp_test_batch_take (narrow, "input_ids", cp_test_tensor_pattern (CP_DTYPE_INT32, shape, 3, 7));
+  cp_test_batch_take (wide, "input_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 3, 7));
+  narrow_out = convert (narrow, mesh, options);
+  wide_out = convert (wide, mesh, options);
+  g_assert_cmpint (cp_tensor_get_dtype (cp_batch_get (narrow_out, "input_ids")), ==, CP_DTYPE_INT64);
+  g_assert_true (cp_tensor_equal (cp_batch_get (narrow_out, "input_ids"), cp_batch_get (wide_out, "input_ids")));
+}
+
 /* Embeddings keep their dtype when sharded (the reference casts them to
  * int64); int32 ids become int64 as the reference's do. */
 static void
@@ -585,6 +604,7 @@ dtypes_rank (CpMesh *mesh,
   g_assert_cmpint (cp_tensor_get_dtype (cp_batch_get (ints_out, "input_ids")), ==, CP_DTYPE_INT64);
   if (rank == 1)
     CP_TEST_ASSERT_VALUES (cp_batch_get (ints_out, "input_ids"), 3, 4, 5, 6);
+  narrow_ids_in_chunks (mesh);
 }
 
 /* A real token equal to the padding id is not masked by the layout rule;
@@ -649,6 +669,14 @@ test_pad_documents (void)
                          0, 1, 2, 3, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6, 7);
   CP_TEST_ASSERT_VALUES (cp_batch_get (padded, "seq_lens"), 3, 2, 6, SENTINEL);
   CP_TEST_ASSERT_VALUES (cp_batch_get (padded, "seq_lens_padded"), 4, 4, 8, SENTINEL);
+  g_clear_object (&padded);
+
+  /* Lengths whose sum wraps around int64 run past the row all the same. */
+  cp_test_batch_take (batch, "seq_lens", MATRIX (CP_DTYPE_INT64, 2, 2, 5, G_MAXINT64, 6, SENTINEL));
+  g_assert_null (cp_batch_pad_documents (batch, 2, options, &error));
+  CP_TEST_ASSERT_CASE (error, CP_BATCH_ERROR, CP_BATCH_ERROR_INVALID_SEQ_LENS, "CpBatch (THD)",
+                       "cp_batch_pad_documents with lengths whose sum overflows int64");
+  g_assert_nonnull (strstr (error->message, "seq_lens[0, 1] = 9223372036854775807"));
 }
 
 /* The property: random packed documents on C ∈ {1..8} ranks.  Token ids
@@ -969,6 +997,33 @@ token_rule_embeddings (CpThdOptions *options)
 }
 
 static CpBatch *
+token_rule_per_token_dim (CpThdOptions *options)
+{
+  const gint64 shape[] = { 1, 4, 2 };
+  CpBatch *batch = PACKED (1, 4, L (1, 2, 3, 4), 1, L (4), L (4));
+
+  cp_thd_options_set_padding_mask_rule (options, CP_PADDING_MASK_RULE_TOKEN_ID);
+  cp_test_batch_take (batch, "input_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 3, 0));
+  return batch;
+}
+
+static CpBatch *
+chunks_of_nothing (CpThdOptions *options)
+{
+  const gint64 empty[] = { 0, 4 };
+  const gint64 no_docs[] = { 0, 1 };
+  CpBatch *batch = cp_batch_new ();
+
+  cp_thd_options_set_num_chunks (options, 2);
+  cp_test_batch_take (batch, "input_ids", cp_tensor_new (CP_DTYPE_INT64, empty, 2, NULL));
+  cp_test_batch_take (batch, "labels", cp_tensor_new (CP_DTYPE_INT64, empty, 2, NULL));
+  cp_test_batch_take (batch, "position_ids", cp_tensor_new (CP_DTYPE_INT64, empty, 2, NULL));
+  cp_test_batch_take (batch, "seq_lens", cp_tensor_new (CP_DTYPE_INT64, no_docs, 2, NULL));
+  cp_test_batch_take (batch, "seq_lens_padded", cp_tensor_new (CP_DTYPE_INT64, no_docs, 2, NULL));
+  return batch;
+}
+
+static CpBatch *
 mrope_positions (CpThdOptions *options)
 {
   const gint64 shape[] = { 3, 1, 4 };
@@ -1018,8 +1073,14 @@ static const ErrorCase error_cases[] = {
     "row 1 holds 4 tokens but no document",
     "cp_batch_to_thd with a row that holds tokens but no document" },
   { "token-rule-embeddings", 1, token_rule_embeddings, cp_batch_error_quark, CP_BATCH_ERROR_INVALID_OPTION,
-    "needs token ids",
+    "needs one integer id per token, and 'input_ids' is float32[1, 4, 2]",
     "cp_batch_to_thd with the token-id padding-mask rule on embeddings" },
+  { "token-rule-per-token-dim", 1, token_rule_per_token_dim, cp_batch_error_quark,
+    CP_BATCH_ERROR_INVALID_OPTION, "needs one integer id per token, and 'input_ids' is int64[1, 4, 2]",
+    "cp_batch_to_thd with the token-id padding-mask rule on ids with a per-token dimension" },
+  { "chunks-of-no-rows", 1, chunks_of_nothing, cp_batch_error_quark, CP_BATCH_ERROR_INDIVISIBLE,
+    "num_chunks 2 splits the batch rows, and the batch has none",
+    "cp_batch_to_thd of a batch without rows into several chunks" },
   { "mrope-positions", 2, mrope_positions, cp_tensor_error_quark, CP_TENSOR_ERROR_SHAPE,
     "'position_ids' is int64[3, 1, 4] on host; it must be [1, 4] like 'input_ids'",
     "cp_batch_to_thd with mRoPE position_ids [3, B, S]" },

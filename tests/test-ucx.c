@@ -420,6 +420,11 @@ test_explicit (void)
                        "cp_mesh_new_ucx joining a rendezvous on port 0");
   g_assert_nonnull (strstr (error->message, "port 0"));
   g_clear_error (&error);
+  g_assert_null (cp_mesh_new_ucx (0, 1, NULL, 0, NULL, NULL, NULL, 0, 3000000000u, &error));
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY, "CpMesh (ucx)",
+                       "cp_mesh_new_ucx with a timeout past G_MAXINT ms");
+  g_assert_nonnull (strstr (error->message, "timeout 3000000000 ms"));
+  g_clear_error (&error);
   g_assert_null (cp_mesh_new_ucx (0, 2, "no.such.host.invalid", 29500, NULL, NULL, NULL, 0, 500, &error));
   CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY, "CpMesh (ucx)",
                        "a rendezvous address that does not resolve");

@@ -148,9 +148,19 @@ random_tensor (CpDType  dtype,
                guint    seed)
 {
   gint64 shape[] = { b, h, s, d };
-  CpTensor *t = cp_tensor_new (dtype, shape, 4, NULL);
-  GRand *rand = g_rand_new_with_seed (seed);
-  gint64 n = cp_tensor_get_numel (t);
+  g_autoptr(GError) error = NULL;
+  CpTensor *t = cp_tensor_new (dtype, shape, 4, &error);
+  GRand *rand;
+  gint64 n;
+
+  if (t == NULL)
+    {
+      /* A benchmark has nothing to measure without its inputs. */
+      g_printerr ("bench attention: %s\n", error->message);
+      exit (CPMESH_EXIT_FAILED);
+    }
+  rand = g_rand_new_with_seed (seed);
+  n = cp_tensor_get_numel (t);
 
   if (dtype == CP_DTYPE_FLOAT32)
     {
@@ -483,6 +493,24 @@ bench_cp (const BenchOptions  *options,
   return ok;
 }
 
+/* The instruction set oneDNN dispatches to, by name. */
+static const char *
+isa_name (dnnl_cpu_isa_t isa)
+{
+  switch (isa)
+    {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "other";
+    }
+}
+
 static gboolean
 bench_single (const BenchOptions  *options,
               GError             **error)
@@ -499,8 +527,8 @@ bench_single (const BenchOptions  *options,
   g_autofree char *matmul16_text = matmul16 > 0 ? g_strdup_printf ("%.1f GFLOP/s", matmul16)
                                                 : g_strdup ("not available on this CPU");
 
-  printf ("oneDNN ISA 0x%x, %u threads; matmul 2048³: float32 %.1f GFLOP/s, bfloat16 %s\n",
-          (unsigned) isa, g_get_num_processors (), matmul32, matmul16_text);
+  printf ("oneDNN ISA %s, %u threads; matmul 2048³: float32 %.1f GFLOP/s, bfloat16 %s\n",
+          isa_name (isa), g_get_num_processors (), matmul32, matmul16_text);
   printf ("attention bfloat16 path: %s\n",
           native16 ? "bfloat16 GEMMs (compared with the bfloat16 matmul)"
                    : "converted to float32 (compared with the float32 matmul)");
@@ -556,9 +584,27 @@ parse_options (int            argc,
   options->n_seq_lens = (int) g_strv_length (parts);
   options->seq_lens = g_new0 (gint64, MAX (options->n_seq_lens, 1));
   for (int i = 0; i < options->n_seq_lens; i++)
-    options->seq_lens[i] = g_ascii_strtoll (parts[i], NULL, 10);
-  options->reps = MAX (reps, 1);
-  options->cp_size = MAX (cp_size, 1);
+    if (!g_ascii_string_to_signed (parts[i], 10, 1, 1 << 20, &options->seq_lens[i], error))
+      {
+        g_prefix_error (error, "--seq: ");
+        return FALSE;
+      }
+  if (reps < 1 || cp_size < 1)
+    {
+      g_set_error (error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE,
+                   "--reps %d and --cp %d must be at least 1", reps, cp_size);
+      return FALSE;
+    }
+  /* The CP run lays the sequence out head-tail: 2·C equal chunks. */
+  if (cp_size >= 2 && (cp_seq_len < 1 || cp_seq_len % (2 * cp_size) != 0))
+    {
+      g_set_error (error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE,
+                   "--cp-seq %" G_GINT64_FORMAT " must be a positive multiple of 2·C = %d",
+                   cp_seq_len, 2 * cp_size);
+      return FALSE;
+    }
+  options->reps = reps;
+  options->cp_size = cp_size;
   options->cp_seq_len = cp_seq_len;
   options->skip_torch = skip_torch;
   return TRUE;

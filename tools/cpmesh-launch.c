@@ -62,7 +62,8 @@ static void
 signal_rank (Rank *rank,
              int   signum)
 {
-  const char *id = rank->exited ? NULL : g_subprocess_get_identifier (rank->process);
+  const char *id = rank->exited || rank->process == NULL ? NULL
+                   : g_subprocess_get_identifier (rank->process);
 
   if (id != NULL)
     kill (-(pid_t) g_ascii_strtoll (id, NULL, 10), signum);
@@ -249,7 +250,13 @@ start_ranks (Launch              *launch,
       rank->rank = r;
       rank->process = g_subprocess_launcher_spawnv (launcher, command, error);
       if (rank->process == NULL)
-        return FALSE;
+        {
+          /* This rank and the ones never started count as gone, so that
+           * the launch ends once the started ones have been stopped. */
+          for (int later = r; later < launch->n; later++)
+            launch->ranks[later].exited = TRUE;
+          return FALSE;
+        }
       rank->streams[0] = g_data_input_stream_new (g_subprocess_get_stdout_pipe (rank->process));
       rank->streams[1] = g_data_input_stream_new (g_subprocess_get_stderr_pipe (rank->process));
       rank->open[0] = rank->open[1] = TRUE;

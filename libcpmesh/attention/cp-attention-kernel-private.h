@@ -110,8 +110,4 @@ void  _cp_attn_backward_block (const CpAttnProblem *problem,
  * the processors of this machine shared among @ranks_in_process ranks. */
 int   _cp_attn_default_threads (int ranks_in_process);
 
-/* A short name of the instruction set oneDNN dispatches to ("avx2",
- * "avx512_core_amx", ...), for benchmarks and documentation. */
-const char *_cp_attn_gemm_isa  (void);
-
 G_END_DECLS

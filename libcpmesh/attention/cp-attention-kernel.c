@@ -620,20 +620,3 @@ _cp_attn_default_threads (int ranks_in_process)
 {
   return MAX (1, (int) g_get_num_processors () / MAX (ranks_in_process, 1));
 }
-
-const char *
-_cp_attn_gemm_isa (void)
-{
-  switch (dnnl_get_effective_cpu_isa ())
-    {
-    case dnnl_cpu_isa_sse41: return "sse41";
-    case dnnl_cpu_isa_avx: return "avx";
-    case dnnl_cpu_isa_avx2: return "avx2";
-    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
-    case dnnl_cpu_isa_avx512_core: return "avx512_core";
-    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
-    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
-    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
-    default: return "other";
-    }
-}

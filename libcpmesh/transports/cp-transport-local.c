@@ -34,7 +34,6 @@
 typedef struct
 {
   gatomicrefcount ref_count;
-  int world_size;
   CpMutex lock;
   CpCond cond;
   GHashTable *comms;  /* label:members → SharedComm, not owned */
@@ -131,6 +130,7 @@ local_transport_free (CpTransport *transport)
 
   leave_group (self->group, transport->rank);
   group_unref (self->group);
+  _cp_transport_clear (transport);
   g_free (self);
 }
 
@@ -396,10 +396,8 @@ slice_bounds (LocalComm          *self,
               gsize              *lo,
               gsize              *hi)
 {
-  gsize n = (gsize) self->parent.size;
-
-  *lo = coll->count * (gsize) r / n;
-  *hi = coll->count * (gsize) (r + 1) / n;
+  *lo = _cp_collective_slice_start (coll, self->parent.size, r);
+  *hi = _cp_collective_slice_start (coll, self->parent.size, r + 1);
 }
 
 /* Allocated before the rendezvous: a rank that cannot allocate fails the
@@ -775,7 +773,6 @@ _cp_transport_local_new_group (int world_size)
   CpTransport **transports = g_new0 (CpTransport *, world_size);
 
   g_atomic_ref_count_init (&group->ref_count);
-  group->world_size = world_size;
   _cp_mutex_init (&group->lock);
   _cp_cond_init (&group->cond);
   group->comms = g_hash_table_new (g_str_hash, g_str_equal);

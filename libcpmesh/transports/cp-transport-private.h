@@ -79,6 +79,9 @@ struct _CpTransportOps
 {
   const char *name;
 
+  /* Tears the backend down, then calls _cp_transport_clear() before it
+   * frees the structure: peers may still report failures while it closes
+   * its connections. */
   void       (*transport_free) (CpTransport   *transport);
 
   /* A communicator of @n_members transport ranks in which this rank has
@@ -154,6 +157,7 @@ void         _cp_transport_init  (CpTransport          *transport,
                                   const CpTransportOps *ops,
                                   int                   rank,
                                   int                   world_size);
+void         _cp_transport_clear (CpTransport          *transport);
 
 void         _cp_transport_set_peer_lost_func (CpTransport    *transport,
                                               CpPeerLostFunc  func,
@@ -193,6 +197,14 @@ void         _cp_reduce_many     (CpDType        dtype,
                                   int            n,
                                   gsize          offset,
                                   gsize          count);
+
+/* Where member @r's slice of an all-reduce's @coll->count elements
+ * starts when @n members split them (it ends where member r + 1's
+ * starts).  Every backend splits the same way, so every rank reduces the
+ * same elements in the same order. */
+gsize        _cp_collective_slice_start (const CpCollective *coll,
+                                         int                 n,
+                                         int                 r);
 
 const char  *_cp_collective_name (CpCollKind kind);
 

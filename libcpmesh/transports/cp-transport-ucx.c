@@ -808,19 +808,11 @@ typedef struct
 } ReducePlan;
 
 static gsize
-slice_start (CpCollective *coll,
-             int           n,
-             int           r)
-{
-  return coll->count * (gsize) r / (gsize) n;
-}
-
-static gsize
 slice_length (CpCollective *coll,
               int           n,
               int           r)
 {
-  return slice_start (coll, n, r + 1) - slice_start (coll, n, r);
+  return _cp_collective_slice_start (coll, n, r + 1) - _cp_collective_slice_start (coll, n, r);
 }
 
 static Region
@@ -832,7 +824,7 @@ reduce_send (CpCollective *coll,
 {
   ReducePlan *plan = user_data;
 
-  return contiguous ((guint8 *) coll->recv + slice_start (coll, n, r) * plan->elsize,
+  return contiguous ((guint8 *) coll->recv + _cp_collective_slice_start (coll, n, r) * plan->elsize,
                      slice_length (coll, n, r) * plan->elsize);
 }
 
@@ -857,7 +849,8 @@ reduced_send (CpCollective *coll,
 {
   ReducePlan *plan = user_data;
 
-  return contiguous (plan->result + slice_start (coll, n, me) * plan->elsize, plan->mine * plan->elsize);
+  return contiguous (plan->result + _cp_collective_slice_start (coll, n, me) * plan->elsize,
+                     plan->mine * plan->elsize);
 }
 
 static Region
@@ -869,7 +862,7 @@ reduced_recv (CpCollective *coll,
 {
   ReducePlan *plan = user_data;
 
-  return contiguous (plan->result + slice_start (coll, n, r) * plan->elsize,
+  return contiguous (plan->result + _cp_collective_slice_start (coll, n, r) * plan->elsize,
                      slice_length (coll, n, r) * plan->elsize);
 }
 
@@ -880,7 +873,7 @@ reduce_own_slice (CpCollective *coll,
                   ReducePlan   *plan)
 {
   g_autofree gconstpointer *srcs = g_new (gconstpointer, n);
-  gsize start = slice_start (coll, n, me);
+  gsize start = _cp_collective_slice_start (coll, n, me);
 
   for (int r = 0; r < n; r++)
     srcs[r] = r == me ? (guint8 *) coll->recv + start * plan->elsize
@@ -1118,7 +1111,8 @@ ucx_wait (CpComm     *parent,
           GError    **error)
 {
   UcxComm *comm = (UcxComm *) parent;
-  gboolean ok = check_usable (comm->transport, request->is_send ? "send" : "recv", error);
+  GError *unusable = NULL;
+  gboolean ok = check_usable (comm->transport, request->is_send ? "send" : "recv", &unusable);
 
   if (ok && request->is_send)
     ok = wait_send (comm, request, deadline, error);
@@ -1126,13 +1120,10 @@ ucx_wait (CpComm     *parent,
     ok = wait_recv (comm, request, deadline, error);
   else
     {
-      lock (comm->transport);
-      for (guint i = 0; i < G_N_ELEMENTS (request->ops); i++)
-        if (request->ops[i].request != NULL && request->ops[i].is_recv)
-          ucp_request_cancel (comm->transport->worker->worker, request->ops[i].request);
-      for (guint i = 0; i < G_N_ELEMENTS (request->ops); i++)
-        _cp_ucx_op_clear (&request->ops[i]);
-      unlock (comm->transport);
+      /* A send still in flight may be read by its peer: abort_ops closes
+       * the endpoint by force before the buffers go. */
+      abort_ops (comm->transport, request->ops, G_N_ELEMENTS (request->ops), unusable);
+      g_propagate_error (error, unusable);
     }
   g_free (request);
   return ok;
@@ -1155,6 +1146,7 @@ ucx_transport_free (CpTransport *transport)
   g_free (self->peers);
   g_ptr_array_unref (self->comms);
   g_clear_error (&self->broken);
+  _cp_transport_clear (transport);
   g_free (self);
 }
 

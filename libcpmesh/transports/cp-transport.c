@@ -73,8 +73,15 @@ _cp_transport_unref (CpTransport *transport)
   if (!g_atomic_ref_count_dec (&transport->ref_count))
     return;
   clear_peer_lost_func (transport);
-  _cp_mutex_clear (&transport->peer_lost_lock);
   transport->ops->transport_free (transport);
+}
+
+/* The lock outlives the backend's teardown, during which a peer that
+ * fails still reports it (to no one, the callback being gone). */
+void
+_cp_transport_clear (CpTransport *transport)
+{
+  _cp_mutex_clear (&transport->peer_lost_lock);
 }
 
 void
@@ -293,6 +300,14 @@ reduce_bool (CpReduceOp     op,
         }
       out[i] = op == CP_REDUCE_OP_MIN ? all : any;
     }
+}
+
+gsize
+_cp_collective_slice_start (const CpCollective *coll,
+                            int                 n,
+                            int                 r)
+{
+  return coll->count * (gsize) r / (gsize) n;
 }
 
 void

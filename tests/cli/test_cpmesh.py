@@ -259,6 +259,13 @@ class Launch(unittest.TestCase):
         self.assertEqual(result.returncode, 3, result.stderr)
         self.assertIn("rank 1 exited with status 3; stopping the other ranks", result.stderr)
 
+    def test_program_that_cannot_start(self):
+        result = run("launch", "-n", "2", "--", "/nonexistent/program")
+        self.assertEqual(result.returncode, 127, result.stderr)
+        self.assertIn("cpmesh launch: cannot start /nonexistent/program", result.stderr)
+        self.assertNotIn("CRITICAL", result.stderr)
+        record_failure(self, "launch of a program that does not exist", result)
+
     def test_usage_errors(self):
         for args in (["launch"], ["launch", "-n", "0", "--", "true"], ["launch", "-n", "2"]):
             result = run(*args)
@@ -268,7 +275,8 @@ class Launch(unittest.TestCase):
 
 class Bench(unittest.TestCase):
     """The benchmarks run, verify their data and report every row; their
-    figures are not judged here (see `meson test --benchmark`)."""
+    figures are not judged here: the benchmarks print each against its
+    target for whoever runs them on a quiet machine."""
 
     def test_layout_quick(self):
         result = run("bench", "layout", "--quick", "--reps", "1")
@@ -290,6 +298,16 @@ class Bench(unittest.TestCase):
         result = run("bench", "mesh", "--ranks", "0")
         self.assertEqual(result.returncode, 2)
         record_failure(self, "bench mesh --ranks 0", result)
+
+    def test_attention_bad_options(self):
+        for args, message in ((["--seq", "abc"], "--seq: "),
+                              (["--seq", "-8"], "--seq: "),
+                              (["--cp", "4", "--cp-seq", "100"], "--cp-seq 100 must be a positive multiple of 2·C = 8"),
+                              (["--reps", "0"], "must be at least 1")):
+            result = run("bench", "attention", "--no-torch", *args)
+            self.assertEqual(result.returncode, 2, result.stderr)
+            self.assertIn(message, result.stderr)
+            record_failure(self, "bench attention " + " ".join(args), result)
 
 
 if __name__ == "__main__":
