@@ -621,6 +621,7 @@ cpmesh_bench_attention (int    argc,
   if (!parse_options (argc, argv, &options, &error))
     {
       g_printerr ("bench attention: %s\n", error->message);
+      g_free (options.seq_lens);
       return 2;
     }
   ok = bench_single (&options, &error) && (options.cp_size < 2 || bench_cp (&options, &error));
