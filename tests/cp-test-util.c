@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <glib/gstdio.h>
+
 #include "cp-test-util.h"
 
 typedef struct
@@ -411,4 +413,130 @@ cp_test_record_outcome (const char *subject,
                         const char *message)
 {
   record (subject, what, outcome, message);
+}
+
+/* ---- one process per subtest ---- */
+
+#undef g_test_add_func
+#undef g_test_add_data_func
+#undef g_test_skip
+
+typedef struct
+{
+  GTestFunc func;
+  GTestDataFunc data_func;
+  gconstpointer data;
+} Subtest;
+
+/* The child writes its skip message here; the parent names the file. */
+#define SKIP_FILE_VARIABLE "CP_TEST_SKIP_FILE"
+
+static gboolean
+run_in_process (void)
+{
+  return g_test_subprocess () || g_strcmp0 (g_getenv ("CP_TEST_IN_PROCESS"), "1") == 0;
+}
+
+static void
+run_subtest (const Subtest *subtest)
+{
+  if (subtest->func != NULL)
+    subtest->func ();
+  else
+    subtest->data_func (subtest->data);
+}
+
+/* The parent's records are the children's: it starts the file afresh. */
+static void
+start_reliability_log_once (void)
+{
+  static gboolean started;
+  const char *path = g_getenv ("CP_RELIABILITY_LOG");
+
+  if (started || path == NULL || *path == '\0' || g_test_subprocess ()
+      || g_getenv ("CP_RELIABILITY_APPEND") != NULL)
+    return;
+  started = TRUE;
+  g_assert_true (g_file_set_contents (path, "", 0, NULL));
+  g_setenv ("CP_RELIABILITY_APPEND", "1", TRUE);
+}
+
+static char *
+take_skip_message (const char *skip_file)
+{
+  char *message = NULL;
+
+  if (!g_file_get_contents (skip_file, &message, NULL, NULL))
+    return NULL;
+  g_unlink (skip_file);
+  return message;
+}
+
+static void
+run_isolated (gconstpointer data)
+{
+  g_autofree char *skip_file = NULL;
+  g_autofree char *skipped = NULL;
+  int fd;
+
+  if (run_in_process ())
+    {
+      run_subtest (data);
+      return;
+    }
+  fd = g_file_open_tmp ("cp-test-skip-XXXXXX", &skip_file, NULL);
+  g_assert_cmpint (fd, >=, 0);
+  close (fd);
+  g_unlink (skip_file);
+  g_setenv (SKIP_FILE_VARIABLE, skip_file, TRUE);
+  g_test_trap_subprocess (NULL, 0, G_TEST_SUBPROCESS_INHERIT_STDERR);
+  g_unsetenv (SKIP_FILE_VARIABLE);
+  skipped = take_skip_message (skip_file);
+  /* A child whose only subtest skipped exits with 77. */
+  if (skipped != NULL)
+    g_test_skip (skipped);
+  else if (!g_test_trap_has_passed ())
+    g_test_fail_printf ("the subtest's process failed (see its output above)");
+}
+
+void
+cp_test_add_func_isolated (const char *path,
+                           GTestFunc   func)
+{
+  Subtest *subtest = g_new0 (Subtest, 1);
+
+  start_reliability_log_once ();
+  subtest->func = func;
+  g_test_add_data_func_full (path, subtest, run_isolated, g_free);
+}
+
+void
+cp_test_add_data_func_isolated (const char    *path,
+                                gconstpointer  data,
+                                GTestDataFunc  func)
+{
+  Subtest *subtest = g_new0 (Subtest, 1);
+
+  start_reliability_log_once ();
+  subtest->data_func = func;
+  subtest->data = data;
+  g_test_add_data_func_full (path, subtest, run_isolated, g_free);
+}
+
+void
+cp_test_add_func_in_process (const char *path,
+                             GTestFunc   func)
+{
+  start_reliability_log_once ();
+  g_test_add_func (path, func);
+}
+
+void
+cp_test_skip (const char *message)
+{
+  const char *skip_file = g_getenv (SKIP_FILE_VARIABLE);
+
+  if (g_test_subprocess () && skip_file != NULL)
+    g_assert_true (g_file_set_contents (skip_file, message, -1, NULL));
+  g_test_skip (message);
 }

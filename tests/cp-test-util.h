@@ -143,4 +143,30 @@ void       cp_test_record_outcome     (const char     *subject,
     cp_test_record_error ((subject), (what), (error));                      \
   } G_STMT_END
 
+/* Every subtest runs in a process of its own, so that a failed assertion
+ * (which aborts) or a crash fails that subtest alone and the program goes
+ * on to report every other one.  The test files keep calling GLib's
+ * registration functions; these macros route them through a proxy that
+ * runs the subtest in a GTest subprocess and turns its exit into a pass,
+ * a failure or a skip of the parent's subtest.  CP_TEST_IN_PROCESS=1 in
+ * the environment (the valgrind setup sets it, since memcheck does not
+ * follow the subprocesses) runs every subtest in the one process. */
+void       cp_test_add_func_isolated  (const char     *path,
+                                       GTestFunc       func);
+void       cp_test_add_data_func_isolated (const char     *path,
+                                           gconstpointer   data,
+                                           GTestDataFunc   func);
+/* For a subtest that starts GTest subprocesses of its own (to watch a
+ * critical abort, say): it always runs in the test program's process. */
+void       cp_test_add_func_in_process (const char     *path,
+                                        GTestFunc       func);
+/* Skips the running subtest; from an isolated subtest the parent reports
+ * the skip. */
+void       cp_test_skip               (const char     *message);
+
+#define g_test_add_func(path, func) cp_test_add_func_isolated ((path), (func))
+#define g_test_add_data_func(path, data, func)                               \
+  cp_test_add_data_func_isolated ((path), (data), (func))
+#define g_test_skip(message) cp_test_skip (message)
+
 G_END_DECLS
