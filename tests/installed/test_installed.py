@@ -180,6 +180,26 @@ class Installed(UserProgram):
             self.assertTrue(os.path.realpath(path).startswith(os.path.realpath(self.destdir)),
                             "%s is not in the installed copy" % path)
 
+    def test_python_example_runs_in_a_venv_with_system_site_packages(self):
+        venv = os.path.join(self.tmp, "venv")
+        self.run_in_work(["/usr/bin/python3", "-m", "venv", "--system-site-packages",
+                          "--without-pip", venv], clean_env(self.tmp))
+        result = self.run_in_work([os.path.join(venv, "bin", "python"), "example.py"],
+                                  self.user_env())
+        self.assertEqual(result.stdout, PYTHON_OUTPUT)
+
+    def test_a_venv_without_system_site_packages_has_no_gi(self):
+        # Why README.md asks for --system-site-packages: PyGObject is
+        # Debian's python3-gi, in the system's site directory.
+        venv = os.path.join(self.tmp, "bare-venv")
+        self.run_in_work(["/usr/bin/python3", "-m", "venv", "--without-pip", venv],
+                         clean_env(self.tmp))
+        result = subprocess.run([os.path.join(venv, "bin", "python"), "-c", "import gi"],
+                                cwd=self.work, env=clean_env(self.tmp), capture_output=True,
+                                text=True, timeout=60)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("No module named 'gi'", result.stderr)
+
     def test_gjs_example_runs(self):
         gjs = shutil.which("gjs", path="/usr/bin:/bin")
         if gjs is None:
@@ -213,6 +233,12 @@ class Devenv(UserProgram):
     def devenv(self, *command):
         return self.run_in_work([MESON, "devenv", "-C", BUILD_ROOT, "-w", ".", *command],
                                 clean_env(self.tmp, instrumented=True))
+
+    def test_c_example_builds_with_pkg_config(self):
+        # Meson puts libcpmesh-1-uninstalled.pc on PKG_CONFIG_PATH.
+        result = self.devenv("sh", "-c", "cc -o example-c example.c "
+                             "$(pkg-config --cflags --libs libcpmesh-1) && ./example-c")
+        self.assertEqual(result.stdout, C_OUTPUT)
 
     def test_python_example_runs(self):
         result = self.devenv("/usr/bin/python3", "example.py")
