@@ -100,6 +100,31 @@ append_run (GArray *runs,
     g_array_append_val (runs, run);
 }
 
+/* How many chunks each rank takes from every document. */
+static guint
+chunks_per_document (CpLayout *self)
+{
+  return self->balance == CP_LOAD_BALANCE_CONTIGUOUS ? 1 : 2;
+}
+
+/* The chunks rank @rank takes from document [@lo, @hi), in local order:
+ * chunk r of C (contiguous), or chunks r and 2·C−1−r of 2·C (head-tail).
+ * This is the partition; everything else is derived from it. */
+static void
+document_chunks (CpLayout *self,
+                 int       rank,
+                 gint64    lo,
+                 gint64    hi,
+                 CpRun     chunks[2])
+{
+  gint64 n_chunks = chunks_per_document (self) * (gint64) self->cp_size;
+  gint64 length = (hi - lo) / n_chunks;
+
+  chunks[0] = (CpRun) { lo + rank * length, length };
+  if (chunks_per_document (self) == 2)
+    chunks[1] = (CpRun) { lo + (n_chunks - 1 - rank) * length, length };
+}
+
 /* The runs rank @rank takes from document [@lo, @hi). */
 static void
 append_document_runs (CpLayout *self,
@@ -108,18 +133,11 @@ append_document_runs (CpLayout *self,
                       gint64    hi,
                       GArray   *runs)
 {
-  gint64 length = hi - lo;
-  gint64 chunk;
+  CpRun chunks[2];
 
-  if (self->balance == CP_LOAD_BALANCE_CONTIGUOUS)
-    {
-      chunk = length / self->cp_size;
-      append_run (runs, self->first_run[rank], lo + rank * chunk, chunk);
-      return;
-    }
-  chunk = length / (2 * self->cp_size);
-  append_run (runs, self->first_run[rank], lo + rank * chunk, chunk);
-  append_run (runs, self->first_run[rank], lo + (2 * (gint64) self->cp_size - 1 - rank) * chunk, chunk);
+  document_chunks (self, rank, lo, hi, chunks);
+  for (guint i = 0; i < chunks_per_document (self); i++)
+    append_run (runs, self->first_run[rank], chunks[i].start, chunks[i].length);
 }
 
 static guint64
@@ -532,6 +550,9 @@ cp_layout_get_n_documents (CpLayout *self)
 #define RETURN_IF_BAD_RANK(self, rank, val) \
   g_return_val_if_fail ((rank) >= 0 && (rank) < (self)->cp_size, val)
 
+/* A row of cp_layout_get_chunks() is a CpRun: start, then length. */
+G_STATIC_ASSERT (sizeof (CpRun) == 2 * sizeof (gint64));
+
 /**
  * cp_layout_get_local_len:
  * @self: a layout
@@ -608,6 +629,52 @@ cp_layout_get_local_indices (CpLayout *self,
   g_return_val_if_fail (indices != NULL, NULL);
   write_local_indices (self, rank, cp_tensor_get_data (indices));
   return indices;
+}
+
+/**
+ * cp_layout_get_chunks:
+ * @self: a layout
+ * @rank: a rank in `[0, cp_size)`
+ *
+ * Gets the chunks @rank holds, in local order, each as its first global
+ * position and its length: for a head-tail layout two rows per document,
+ * its head chunk then its tail chunk, documents in order; for a contiguous
+ * layout one row. Unlike the runs of [method@Cp.Layout.get_local_indices],
+ * chunks that touch stay apart (rank C−1's head and tail chunks are
+ * neighbours), so the head-tail structure stays visible; an empty
+ * document gives rows of length 0. For C = 4 and S = 16, rank 3 holds
+ * `[[6, 2], [8, 2]]`.
+ *
+ * Returns: (transfer full): an int64 tensor of shape
+ *   `[chunks per document × n_documents, 2]`
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_layout_get_chunks (CpLayout *self,
+                      int       rank)
+{
+  CpTensor *chunks;
+  CpRun *rows;
+  gint64 shape[2];
+
+  g_return_val_if_fail (self != NULL, NULL);
+  RETURN_IF_BAD_RANK (self, rank, NULL);
+
+  shape[0] = chunks_per_document (self) * (gint64) self->n_documents;
+  shape[1] = 2;
+  chunks = _cp_tensor_new_uninit (CP_DTYPE_INT64, shape, 2, NULL);
+  g_return_val_if_fail (chunks != NULL, NULL);
+  rows = cp_tensor_get_data (chunks);
+  for (guint d = 0; d < self->n_documents; d++)
+    {
+      CpRun document[2];
+
+      document_chunks (self, rank, self->bounds[d], self->bounds[d + 1], document);
+      memcpy (rows + (gsize) d * chunks_per_document (self), document,
+              chunks_per_document (self) * sizeof (CpRun));
+    }
+  return chunks;
 }
 
 /**

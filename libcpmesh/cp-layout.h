@@ -56,6 +56,9 @@ CP_AVAILABLE_IN_ALL
 CpTensor      *cp_layout_get_local_indices    (CpLayout       *self,
                                                int             rank) G_GNUC_WARN_UNUSED_RESULT;
 CP_AVAILABLE_IN_ALL
+CpTensor      *cp_layout_get_chunks           (CpLayout       *self,
+                                               int             rank) G_GNUC_WARN_UNUSED_RESULT;
+CP_AVAILABLE_IN_ALL
 CpTensor      *cp_layout_get_restore_indices  (CpLayout       *self) G_GNUC_WARN_UNUSED_RESULT;
 CP_AVAILABLE_IN_ALL
 double         cp_layout_get_cost             (CpLayout       *self,
@@ -69,6 +72,8 @@ char          *cp_layout_dup_fingerprint_hex  (CpLayout       *self) G_GNUC_WARN
 CP_AVAILABLE_IN_ALL
 gboolean       cp_layout_equal                (CpLayout       *self,
                                                CpLayout       *other);
+CP_AVAILABLE_IN_ALL
+char          *cp_layout_to_svg               (CpLayout       *self) G_GNUC_WARN_UNUSED_RESULT;
 
 CP_AVAILABLE_IN_ALL
 CpTensor      *cp_layout_shard                (CpLayout       *self,

@@ -25,6 +25,16 @@ head_tail (gint64 seq_len,
 }
 
 static void
+assert_int64_values (CpTensor     *tensor,
+                     const gint64 *expected,
+                     gsize         n)
+{
+  g_assert_cmpint (cp_tensor_get_dtype (tensor), ==, CP_DTYPE_INT64);
+  g_assert_cmpmem (cp_tensor_get_data (tensor), cp_tensor_get_nbytes (tensor),
+                   expected, n * sizeof (gint64));
+}
+
+static void
 assert_indices (CpLayout     *layout,
                 int           rank,
                 const gint64 *expected,
@@ -32,10 +42,8 @@ assert_indices (CpLayout     *layout,
 {
   g_autoptr(CpTensor) indices = cp_layout_get_local_indices (layout, rank);
 
-  g_assert_cmpint (cp_tensor_get_dtype (indices), ==, CP_DTYPE_INT64);
   g_assert_cmpint (cp_layout_get_local_len (layout, rank), ==, (gint64) n);
-  g_assert_cmpmem (cp_tensor_get_data (indices), cp_tensor_get_nbytes (indices),
-                   expected, n * sizeof (gint64));
+  assert_int64_values (indices, expected, n);
 }
 
 #define ASSERT_INDICES(layout, rank, ...)                                    \
@@ -326,6 +334,125 @@ test_thd_single_rank_merges_runs (void)
   g_assert_cmpfloat (cp_layout_get_cost (layout, 0), ==, 31.0);
 }
 
+static void
+assert_chunks (CpLayout     *layout,
+               int           rank,
+               const gint64 *expected,
+               gsize         n_rows)
+{
+  g_autoptr(CpTensor) chunks = cp_layout_get_chunks (layout, rank);
+
+  g_assert_cmpint (cp_tensor_get_n_dims (chunks), ==, 2);
+  g_assert_cmpint (cp_tensor_get_dim (chunks, 0), ==, (gint64) n_rows);
+  g_assert_cmpint (cp_tensor_get_dim (chunks, 1), ==, 2);
+  assert_int64_values (chunks, expected, 2 * n_rows);
+}
+
+/* Rows of (start, length). */
+#define ASSERT_CHUNKS(layout, rank, ...)                                              \
+  G_STMT_START {                                                                     \
+    const gint64 expected_[] = { __VA_ARGS__ };                                      \
+    assert_chunks ((layout), (rank), expected_, G_N_ELEMENTS (expected_) / 2);       \
+  } G_STMT_END
+
+/* Chunks that touch stay apart, where the runs of the local indices
+ * merge them: rank 3's head chunk 6–7 and tail chunk 8–9, and both
+ * chunks of a single rank. */
+static void
+test_chunks_head_tail (void)
+{
+  g_autoptr(CpLayout) four = head_tail (16, 4);
+  g_autoptr(CpLayout) one = head_tail (4, 1);
+
+  ASSERT_CHUNKS (four, 0, 0, 2, 14, 2);
+  ASSERT_CHUNKS (four, 1, 2, 2, 12, 2);
+  ASSERT_CHUNKS (four, 2, 4, 2, 10, 2);
+  ASSERT_CHUNKS (four, 3, 6, 2, 8, 2);
+  ASSERT_INDICES (four, 3, 6, 7, 8, 9);
+  ASSERT_CHUNKS (one, 0, 0, 2, 2, 2);
+}
+
+static void
+test_chunks_contiguous (void)
+{
+  g_autoptr(CpLayout) layout = cp_layout_new (CP_LOAD_BALANCE_CONTIGUOUS, 12, 3, NULL);
+
+  ASSERT_CHUNKS (layout, 0, 0, 4);
+  ASSERT_CHUNKS (layout, 2, 8, 4);
+}
+
+/* Two rows per document, head then tail; an empty document gives rows
+ * of length 0, so row 2·d + 1 is always document d's tail. */
+static void
+test_chunks_thd (void)
+{
+  const gint64 bounds[] = { 0, 8, 8, 20 };
+  g_autoptr(CpLayout) layout = cp_layout_new_thd (bounds, G_N_ELEMENTS (bounds), 2, NULL);
+
+  ASSERT_CHUNKS (layout, 0, 0, 2, 6, 2, 8, 0, 8, 0, 8, 3, 17, 3);
+  ASSERT_CHUNKS (layout, 1, 2, 2, 4, 2, 8, 0, 8, 0, 11, 3, 14, 3);
+}
+
+/* Read in order, the chunks are exactly the local indices. */
+static void
+assert_chunks_spell_indices (CpLayout *layout)
+{
+  for (int r = 0; r < cp_layout_get_cp_size (layout); r++)
+    {
+      g_autoptr(CpTensor) chunks = cp_layout_get_chunks (layout, r);
+      g_autoptr(CpTensor) indices = cp_layout_get_local_indices (layout, r);
+      const gint64 *rows = cp_tensor_get_data (chunks);
+      const gint64 *positions = cp_tensor_get_data (indices);
+      gint64 next = 0;
+
+      for (gint64 i = 0; i < cp_tensor_get_dim (chunks, 0); i++)
+        for (gint64 p = 0; p < rows[2 * i + 1]; p++)
+          {
+            g_assert_cmpint (next, <, cp_layout_get_local_len (layout, r));
+            g_assert_cmpint (positions[next++], ==, rows[2 * i] + p);
+          }
+      g_assert_cmpint (next, ==, cp_layout_get_local_len (layout, r));
+    }
+}
+
+static void
+test_chunks_spell_indices (void)
+{
+  const gint64 bounds[] = { 0, 24, 24, 72, 96, 240 };
+
+  for (int cp_size = 1; cp_size <= 6; cp_size++)
+    {
+      g_autoptr(CpLayout) spread = head_tail (24 * cp_size, cp_size);
+      g_autoptr(CpLayout) contiguous = cp_layout_new (CP_LOAD_BALANCE_CONTIGUOUS, 5 * cp_size,
+                                                      cp_size, NULL);
+
+      assert_chunks_spell_indices (spread);
+      assert_chunks_spell_indices (contiguous);
+    }
+  for (int cp_size = 1; cp_size <= 4; cp_size *= 2)
+    {
+      g_autoptr(CpLayout) packed = cp_layout_new_thd (bounds, G_N_ELEMENTS (bounds), cp_size, NULL);
+
+      g_assert_nonnull (packed);
+      assert_chunks_spell_indices (packed);
+    }
+}
+
+static void
+test_chunks_bad_rank_is_critical (void)
+{
+  if (g_test_subprocess ())
+    {
+      g_autoptr(CpLayout) layout = head_tail (8, 2);
+      g_autoptr(CpTensor) chunks = cp_layout_get_chunks (layout, 2);
+
+      return;
+    }
+  g_test_trap_subprocess (NULL, 0, G_TEST_SUBPROCESS_DEFAULT);
+  g_test_trap_assert_failed ();
+  g_test_trap_assert_stderr ("*CRITICAL*rank*cp_size*");
+}
+
 /* Shards @full along @dim for both ranks of @layout and gathers the
  * pieces back: the result must equal @full. */
 static void
@@ -534,6 +661,11 @@ main (int   argc,
   g_test_add_func ("/Cp/Layout/shard/backward", test_shard_backward);
   g_test_add_func ("/Cp/Layout/cost/imbalance", test_cost_and_imbalance);
   g_test_add_func ("/Cp/Layout/fingerprint/stable", test_fingerprint);
+  g_test_add_func ("/Cp/Layout/chunks/head-tail", test_chunks_head_tail);
+  g_test_add_func ("/Cp/Layout/chunks/contiguous", test_chunks_contiguous);
+  g_test_add_func ("/Cp/Layout/chunks/thd", test_chunks_thd);
+  g_test_add_func ("/Cp/Layout/chunks/spell-indices", test_chunks_spell_indices);
+  g_test_add_func ("/Cp/Layout/chunks/bad-rank", test_chunks_bad_rank_is_critical);
   g_test_add_func ("/Cp/Layout/thd/partition", test_thd_partition);
   g_test_add_func ("/Cp/Layout/thd/single-rank", test_thd_single_rank_merges_runs);
   g_test_add_func ("/Cp/Layout/thd/many-documents", test_thd_many_documents);

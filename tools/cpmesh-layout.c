@@ -11,6 +11,7 @@ typedef struct
   gint64 seq_len;        /* -1: not given */
   char *balance_name;
   char *thd;
+  char *svg_path;
 } LayoutOptions;
 
 static void
@@ -18,6 +19,7 @@ layout_options_clear (LayoutOptions *options)
 {
   g_clear_pointer (&options->balance_name, g_free);
   g_clear_pointer (&options->thd, g_free);
+  g_clear_pointer (&options->svg_path, g_free);
 }
 
 G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (LayoutOptions, layout_options_clear)
@@ -119,7 +121,7 @@ print_heading (CpLayout *layout)
 static void
 print_ranks (CpLayout *layout)
 {
-  g_print ("rank  %10s  %14s  positions\n", "length", "causal cost");
+  g_print ("rank  %10s  %14s  positions, chunk by chunk\n", "length", "causal cost");
   for (int r = 0; r < cp_layout_get_cp_size (layout); r++)
     {
       g_autofree char *positions = cpmesh_format_positions (layout, r);
@@ -162,6 +164,22 @@ print_imbalance (CpLayout *layout)
     }
 }
 
+/* The picture cp_layout_to_svg() draws, the same as Python's. */
+static gboolean
+write_svg (CpLayout   *layout,
+           const char *path)
+{
+  g_autofree char *svg = cp_layout_to_svg (layout);
+  g_autoptr(GError) error = NULL;
+
+  if (!g_file_set_contents (path, svg, -1, &error))
+    {
+      cpmesh_fail (CPMESH_EXIT_FAILED, "--svg: %s", error->message);
+      return FALSE;
+    }
+  return TRUE;
+}
+
 int
 cpmesh_layout (int    argc,
                char **argv)
@@ -174,22 +192,29 @@ cpmesh_layout (int    argc,
       "head-tail (default) or contiguous", "SCHEME" },
     { "thd", 't', 0, G_OPTION_ARG_STRING, &options.thd,
       "Packed documents: cumulative padded lengths, e.g. 0,8,12", "BOUNDS" },
+    { "svg", 0, 0, G_OPTION_ARG_FILENAME, &options.svg_path,
+      "Also draw the layout as an SVG image: ranks as colours over the sequence, "
+      "tail chunks hatched, each rank's causal cost as a bar", "FILE" },
     G_OPTION_ENTRY_NULL
   };
   g_autoptr(CpLayout) layout = NULL;
   int status;
 
-  if (!cpmesh_parse_options ("Show which global sequence positions each rank holds, the causal "
-                             "attention cost of each rank, and how head-tail and contiguous "
-                             "layouts balance that cost.", entries, argc, argv))
+  if (!cpmesh_parse_options ("Show which global sequence positions each rank holds, chunk by "
+                             "chunk, the causal attention cost of each rank, and how head-tail "
+                             "and contiguous layouts balance that cost.", entries, argc, argv))
     return CPMESH_EXIT_USAGE;
 
   layout = options.thd != NULL ? new_thd_layout (&options, &status)
                                : new_sequence_layout (&options, &status);
   if (layout == NULL)
     return status;
+  if (options.svg_path != NULL && !write_svg (layout, options.svg_path))
+    return CPMESH_EXIT_FAILED;
   print_heading (layout);
   print_ranks (layout);
   print_imbalance (layout);
+  if (options.svg_path != NULL)
+    g_print ("picture: %s\n", options.svg_path);
   return 0;
 }

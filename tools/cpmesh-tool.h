@@ -70,10 +70,12 @@ const char  *cpmesh_balance_name       (CpLoadBalance         balance);
 gboolean     cpmesh_balance_from_name  (const char           *name,
                                         CpLoadBalance        *balance);
 
-/* The global positions @rank holds as compact ranges, "0-1 14-15"; a
- * rank holding more than CPMESH_MAX_LISTED_POSITIONS gets a note saying
- * so instead, since listing them means building their index tensor. */
-#define CPMESH_MAX_LISTED_POSITIONS (G_GINT64_CONSTANT (1) << 24)
+/* The global positions @rank holds, chunk by chunk, so that chunks that
+ * touch stay apart: "head 6-7, tail 8-9" (head-tail), "doc 0: head 0-1,
+ * tail 6-7; doc 1: head 8, tail 11" (packed documents), "4-7"
+ * (contiguous).  A rank with more than CPMESH_MAX_LISTED_CHUNKS chunks
+ * gets a note saying so instead of a line nobody reads. */
+#define CPMESH_MAX_LISTED_CHUNKS (G_GINT64_CONSTANT (1) << 16)
 
 char        *cpmesh_format_positions   (CpLayout             *layout,
                                         int                   rank);

@@ -145,38 +145,55 @@ append_range (GString *text,
               gint64   first,
               gint64   last)
 {
-  if (text->len > 0)
-    g_string_append_c (text, ' ');
   if (first == last)
     g_string_append_printf (text, "%" G_GINT64_FORMAT, first);
   else
     g_string_append_printf (text, "%" G_GINT64_FORMAT "-%" G_GINT64_FORMAT, first, last);
 }
 
+/* Starts the text of chunk @row: a head-tail rank's tail chunk follows
+ * its head chunk of the same document, anything else starts anew. */
+static void
+append_chunk_prefix (GString  *text,
+                     gint64    row,
+                     gboolean  head_tail,
+                     gboolean  documents)
+{
+  if (head_tail && row % 2 == 1)
+    {
+      g_string_append (text, ", tail ");
+      return;
+    }
+  if (text->len > 0)
+    g_string_append (text, "; ");
+  if (documents)
+    g_string_append_printf (text, "doc %" G_GINT64_FORMAT ": ", row / 2);
+  if (head_tail)
+    g_string_append (text, "head ");
+}
+
 char *
 cpmesh_format_positions (CpLayout *layout,
                          int       rank)
 {
-  gint64 n = cp_layout_get_local_len (layout, rank);
-  g_autoptr(CpTensor) indices = NULL;
-  const gint64 *positions;
+  g_autoptr(CpTensor) chunks = cp_layout_get_chunks (layout, rank);
+  const gint64 *rows = cp_tensor_get_data (chunks);
+  gint64 n_rows = cp_tensor_get_dim (chunks, 0);
+  gboolean head_tail = cp_layout_get_balance (layout) == CP_LOAD_BALANCE_HEAD_TAIL;
+  gboolean documents = cp_layout_get_n_documents (layout) > 1;
   GString *text;
-  gint64 first = 0;
 
-  if (n > CPMESH_MAX_LISTED_POSITIONS)
-    return g_strdup_printf ("(%" G_GINT64_FORMAT " positions, too many to list)", n);
-  if (n == 0)
-    return g_strdup ("(none)");
-
-  indices = cp_layout_get_local_indices (layout, rank);
-  positions = cp_tensor_get_data (indices);
+  if (n_rows > CPMESH_MAX_LISTED_CHUNKS)
+    return g_strdup_printf ("(%" G_GINT64_FORMAT " chunks, too many to list)", n_rows);
   text = g_string_new (NULL);
-  for (gint64 i = 1; i <= n; i++)
-    if (i == n || positions[i] != positions[i - 1] + 1)
+  for (gint64 i = 0; i < n_rows; i++)
+    if (rows[2 * i + 1] > 0)  /* an empty document gives empty chunks */
       {
-        append_range (text, positions[first], positions[i - 1]);
-        first = i;
+        append_chunk_prefix (text, i, head_tail, documents);
+        append_range (text, rows[2 * i], rows[2 * i] + rows[2 * i + 1] - 1);
       }
+  if (text->len == 0)
+    g_string_append (text, "(none)");
   return g_string_free (text, FALSE);
 }
 

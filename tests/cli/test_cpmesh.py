@@ -9,9 +9,11 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'python'))
+from layout_svg import assert_picture  # noqa: E402
 from reliability import record_outcome  # noqa: E402
 
 CPMESH = None
@@ -28,23 +30,33 @@ def record_failure(test, what, result):
     record_outcome(test, 'cpmesh', what, 'exit status %d' % result.returncode, message)
 
 
-def expand(ranges):
-    """'0-1 14-15' -> {0, 1, 14, 15}"""
-    positions = set()
-    for item in ranges.split():
-        first, _, last = item.partition("-")
-        positions.update(range(int(first), int(last or first) + 1))
-    return positions
+def parse_chunks(text):
+    """'doc 0: head 0-1, tail 6-7; doc 1: head 8, tail 11' ->
+    [('head', 0, 0, 2), ('tail', 0, 6, 2), ('head', 1, 8, 1), ('tail', 1, 11, 1)]:
+    (part, document, start, length); a contiguous rank's '4-7' is a
+    'whole' chunk."""
+    chunks = []
+    for number, document in enumerate(text.split("; ")):
+        match = re.fullmatch(r"(?:doc (\d+): )?(.*)", document)
+        index = int(match.group(1)) if match.group(1) else number
+        for piece in match.group(2).split(", "):
+            part, _, span = piece.rpartition(" ")
+            first, _, last = span.partition("-")
+            chunks.append((part or "whole", index, int(first), int(last or first) - int(first) + 1))
+    return chunks
 
 
 def layout_rows(stdout):
-    """rank -> (length, cost, positions) from the table cpmesh layout prints."""
+    """rank -> (length, cost, positions, chunks) from the table cpmesh
+    layout prints."""
     rows = {}
     for line in stdout.splitlines():
-        match = re.match(r"\s*(\d+)\s+(\d+)\s+(\d+)\s+([\d\- ]+)$", line)
+        match = re.match(r"\s*(\d+)\s+(\d+)\s+(\d+)\s+((?:doc|head|\d).*)$", line)
         if match:
-            rank, length, cost, ranges = match.groups()
-            rows[int(rank)] = (int(length), int(cost), expand(ranges))
+            rank, length, cost, text = match.groups()
+            chunks = parse_chunks(text)
+            positions = {p for _, _, start, n in chunks for p in range(start, start + n)}
+            rows[int(rank)] = (int(length), int(cost), positions, chunks)
     return rows
 
 
@@ -130,7 +142,10 @@ class Layout(unittest.TestCase):
         self.assertEqual(rows[1][2], {2, 3, 12, 13})
         self.assertEqual(rows[2][2], {4, 5, 10, 11})
         self.assertEqual(rows[3][2], {6, 7, 8, 9})
-        self.assertIn("0-1 14-15", result.stdout)
+        # Rank 3's chunks touch; the view keeps its head and tail apart.
+        self.assertRegex(result.stdout, r"\n   0 .*  head 0-1, tail 14-15\n")
+        self.assertRegex(result.stdout, r"\n   3 .*  head 6-7, tail 8-9\n")
+        self.assertEqual(rows[3][3], [("head", 0, 6, 2), ("tail", 0, 8, 2)])
         # Causal cost of rank 0: keys seen by positions 0, 1, 14, 15.
         self.assertEqual([rows[r][1] for r in range(4)], [34, 34, 34, 34])
         self.assertEqual([rows[r][0] for r in range(4)], [4, 4, 4, 4])
@@ -159,7 +174,50 @@ class Layout(unittest.TestCase):
         rows = layout_rows(result.stdout)
         self.assertEqual(rows[0][2], {0, 1, 6, 7, 8, 11})
         self.assertEqual(rows[1][2], {2, 3, 4, 5, 9, 10})
+        self.assertIn("doc 0: head 0-1, tail 6-7; doc 1: head 8, tail 11", result.stdout)
+        self.assertIn("doc 0: head 2-3, tail 4-5; doc 1: head 9, tail 10", result.stdout)
         self.assertIn("imbalance (max/mean causal cost): 1.00", result.stdout)
+
+    def test_single_rank_still_has_two_chunks(self):
+        result = run("layout", "--cp", "1", "--seq", "8")
+        self.assertEqual(layout_rows(result.stdout)[0][3], [("head", 0, 0, 4), ("tail", 0, 4, 4)])
+
+    def assert_svg(self, args, n_documents=1):
+        """cpmesh layout ARGS --svg FILE: the picture shows what the table
+        says, rank by rank."""
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "layout.svg")
+            result = run("layout", *args, "--svg", path)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertTrue(result.stdout.endswith("picture: %s\n" % path))
+            rows = layout_rows(result.stdout)
+            with open(path, encoding="utf-8") as svg:
+                picture = assert_picture(self, svg.read(), {r: row[3] for r, row in rows.items()},
+                                         [rows[r][1] for r in sorted(rows)], n_documents)
+        return rows, picture
+
+    def test_svg_head_tail(self):
+        rows, picture = self.assert_svg(["--cp", "4", "--seq", "16"])
+        self.assertEqual(len(picture["chunks"]), 8)
+        self.assertEqual(len(picture["hatches"]), 4)
+
+    def test_svg_contiguous(self):
+        rows, picture = self.assert_svg(["--cp", "4", "--seq", "16", "--balance", "contiguous"])
+        self.assertEqual([row[1] for _, row in sorted(rows.items())], [10, 26, 42, 58])
+        self.assertEqual(picture["hatches"], set())
+
+    def test_svg_documents(self):
+        rows, picture = self.assert_svg(["--cp", "2", "--thd", "0,8,24,32"], n_documents=3)
+        self.assertEqual(rows[0][3][:2], [("head", 0, 0, 2), ("tail", 0, 6, 2)])
+        self.assertEqual({c["document"] for c in picture["chunks"]}, {0, 1, 2})
+
+    def test_svg_unwritable(self):
+        result = run("layout", "--cp", "2", "--seq", "8", "--svg", "/nonexistent/layout.svg")
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stdout, "")
+        self.assertIn("--svg", result.stderr)
+        self.assertIn("/nonexistent/layout.svg", result.stderr)
+        record_failure(self, "layout --svg into a directory that does not exist", result)
 
     def test_length_not_a_multiple_names_length_and_divisor(self):
         result = run("layout", "--cp", "2", "--seq", "6")
@@ -203,8 +261,8 @@ class Demo(unittest.TestCase):
         result = run("demo")
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         self.assertIn("4090 positions padded to 4096", result.stdout)
-        self.assertIn("rank 0: 0-511 3584-4095", result.stdout)
-        self.assertIn("rank 3: 1536-2559", result.stdout)
+        self.assertIn("rank 0: head 0-511, tail 3584-4095", result.stdout)
+        self.assertIn("rank 3: head 1536-2047, tail 2048-2559", result.stdout)
         self.assertRegex(result.stdout, r"max \|error\| against single-rank attention on the "
                          r"full sequence: out \S+, dq \S+, dk \S+, dv \S+\n")
         self.assertRegex(result.stdout, r"\nPASS: all 4 ranks .* bit-exactly\n$")
@@ -216,7 +274,7 @@ class Demo(unittest.TestCase):
                      "--head-dim", "8", "--rotate", "alltoall")
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         self.assertIn("10 positions padded to 12", result.stdout)
-        self.assertIn("rank 2: 4-7", result.stdout)
+        self.assertIn("rank 2: head 4-5, tail 6-7", result.stdout)
         self.assertIn("alltoall rotation", result.stdout)
         self.assertIn("PASS: all 3 ranks", result.stdout)
 

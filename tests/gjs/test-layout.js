@@ -100,6 +100,16 @@ run([
         assertTrue(!a.equal(Cp.Layout.new(Cp.LoadBalance.CONTIGUOUS, 16, 4)), 'other scheme');
     }],
 
+    ['chunks stay apart and the picture is a string', () => {
+        const layout = Cp.Layout.new(HEAD_TAIL, 16, 4);
+        const chunks = Array.from(CpMesh.toTypedArray(layout.get_chunks(3)), Number);
+        assertEqual(chunks, [6, 2, 8, 2], 'rank 3: head 6-7, tail 8-9');
+        const svg = layout.to_svg();
+        assertTrue(svg.startsWith('<?xml version="1.0" encoding="UTF-8"?>\n<svg '), 'an SVG document');
+        assertEqual((svg.match(/class="chunk head"/g) || []).length, 4, 'head chunks');
+        assertEqual((svg.match(/class="chunk tail"/g) || []).length, 4, 'tail chunks');
+    }],
+
     ['errors name the length and the divisor', () => {
         const domain = Cp.tensor_error_quark();
         assertCase('CpLayout', 'cp_layout_new head-tail with a length not a multiple of 2·cp_size',

@@ -3,11 +3,16 @@
 #
 # SPDX-License-Identifier: LGPL-2.1-or-later
 
+import os
+import subprocess
+import tempfile
 import unittest
+import xml.etree.ElementTree as ET
 
 import numpy as np
 
 from cptest import Cp, GLib, record_error
+from layout_svg import assert_picture
 
 HEAD_TAIL = Cp.LoadBalance.HEAD_TAIL
 CONTIGUOUS = Cp.LoadBalance.CONTIGUOUS
@@ -154,6 +159,99 @@ class TestCost(unittest.TestCase):
         contiguous = Cp.Layout.new(CONTIGUOUS, 8, 2)
         self.assertEqual([contiguous.get_cost(0), contiguous.get_cost(1)], [10.0, 26.0])
         self.assertEqual(contiguous.get_imbalance(), 26 / 18)
+
+
+class TestChunks(unittest.TestCase):
+
+    def test_touching_chunks_stay_apart(self):
+        layout = Cp.Layout.new(HEAD_TAIL, 16, 4)
+        self.assertEqual(layout.get_chunks(3).numpy().tolist(), [[6, 2], [8, 2]])
+        self.assertEqual(indices(layout, 3), [6, 7, 8, 9])
+        self.assertEqual(Cp.Layout.new(CONTIGUOUS, 16, 4).get_chunks(1).numpy().tolist(), [[4, 4]])
+
+    def test_documents_head_then_tail(self):
+        layout = Cp.Layout.new_thd([0, 8, 8, 20], 2)
+        self.assertEqual(layout.get_chunks(1).numpy().tolist(),
+                         [[2, 2], [4, 2], [8, 0], [8, 0], [11, 3], [14, 3]])
+
+
+def drawn_chunks(layout):
+    """rank -> [(part, document, start, length)] the picture must show,
+    from get_chunks; checked against the local indices on the way."""
+    per_document = 1 if layout.get_balance() == CONTIGUOUS else 2
+    expected = {}
+    for rank in range(layout.get_cp_size()):
+        rows = layout.get_chunks(rank).numpy().tolist()
+        positions = [p for start, length in rows for p in range(start, start + length)]
+        assert positions == indices(layout, rank), 'chunks and local indices disagree'
+        expected[rank] = [('whole' if per_document == 1 else ('head', 'tail')[i % 2],
+                           i // per_document, start, length)
+                          for i, (start, length) in enumerate(rows) if length > 0]
+    return expected
+
+
+def costs(layout):
+    return [layout.get_cost(r) for r in range(layout.get_cp_size())]
+
+
+class TestPicture(unittest.TestCase):
+    """Cp.Layout's _repr_svg_ and _repr_html_, which notebooks show."""
+
+    def assertPicture(self, layout, svg):
+        return assert_picture(self, svg, drawn_chunks(layout), costs(layout),
+                              layout.get_n_documents())
+
+    def test_head_tail(self):
+        for cp_size in (1, 2, 3, 4, 8, 16):
+            with self.subTest(cp_size=cp_size):
+                layout = Cp.Layout.new(HEAD_TAIL, 8 * cp_size, cp_size)
+                self.assertPicture(layout, layout._repr_svg_())
+
+    def test_rank_three_of_four_shows_its_head_and_tail(self):
+        layout = Cp.Layout.new(HEAD_TAIL, 16, 4)
+        picture = self.assertPicture(layout, layout._repr_svg_())
+        rank3 = [(c['part'], c['start'], c['length']) for c in picture['chunks'] if c['rank'] == 3]
+        self.assertEqual(rank3, [('head', 6, 2), ('tail', 8, 2)])
+
+    def test_contiguous(self):
+        layout = Cp.Layout.new(CONTIGUOUS, 16, 4)
+        picture = self.assertPicture(layout, layout._repr_svg_())
+        self.assertEqual(picture['hatches'], set())
+        self.assertEqual([round(c) for c in costs(layout)],
+                         [picture['costs'][r][0] for r in range(4)])
+
+    def test_packed_documents(self):
+        layout = Cp.Layout.new_thd([0, 8, 24, 24, 32], 2)
+        picture = self.assertPicture(layout, layout._repr_svg_())
+        self.assertEqual(picture['document_bounds'], 3)
+        self.assertEqual({c['document'] for c in picture['chunks']}, {0, 1, 3})
+
+    def test_html_is_the_same_picture_inline(self):
+        layout = Cp.Layout.new_thd([0, 8, 24, 32], 2)
+        html = layout._repr_html_()
+        self.assertTrue(html.startswith('<div class="cp-layout"><svg '))
+        self.assertNotIn('<?xml', html)
+        self.assertEqual(ET.fromstring(html)[0].tag, '{http://www.w3.org/2000/svg}svg')
+        svg = layout._repr_svg_()
+        self.assertIn(svg[svg.index('<svg'):], html)
+        self.assertPicture(layout, html[len('<div class="cp-layout">'):-len('</div>')])
+
+    def test_the_same_picture_as_cpmesh(self):
+        cpmesh = os.path.join(os.environ.get('CPMESH_BUILDDIR', ''), 'tools', 'cpmesh')
+        if not os.path.exists(cpmesh):
+            self.skipTest('the cpmesh program is not built')
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, 'layout.svg')
+            subprocess.run([cpmesh, 'layout', '--cp', '2', '--thd', '0,8,24,32', '--svg', path],
+                           check=True, capture_output=True, timeout=60)
+            with open(path, encoding='utf-8') as drawn:
+                self.assertEqual(drawn.read(), Cp.Layout.new_thd([0, 8, 24, 32], 2).to_svg())
+
+    def test_repr(self):
+        self.assertEqual(repr(Cp.Layout.new(HEAD_TAIL, 16, 4)),
+                         '<Cp.Layout head-tail, 16 positions over 4 ranks>')
+        self.assertEqual(repr(Cp.Layout.new_thd([0, 8, 12], 2)),
+                         '<Cp.Layout 2 documents, 12 positions over 2 ranks>')
 
 
 class TestFingerprint(unittest.TestCase):

@@ -121,6 +121,31 @@ Tensor = override(Tensor)
 __all__.append('Tensor')
 
 
+class Layout(Cp.Layout):
+    """Shows itself as a picture in IPython and Jupyter: ranks as colours
+    over the sequence, tail chunks hatched, each rank's causal work as a
+    bar; the same SVG as ``layout.to_svg()`` and ``cpmesh layout --svg``."""
+
+    def _repr_svg_(self):
+        return self.to_svg()
+
+    def _repr_html_(self):
+        # SVG inline in HTML takes no XML declaration.
+        svg = self.to_svg()
+        return '<div class="cp-layout">%s</div>' % svg[svg.index('<svg'):]
+
+    def __repr__(self):
+        n_documents = self.get_n_documents()
+        scheme = ('%d documents' % n_documents if n_documents > 1
+                  else self.get_balance().value_nick)
+        return '<Cp.Layout %s, %d positions over %d ranks>' % (
+            scheme, self.get_seq_len(), self.get_cp_size())
+
+
+Layout = override(Layout)
+__all__.append('Layout')
+
+
 class Mesh(Cp.Mesh):
 
     @staticmethod
