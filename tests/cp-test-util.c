@@ -452,11 +452,14 @@ start_reliability_log_once (void)
 {
   static gboolean started;
   const char *path = g_getenv ("CP_RELIABILITY_LOG");
+  g_autofree char *dir = NULL;
 
   if (started || path == NULL || *path == '\0' || g_test_subprocess ()
       || g_getenv ("CP_RELIABILITY_APPEND") != NULL)
     return;
   started = TRUE;
+  dir = g_path_get_dirname (path);
+  g_assert_cmpint (g_mkdir_with_parents (dir, 0755), ==, 0);
   g_assert_true (g_file_set_contents (path, "", 0, NULL));
   g_setenv ("CP_RELIABILITY_APPEND", "1", TRUE);
 }

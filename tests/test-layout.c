@@ -665,7 +665,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Layout/chunks/contiguous", test_chunks_contiguous);
   g_test_add_func ("/Cp/Layout/chunks/thd", test_chunks_thd);
   g_test_add_func ("/Cp/Layout/chunks/spell-indices", test_chunks_spell_indices);
-  g_test_add_func ("/Cp/Layout/chunks/bad-rank", test_chunks_bad_rank_is_critical);
+  cp_test_add_func_in_process ("/Cp/Layout/chunks/bad-rank", test_chunks_bad_rank_is_critical);
   g_test_add_func ("/Cp/Layout/thd/partition", test_thd_partition);
   g_test_add_func ("/Cp/Layout/thd/single-rank", test_thd_single_rank_merges_runs);
   g_test_add_func ("/Cp/Layout/thd/many-documents", test_thd_many_documents);
