@@ -10,8 +10,9 @@
 #include "cp-test-util.h"
 
 #ifdef CP_TEST_FORCE_PRIMITIVES
-/* From the internal library: float32 through oneDNN matmul primitives. */
-void _cp_attn_gemm_force_primitives (gboolean force);
+/* From the internal library: float32 through oneDNN matmul primitives,
+ * and what their executions shared. */
+#include "attention/cp-attention-gemm-private.h"
 #endif
 
 /* One attention problem: the global (padded) sequence, its documents and
@@ -660,6 +661,102 @@ test_deterministic (void)
   problem_clear (&second);
 }
 
+/* Moves the pieces of the last run out of @p into @pieces. */
+static void
+take_pieces (Problem  *p,
+             CpTensor *pieces[5][16])
+{
+  memcpy (pieces, p->pieces, sizeof p->pieces);
+  memset (p->pieces, 0, sizeof p->pieces);
+}
+
+static void
+clear_pieces (CpTensor *pieces[5][16])
+{
+  for (int what = 0; what < 5; what++)
+    for (int r = 0; r < 16; r++)
+      g_clear_object (&pieces[what][r]);
+}
+
+static void
+assert_same_pieces (CpTensor   *want[5][16],
+                    CpTensor   *got[5][16],
+                    int         cp_size,
+                    int         n_threads)
+{
+  static const char * const names[] = { "out", "lse", "dq", "dk", "dv" };
+
+  for (int what = 0; what < 5; what++)
+    for (int r = 0; r < cp_size; r++)
+      if (!cp_tensor_equal (want[what][r], got[what][r]))
+        g_error ("%s of rank %d with %d threads differs from the single-threaded run",
+                 names[what], r, n_threads);
+}
+
+/* One configuration run single-threaded (checked against float64), then
+ * three times over with 1, 2 and 3 threads per rank: every run gives the
+ * bits of the first. */
+static void
+check_thread_counts (Config *c)
+{
+  CpTensor *first[5][16] = { { NULL } };
+  CpTensor *again[5][16] = { { NULL } };
+  Problem p;
+
+  c->n_threads = 1;
+  problem_init (&p, c, 4321);
+  run_problem (&p);
+  check_problem (&p);
+  take_pieces (&p, first);
+  for (int repeat = 0; repeat < 3; repeat++)
+    for (int n_threads = 1; n_threads <= 3; n_threads++)
+      {
+        c->n_threads = n_threads;
+        run_problem (&p);
+        take_pieces (&p, again);
+        assert_same_pieces (first, again, c->cp_size, n_threads);
+        clear_pieces (again);
+      }
+  clear_pieces (first);
+  problem_clear (&p);
+}
+
+static void
+test_thread_counts (void)
+{
+#ifdef CP_TEST_FORCE_PRIMITIVES
+  CpAttnGemmAudit audit;
+#endif
+
+  g_test_summary ("Ranks running at once, each with 1, 2 or 3 threads, over ragged tiles "
+                  "(S = 597 padded to 600, the runs of the ranks' shards cut tiles short), causal "
+                  "on the ring and full over the all-gather: "
+                  "three repeats give the bits of a single-threaded run, which matches float64");
+#ifdef CP_TEST_FORCE_PRIMITIVES
+  _cp_attn_gemm_audit_start ();
+#endif
+  for (int dt = 0; dt < 2; dt++)
+    for (int cp_size = 2; cp_size <= 3; cp_size++)
+      {
+        /* The ring with a causal mask, the all-gather without. */
+        Config c = { cp_size, cp_size == 2 ? CP_ROTATE_METHOD_ALLTOALL : CP_ROTATE_METHOD_ALLGATHER,
+                     cp_size == 2, FALSE, dt == 0 ? CP_DTYPE_FLOAT32 : CP_DTYPE_BFLOAT16, 1, 2, 1, 64, 597,
+                     NULL, 0, 1 };
+
+        check_thread_counts (&c);
+      }
+#ifdef CP_TEST_FORCE_PRIMITIVES
+  _cp_attn_gemm_audit_stop (&audit);
+  g_test_message ("%" G_GUINT64_FORMAT " primitive executions, %" G_GUINT64_FORMAT " with a "
+                  "scratchpad, at most %u at once", audit.executions, audit.with_scratchpad,
+                  audit.most_in_flight);
+  g_assert_cmpuint (audit.executions, >, 0);
+  g_assert_cmpuint (audit.user_scratchpad, ==, audit.primitives);
+  g_assert_cmpuint (audit.shared, ==, 0);
+  g_assert_cmpuint (audit.short_buffers, ==, 0);
+#endif
+}
+
 int
 main (int   argc,
       char *argv[])
@@ -676,6 +773,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Attention/thd/float32", test_thd);
   g_test_add_func ("/Cp/Attention/thd/bfloat16", test_thd_bfloat16);
   g_test_add_func ("/Cp/Attention/deterministic", test_deterministic);
+  g_test_add_func ("/Cp/Attention/thread-counts", test_thread_counts);
 
   return g_test_run ();
 }
