@@ -1843,30 +1843,50 @@ forward_ring (CpAttention  *self,
   return TRUE;
 }
 
-/* out = acc / l and lse = m + log l, row by row; rows without any key
- * (padding) get 0 and −∞. */
+/* out = acc / l and lse = m + log l for a real query row, whatever they
+ * hold, so that NaN and ∞ reach the output as the float64 formula carries
+ * them: a row whose every score is −∞ gives 0 / 0.  A padding row, which
+ * attends to nothing, gets 0 and −∞. */
+static void
+finish_row (const Plan *plan,
+            Forward    *fwd,
+            int         b,
+            int         h,
+            gint64      i,
+            gboolean    real,
+            float      *lse)
+{
+  const CpAttnView *view = &fwd->state.acc;
+  float *acc = (float *) view->data + b * view->batch_stride + h * view->head_stride +
+               (gsize) i * view->row_stride;
+  gsize row = ((gsize) b * plan->n_heads + (gsize) h) * (gsize) plan->local_len + (gsize) i;
+  float m = fwd->state.m[row] == -INFINITY ? NAN : fwd->state.m[row];
+  float l = fwd->state.l[row];
+  float inverse = 1.0f / l;
+
+  for (int j = 0; j < plan->head_dim; j++)
+    acc[j] = real ? acc[j] * inverse : 0.0f;
+  lse[row] = real ? m + logf (l) : -INFINITY;
+}
+
 static void
 finish_forward (const Plan *plan,
                 Forward    *fwd,
                 CpTensor   *out,
                 CpTensor   *lse)
 {
+  const CpAttnProblem *p = &plan->problem;
   float *lse_data = cp_tensor_get_data (lse);
-  gsize d = (gsize) plan->head_dim;
-  gsize row = 0;
 
   for (int b = 0; b < plan->batch; b++)
     for (int h = 0; h < plan->n_heads; h++)
-      for (gint64 i = 0; i < plan->local_len; i++, row++)
+      for (guint r = 0; r < p->n_q_runs; r++)
         {
-          float *acc = (float *) fwd->state.acc.data + b * fwd->state.acc.batch_stride +
-                       h * fwd->state.acc.head_stride + (gsize) i * fwd->state.acc.row_stride;
-          float l = fwd->state.l[row];
-          float inverse = l > 0.0f ? 1.0f / l : 0.0f;
+          const CpAttnRun *run = &p->q_runs[r];
+          gint64 real = p->real_end[(gsize) b * p->n_docs + run->doc] - run->pos;
 
-          for (gsize j = 0; j < d; j++)
-            acc[j] *= inverse;
-          lse_data[row] = l > 0.0f ? fwd->state.m[row] + logf (l) : -INFINITY;
+          for (gint64 i = 0; i < run->length; i++)
+            finish_row (plan, fwd, b, h, run->row + i, i < real, lse_data);
         }
   store_float32 (out, fwd->state.acc.data);
 }

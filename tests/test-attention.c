@@ -32,7 +32,19 @@ typedef struct
   const gint64 *doc_lens;   /* THD: real document lengths */
   guint n_docs;
   int n_threads;
+  const struct _Poison *poison;  /* a non-finite input value, or NULL */
 } Config;
+
+/* One element of a global input set to NaN or ±∞ before the reference
+ * is computed: the reference carries it as float64 arithmetic does, and
+ * the ranks must give the same non-finite elements. */
+typedef struct _Poison
+{
+  int tensor;        /* 0 q, 1 k, 2 v, 3 dout */
+  gint64 pos;        /* position in the global sequence */
+  double value;
+  const char *what;
+} Poison;
 
 /* The global problem and its float64 reference. */
 typedef struct
@@ -177,7 +189,7 @@ reference_row (Problem *p,
         s[j] += p->q64[offset_of (p, c->n_heads, b, h, i, d)] *
                 p->k64[offset_of (p, c->n_kv_heads, b, hk, j, d)];
       s[j] *= scale;
-      max = MAX (max, s[j]);
+      max = isnan (max) || max >= s[j] ? max : s[j];  /* NaN wins */
       any = TRUE;
     }
   p->lse[row] = -INFINITY;
@@ -253,6 +265,22 @@ compute_reference (Problem *p)
         reference_row (p, b, h, i);
 }
 
+/* Sets the poisoned element: batch row, head and feature 1 where they
+ * exist, so that other rows, heads and features stay finite. */
+static void
+apply_poison (Problem *p)
+{
+  const Config *c = p->config;
+  const Poison *poison = c->poison;
+  CpTensor *tensors[] = { p->q, p->k, p->v, p->dout };
+  int heads = poison->tensor == 1 || poison->tensor == 2 ? c->n_kv_heads : c->n_heads;
+
+  cp_tensor_set_value (tensors[poison->tensor],
+                       (gint64) offset_of (p, heads, c->batch - 1, heads - 1, poison->pos,
+                                           MIN (1, c->head_dim - 1)),
+                       poison->value);
+}
+
 static void
 problem_init (Problem      *p,
               const Config *c,
@@ -283,6 +311,8 @@ problem_init (Problem      *p,
     }
   g_assert_no_error (error);
   make_inputs (p, rand);
+  if (c->poison != NULL)
+    apply_poison (p);
   compute_reference (p);
 }
 
@@ -403,13 +433,28 @@ typedef struct
   double lo, hi;
   gsize n;
   gsize violations;   /* elementwise |a − b| > atol + rtol |b| */
+  gsize non_finite;   /* elements the reference has NaN or ±∞ */
 } Compare;
+
+/* Where the reference is NaN or ±∞, @got must be exactly that too. */
+static void
+assert_same_non_finite (double      got,
+                        double      want,
+                        gint64      index,
+                        const char *what)
+{
+  gboolean same = isnan (want) ? isnan (got) : got == want;
+
+  if (!same)
+    g_error ("%s[%" G_GINT64_FORMAT "] is %g where float64 gives %g", what, index, got, want);
+}
 
 static void
 compare_values (CpTensor     *got,
                 const double *want,
                 double        atol,
                 double        rtol,
+                const char   *what,
                 Compare      *cmp)
 {
   memset (cmp, 0, sizeof *cmp);
@@ -420,7 +465,14 @@ compare_values (CpTensor     *got,
       double a = cp_tensor_get_value (got, i);
       double b = want[i];
 
-      g_assert_true (isfinite (a));
+      if (!isfinite (b))
+        {
+          assert_same_non_finite (a, b, i, what);
+          cmp->non_finite++;
+          continue;
+        }
+      if (!isfinite (a))
+        g_error ("%s[%" G_GINT64_FORMAT "] is %g where float64 gives %g", what, i, a, b);
       cmp->max_err = MAX (cmp->max_err, fabs (a - b));
       cmp->max_ref = MAX (cmp->max_ref, fabs (b));
       cmp->sum_sq += (a - b) * (a - b);
@@ -434,7 +486,7 @@ compare_values (CpTensor     *got,
 /* float32: within 1e-5 of the largest reference value.  bfloat16: the
  * bar Transformer Engine's CP tests set, elementwise atol = rtol and an
  * RMSE of at most 1% of the value range. */
-static void
+static gsize
 assert_close (CpTensor     *got,
               const double *want,
               const Config *c,
@@ -445,17 +497,18 @@ assert_close (CpTensor     *got,
 
   if (c->dtype == CP_DTYPE_FLOAT32)
     {
-      compare_values (got, want, 0.0, 0.0, &cmp);
+      compare_values (got, want, 0.0, 0.0, what, &cmp);
       if (cmp.max_err > 1e-5 * MAX (cmp.max_ref, 1e-3))
         g_error ("%s: max error %g against max |ref| %g", what, cmp.max_err, cmp.max_ref);
-      return;
+      return cmp.non_finite;
     }
-  compare_values (got, want, tol, tol, &cmp);
+  compare_values (got, want, tol, tol, what, &cmp);
   if (cmp.violations > 0)
     g_error ("%s: %" G_GSIZE_FORMAT " elements outside atol = rtol = %g (max error %g)",
              what, cmp.violations, tol, cmp.max_err);
   if (sqrt (cmp.sum_sq / MAX (cmp.n, 1)) > 0.01 * MAX (cmp.hi - cmp.lo, 1e-6))
     g_error ("%s: RMSE %g over range %g", what, sqrt (cmp.sum_sq / cmp.n), cmp.hi - cmp.lo);
+  return cmp.non_finite;
 }
 
 /* Padding positions must get exactly zero output and gradients. */
@@ -491,8 +544,8 @@ check_lse (Problem *p)
       double want = p->lse[i];
       double got = cp_tensor_get_value (lse, i);
 
-      if (isinf (want))
-        g_assert_true (isinf (got) && got < 0);
+      if (!isfinite (want))
+        assert_same_non_finite (got, want, i, "lse");
       else
         g_assert_cmpfloat_with_epsilon (got, want, c->dtype == CP_DTYPE_FLOAT32 ? 1e-5 : 5e-2);
     }
@@ -508,7 +561,9 @@ run_problem (Problem *p)
   cp_test_free_group (meshes);
 }
 
-static void
+/* Returns how many elements of out, dq, dk and dv the reference has NaN
+ * or ±∞. */
+static gsize
 check_problem (Problem *p)
 {
   const Config *c = p->config;
@@ -516,16 +571,15 @@ check_problem (Problem *p)
   g_autoptr(CpTensor) dq = unshard (p, 2, seq_dim (p));
   g_autoptr(CpTensor) dk = unshard (p, 3, seq_dim (p));
   g_autoptr(CpTensor) dv = unshard (p, 4, seq_dim (p));
+  gsize non_finite = assert_close (out, p->out, c, "out") + assert_close (dq, p->dq, c, "dq") +
+                     assert_close (dk, p->dk, c, "dk") + assert_close (dv, p->dv, c, "dv");
 
-  assert_close (out, p->out, c, "out");
-  assert_close (dq, p->dq, c, "dq");
-  assert_close (dk, p->dk, c, "dk");
-  assert_close (dv, p->dv, c, "dv");
   check_lse (p);
   assert_padding_zero (p, out, c->n_heads);
   assert_padding_zero (p, dq, c->n_heads);
   assert_padding_zero (p, dk, c->n_kv_heads);
   assert_padding_zero (p, dv, c->n_kv_heads);
+  return non_finite;
 }
 
 static void
@@ -661,6 +715,95 @@ test_deterministic (void)
   problem_clear (&second);
 }
 
+/* NaN and ±∞ in every input, at a real position (seen by some queries,
+ * hidden by the causal mask from others) and, for v, at a padding
+ * position, which nothing may see. */
+static const Poison poisons[] = {
+  { 0, -3, NAN, "NaN in q" },
+  { 0, -3, -INFINITY, "-inf in q" },
+  { 1, -3, INFINITY, "+inf in k" },
+  { 1, -3, NAN, "NaN in k" },
+  { 2, -3, NAN, "NaN in v" },
+  { 2, -3, INFINITY, "+inf in v" },
+  { 3, -3, NAN, "NaN in dout" },
+  { 2, 0, NAN, "NaN in v at a padding position" },
+};
+
+/* The poison of @base at a position of @c's sequence: counted back from
+ * the end of the real part, or the first padding position (pos 0). */
+static Poison
+poison_at (const Poison *base,
+           const Config *c,
+           gint64        real_len)
+{
+  Poison poison = *base;
+
+  poison.pos = base->pos < 0 ? real_len + base->pos : real_len;
+  g_assert_cmpint (c->real_len % (2 * c->cp_size), !=, 0);  /* a padding position exists */
+  return poison;
+}
+
+static void
+check_poisoned (Config       *c,
+                const Poison *base,
+                const char   *where)
+{
+  Poison poison = poison_at (base, c, c->real_len);
+  g_autofree char *what = NULL;
+  Problem p;
+  gsize non_finite;
+
+  c->poison = &poison;
+  problem_init (&p, c, 77);
+  run_problem (&p);
+  non_finite = check_problem (&p);
+  /* Otherwise the case checked nothing about propagation. */
+  if (base->pos < 0)
+    g_assert_cmpuint (non_finite, >, 0);
+  else
+    g_assert_cmpuint (non_finite, ==, 0);
+  problem_clear (&p);
+  c->poison = NULL;
+  what = g_strdup_printf ("forward and backward with %s (%s)", base->what, where);
+  cp_test_record_outcome ("CpAttention", what, "NaN and ±∞ propagate as in float64",
+                          "the same NaN and ±∞ elements as the float64 reference, the rest within tolerance");
+}
+
+static void
+test_non_finite (void)
+{
+  int sizes[] = { 1, 2, 3 };
+
+  g_test_summary ("NaN and ±∞ in q, k, v or dout give exactly the NaN and ±∞ elements of "
+                  "float64 attention in out, lse, dq, dk and dv, and no others, for C in "
+                  "{1, 2, 3}, both rotate methods, causal or not; padding positions see nothing");
+  for (guint x = 0; x < G_N_ELEMENTS (poisons); x++)
+    for (guint i = 0; i < G_N_ELEMENTS (sizes); i++)
+      for (int method = 0; method < 2; method++)
+        for (int causal = 0; causal < 2; causal++)
+          {
+            Config c = bshd (sizes[i], method, causal, 2, 64);
+
+            check_poisoned (&c, &poisons[x], "float32, C = 1 to 3, both rotate methods, causal or not");
+          }
+}
+
+static void
+test_non_finite_tiles (void)
+{
+  g_test_summary ("The same over several tiles (S = 301 padded to 304): masked diagonal tiles, "
+                  "unmasked tiles, the ring's log-sum-exp merge, bfloat16");
+  for (guint x = 0; x < G_N_ELEMENTS (poisons); x++)
+    for (int dt = 0; dt < 2; dt++)
+      for (int method = 0; method < 2; method++)
+        {
+          Config c = { 2, method, method == CP_ROTATE_METHOD_ALLTOALL, FALSE,
+                       dt == 0 ? CP_DTYPE_FLOAT32 : CP_DTYPE_BFLOAT16, 1, 4, 2, 64, 301, NULL, 0, 2 };
+
+          check_poisoned (&c, &poisons[x], "C = 2, several tiles, float32 and bfloat16");
+        }
+}
+
 /* Moves the pieces of the last run out of @p into @pieces. */
 static void
 take_pieces (Problem  *p,
@@ -774,6 +917,8 @@ main (int   argc,
   g_test_add_func ("/Cp/Attention/thd/bfloat16", test_thd_bfloat16);
   g_test_add_func ("/Cp/Attention/deterministic", test_deterministic);
   g_test_add_func ("/Cp/Attention/thread-counts", test_thread_counts);
+  g_test_add_func ("/Cp/Attention/non-finite/small", test_non_finite);
+  g_test_add_func ("/Cp/Attention/non-finite/tiles", test_non_finite_tiles);
 
   return g_test_run ();
 }
