@@ -1304,9 +1304,10 @@ enum {
 };
 
 static const char * const desc_names[N_DESC] = {
-  "the call (forward or backward)", "the dtype", "packed or not", "the batch size",
-  "n_heads", "n_kv_heads", "the head dimension", "the local length", "causal",
-  "the scale", "the rotate method", "the layout", "the real lengths",
+  "the call (forward or backward)", "the dtype", "packed inputs ([T, H, D] or [B, H, S, D])",
+  "the batch size", "n_heads", "n_kv_heads", "the head dimension", "the local length", "causal",
+  "the scale", "the rotate method", "the layout (load balance, cu_seqlens_padded)",
+  "the real lengths (seq_lens, cu_seqlens)",
 };
 
 static guint64
@@ -1344,6 +1345,39 @@ describe_call (CpAttention *self,
                                               self->options->cu_seqlens);
 }
 
+/* A descriptor field's value as the user would have written it; the
+ * layout and real lengths are hashes. */
+static char *
+format_field (int    field,
+              gint64 value)
+{
+  double scale;
+
+  switch (field)
+    {
+    case DESC_CALL:
+      return g_strdup (value ? "backward" : "forward");
+    case DESC_DTYPE:
+      if (value == CP_DTYPE_FLOAT32 || value == CP_DTYPE_BFLOAT16)
+        return g_strdup (cp_dtype_get_name ((CpDType) value));
+      break;
+    case DESC_PACKED:
+    case DESC_CAUSAL:
+      return g_strdup (value ? "true" : "false");
+    case DESC_SCALE:
+      memcpy (&scale, &value, sizeof scale);
+      return g_strdup_printf ("%g", scale);
+    case DESC_ROTATE:
+      return g_strdup (value == CP_ROTATE_METHOD_ALLGATHER ? "allgather" : "alltoall");
+    case DESC_LAYOUT:
+    case DESC_PADDING:
+      return g_strdup_printf ("hash %016" G_GINT64_MODIFIER "x", value);
+    default:
+      break;
+    }
+  return g_strdup_printf ("%" G_GINT64_FORMAT, value);
+}
+
 static gboolean
 compare_calls (const gint64  *all,
                int            size,
@@ -1353,9 +1387,12 @@ compare_calls (const gint64  *all,
     for (int f = 0; f < N_DESC; f++)
       if (all[r * N_DESC + f] != all[f])
         {
+          g_autofree char *first = format_field (f, all[f]);
+          g_autofree char *other = format_field (f, all[r * N_DESC + f]);
+
           g_set_error (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_SHAPE,
-                       "ranks disagree on %s: rank 0 has %" G_GINT64_FORMAT ", rank %d has %"
-                       G_GINT64_FORMAT, desc_names[f], all[f], r, all[r * N_DESC + f]);
+                       "ranks disagree on %s: rank 0 has %s, rank %d has %s",
+                       desc_names[f], first, r, other);
           return FALSE;
         }
   return TRUE;
