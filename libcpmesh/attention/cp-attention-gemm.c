@@ -10,6 +10,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include "cp-attention-gemm-private.h"
+#include "cp-sync-private.h"
 
 /* A product's full description: primitives are specialised to it. */
 typedef struct
@@ -51,7 +52,7 @@ typedef struct
 /* oneDNN asks for 64-byte alignment; a page avoids false sharing too. */
 #define SCRATCHPAD_ALIGNMENT 4096
 
-static GMutex cache_lock;
+static CpMutex cache_lock = CP_MUTEX_INIT;
 static GHashTable *cache;      /* GemmKey → GemmPrimitive, never freed */
 static dnnl_engine_t engine;   /* thread-safe: only creates primitives and memory */
 static gint force_primitives;  /* read by every kernel thread */
@@ -253,18 +254,18 @@ primitive_lookup (const GemmKey *key)
   GemmPrimitive *gemm;
 
   get_engine ();
-  g_mutex_lock (&cache_lock);
+  _cp_mutex_lock (&cache_lock);
   gemm = g_hash_table_lookup (cache, key);
   if (gemm == NULL && (gemm = primitive_create (key)) != NULL)
     g_hash_table_insert (cache, g_memdup2 (key, sizeof *key), gemm);
-  g_mutex_unlock (&cache_lock);
+  _cp_mutex_unlock (&cache_lock);
   return gemm;
 }
 
 /* The audit (tests only): which thread states and scratchpad buffers
  * executions hold at each moment. */
 static gint auditing;
-static GMutex audit_lock;
+static CpMutex audit_lock = CP_MUTEX_INIT;
 static GHashTable *in_flight;   /* thread states and buffers held now */
 static guint n_in_flight;
 static CpAttnGemmAudit audit;
@@ -274,7 +275,7 @@ audit_enter (GemmThread *thread,
              gpointer    scratchpad,
              gsize       needed)
 {
-  g_mutex_lock (&audit_lock);
+  _cp_mutex_lock (&audit_lock);
   audit.executions++;
   audit.with_scratchpad += scratchpad != NULL;
   if (g_hash_table_contains (in_flight, thread) ||
@@ -287,19 +288,19 @@ audit_enter (GemmThread *thread,
     g_hash_table_add (in_flight, scratchpad);
   n_in_flight++;
   audit.most_in_flight = MAX (audit.most_in_flight, n_in_flight);
-  g_mutex_unlock (&audit_lock);
+  _cp_mutex_unlock (&audit_lock);
 }
 
 static void
 audit_leave (GemmThread *thread,
              gpointer    scratchpad)
 {
-  g_mutex_lock (&audit_lock);
+  _cp_mutex_lock (&audit_lock);
   g_hash_table_remove (in_flight, thread);
   if (scratchpad != NULL)
     g_hash_table_remove (in_flight, scratchpad);
   n_in_flight--;
-  g_mutex_unlock (&audit_lock);
+  _cp_mutex_unlock (&audit_lock);
 }
 
 static void
@@ -408,12 +409,12 @@ _cp_attn_gemm_force_primitives (gboolean force)
 void
 _cp_attn_gemm_audit_start (void)
 {
-  g_mutex_lock (&audit_lock);
+  _cp_mutex_lock (&audit_lock);
   memset (&audit, 0, sizeof audit);
   if (in_flight == NULL)
     in_flight = g_hash_table_new (NULL, NULL);
   g_atomic_int_set (&auditing, TRUE);
-  g_mutex_unlock (&audit_lock);
+  _cp_mutex_unlock (&audit_lock);
 }
 
 /* What oneDNN itself says of a cached primitive. */
@@ -442,15 +443,15 @@ _cp_attn_gemm_audit_stop (CpAttnGemmAudit *report)
   GHashTableIter iter;
   gpointer value;
 
-  g_mutex_lock (&audit_lock);
+  _cp_mutex_lock (&audit_lock);
   g_atomic_int_set (&auditing, FALSE);
   *report = audit;
-  g_mutex_unlock (&audit_lock);
+  _cp_mutex_unlock (&audit_lock);
 
   get_engine ();
-  g_mutex_lock (&cache_lock);
+  _cp_mutex_lock (&cache_lock);
   g_hash_table_iter_init (&iter, cache);
   while (g_hash_table_iter_next (&iter, NULL, &value))
     audit_primitive (value, report);
-  g_mutex_unlock (&cache_lock);
+  _cp_mutex_unlock (&cache_lock);
 }
