@@ -1304,9 +1304,10 @@ enum {
 };
 
 static const char * const desc_names[N_DESC] = {
-  "the call (forward or backward)", "the dtype", "packed or not", "the batch size",
-  "n_heads", "n_kv_heads", "the head dimension", "the local length", "causal",
-  "the scale", "the rotate method", "the layout", "the real lengths",
+  "the call (forward or backward)", "the dtype", "packed inputs ([T, H, D] or [B, H, S, D])",
+  "the batch size", "n_heads", "n_kv_heads", "the head dimension", "the local length", "causal",
+  "the scale", "the rotate method", "the layout (load balance, cu_seqlens_padded)",
+  "the real lengths (seq_lens, cu_seqlens)",
 };
 
 static guint64
@@ -1344,6 +1345,39 @@ describe_call (CpAttention *self,
                                               self->options->cu_seqlens);
 }
 
+/* A descriptor field's value as the user would have written it; the
+ * layout and real lengths are hashes. */
+static char *
+format_field (int    field,
+              gint64 value)
+{
+  double scale;
+
+  switch (field)
+    {
+    case DESC_CALL:
+      return g_strdup (value ? "backward" : "forward");
+    case DESC_DTYPE:
+      if (value == CP_DTYPE_FLOAT32 || value == CP_DTYPE_BFLOAT16)
+        return g_strdup (cp_dtype_get_name ((CpDType) value));
+      break;
+    case DESC_PACKED:
+    case DESC_CAUSAL:
+      return g_strdup (value ? "true" : "false");
+    case DESC_SCALE:
+      memcpy (&scale, &value, sizeof scale);
+      return g_strdup_printf ("%g", scale);
+    case DESC_ROTATE:
+      return g_strdup (value == CP_ROTATE_METHOD_ALLGATHER ? "allgather" : "alltoall");
+    case DESC_LAYOUT:
+    case DESC_PADDING:
+      return g_strdup_printf ("hash %016" G_GINT64_MODIFIER "x", value);
+    default:
+      break;
+    }
+  return g_strdup_printf ("%" G_GINT64_FORMAT, value);
+}
+
 static gboolean
 compare_calls (const gint64  *all,
                int            size,
@@ -1353,9 +1387,12 @@ compare_calls (const gint64  *all,
     for (int f = 0; f < N_DESC; f++)
       if (all[r * N_DESC + f] != all[f])
         {
+          g_autofree char *first = format_field (f, all[f]);
+          g_autofree char *other = format_field (f, all[r * N_DESC + f]);
+
           g_set_error (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_SHAPE,
-                       "ranks disagree on %s: rank 0 has %" G_GINT64_FORMAT ", rank %d has %"
-                       G_GINT64_FORMAT, desc_names[f], all[f], r, all[r * N_DESC + f]);
+                       "ranks disagree on %s: rank 0 has %s, rank %d has %s",
+                       desc_names[f], first, r, other);
           return FALSE;
         }
   return TRUE;
@@ -1843,30 +1880,50 @@ forward_ring (CpAttention  *self,
   return TRUE;
 }
 
-/* out = acc / l and lse = m + log l, row by row; rows without any key
- * (padding) get 0 and −∞. */
+/* out = acc / l and lse = m + log l for a real query row, whatever they
+ * hold, so that NaN and ∞ reach the output as the float64 formula carries
+ * them: a row whose every score is −∞ gives 0 / 0.  A padding row, which
+ * attends to nothing, gets 0 and −∞. */
+static void
+finish_row (const Plan *plan,
+            Forward    *fwd,
+            int         b,
+            int         h,
+            gint64      i,
+            gboolean    real,
+            float      *lse)
+{
+  const CpAttnView *view = &fwd->state.acc;
+  float *acc = (float *) view->data + b * view->batch_stride + h * view->head_stride +
+               (gsize) i * view->row_stride;
+  gsize row = ((gsize) b * plan->n_heads + (gsize) h) * (gsize) plan->local_len + (gsize) i;
+  float m = fwd->state.m[row] == -INFINITY ? NAN : fwd->state.m[row];
+  float l = fwd->state.l[row];
+  float inverse = 1.0f / l;
+
+  for (int j = 0; j < plan->head_dim; j++)
+    acc[j] = real ? acc[j] * inverse : 0.0f;
+  lse[row] = real ? m + logf (l) : -INFINITY;
+}
+
 static void
 finish_forward (const Plan *plan,
                 Forward    *fwd,
                 CpTensor   *out,
                 CpTensor   *lse)
 {
+  const CpAttnProblem *p = &plan->problem;
   float *lse_data = cp_tensor_get_data (lse);
-  gsize d = (gsize) plan->head_dim;
-  gsize row = 0;
 
   for (int b = 0; b < plan->batch; b++)
     for (int h = 0; h < plan->n_heads; h++)
-      for (gint64 i = 0; i < plan->local_len; i++, row++)
+      for (guint r = 0; r < p->n_q_runs; r++)
         {
-          float *acc = (float *) fwd->state.acc.data + b * fwd->state.acc.batch_stride +
-                       h * fwd->state.acc.head_stride + (gsize) i * fwd->state.acc.row_stride;
-          float l = fwd->state.l[row];
-          float inverse = l > 0.0f ? 1.0f / l : 0.0f;
+          const CpAttnRun *run = &p->q_runs[r];
+          gint64 real = p->real_end[(gsize) b * p->n_docs + run->doc] - run->pos;
 
-          for (gsize j = 0; j < d; j++)
-            acc[j] *= inverse;
-          lse_data[row] = l > 0.0f ? fwd->state.m[row] + logf (l) : -INFINITY;
+          for (gint64 i = 0; i < run->length; i++)
+            finish_row (plan, fwd, b, h, run->row + i, i < real, lse_data);
         }
   store_float32 (out, fwd->state.acc.data);
 }

@@ -156,21 +156,273 @@ test_thd_length (void)
   run_case (&c);
 }
 
-static void
-make_disagreeing_options (int rank, CpTensor **q, CpTensor **k, CpTensor **v, CpAttentionOptions *o)
+/* Agreement: every field of the descriptor the ranks compare before any
+ * K/V byte moves, made to differ on rank 1 alone, in forward and in
+ * backward.  Each rank's inputs are valid on their own, so only the
+ * comparison can catch the difference. */
+
+/* A valid call of one rank: [B, H, S, D] (or packed [T, H, D]) inputs and
+ * the options, with the field under test changed on rank 1. */
+typedef struct
 {
-  make_shape_mismatch (1, q, k, v, o);
-  cp_attention_options_set_causal (o, rank == 0);
+  CpDType dtype;
+  gint64 batch, heads, kv_heads, local_len, head_dim;
+  gboolean thd;
+  gboolean backward;
+  CpAttentionOptions *options;
+} Call;
+
+typedef void (*Disagree) (Call *call);
+
+typedef struct
+{
+  const char *field;       /* the path component */
+  const char *difference;  /* rank 1's, for the reliability table */
+  const char *needle;      /* what the message must name */
+  Disagree change;         /* applied on rank 1 only */
+} Field;
+
+typedef struct
+{
+  const Field *field;
+  gboolean backward;
+  char *what;             /* for the reliability table */
+} Disagreement;
+
+static void change_call (Call *c) { c->backward = !c->backward; }
+static void change_dtype (Call *c) { c->dtype = CP_DTYPE_BFLOAT16; }
+static void change_batch (Call *c) { c->batch = 2; }
+static void change_heads (Call *c) { c->heads = 4; }
+static void change_kv_heads (Call *c) { c->kv_heads = 2; }
+static void change_head_dim (Call *c) { c->head_dim = 16; }
+static void change_local_len (Call *c) { c->local_len = 8; }
+static void change_causal (Call *c) { cp_attention_options_set_causal (c->options, FALSE); }
+static void change_scale (Call *c) { cp_attention_options_set_scale (c->options, 0.5); }
+
+static void
+change_packed (Call *c)
+{
+  gint64 bounds[] = { 0, 8 };
+
+  c->thd = TRUE;
+  cp_attention_options_set_cu_seqlens_padded (c->options, bounds, G_N_ELEMENTS (bounds));
 }
 
 static void
-test_options_disagree (void)
+change_rotate (Call *c)
 {
-  Case c = { make_disagreeing_options, CP_ATTENTION_ERROR_SHAPE, "ranks disagree on causal",
-             "forward where ranks pass different options (every rank fails)" };
+  cp_attention_options_set_rotate_method (c->options, CP_ROTATE_METHOD_ALLTOALL);
+}
 
-  g_test_summary ("Ranks called with different options fail together");
-  run_case (&c);
+static void
+change_load_balance (Call *c)
+{
+  cp_attention_options_set_load_balance (c->options, CP_LOAD_BALANCE_CONTIGUOUS);
+}
+
+/* Both ranks pack two documents of 8 (cu_seqlens_padded [0, 8, 16]), so
+ * that each holds 8 tokens; rank 1 is told of one document of 16. */
+static void
+pack_two_documents (Call *c)
+{
+  gint64 bounds[] = { 0, 8, 16 };
+
+  c->thd = TRUE;
+  c->local_len = 8;
+  cp_attention_options_set_cu_seqlens_padded (c->options, bounds, G_N_ELEMENTS (bounds));
+}
+
+static void
+change_cu_seqlens_padded (Call *c)
+{
+  gint64 bounds[] = { 0, 16 };
+
+  cp_attention_options_set_cu_seqlens_padded (c->options, bounds, G_N_ELEMENTS (bounds));
+}
+
+/* seq_lens {5} on rank 0 (see call_init), {7} on rank 1. */
+static void
+change_seq_lens (Call *c)
+{
+  gint64 lens[] = { 7 };
+
+  cp_attention_options_set_seq_lens (c->options, lens, G_N_ELEMENTS (lens));
+}
+
+static void
+change_cu_seqlens (Call *c)
+{
+  gint64 real[] = { 0, 5, 13 };
+
+  cp_attention_options_set_cu_seqlens (c->options, real, G_N_ELEMENTS (real));
+}
+
+/* Every field of the descriptor, with the message naming it on every
+ * rank. */
+static const Field fields[] = {
+  { "call", "the other call (backward against forward, or forward against backward)",
+    "ranks disagree on the call (forward or backward): rank 0 has", change_call },
+  { "dtype", "bfloat16 inputs (rank 0: float32)",
+    "ranks disagree on the dtype: rank 0 has float32, rank 1 has bfloat16", change_dtype },
+  { "packed", "packed [T, H, D] inputs (rank 0: [B, H, S, D])",
+    "ranks disagree on packed inputs ([T, H, D] or [B, H, S, D]): rank 0 has false, rank 1 has true",
+    change_packed },
+  { "batch", "batch size 2 (rank 0: 1)",
+    "ranks disagree on the batch size: rank 0 has 1, rank 1 has 2", change_batch },
+  { "heads", "4 query heads (rank 0: 2)",
+    "ranks disagree on n_heads: rank 0 has 2, rank 1 has 4", change_heads },
+  { "kv-heads", "2 key/value heads (rank 0: 1)",
+    "ranks disagree on n_kv_heads: rank 0 has 1, rank 1 has 2", change_kv_heads },
+  { "head-dim", "head dimension 16 (rank 0: 8)",
+    "ranks disagree on the head dimension: rank 0 has 8, rank 1 has 16", change_head_dim },
+  { "local-len", "local length 8 (rank 0: 4)",
+    "ranks disagree on the local length: rank 0 has 4, rank 1 has 8", change_local_len },
+  { "causal", "causal false (rank 0: true)",
+    "ranks disagree on causal: rank 0 has true, rank 1 has false", change_causal },
+  { "scale", "scale 0.5 (rank 0: the default)",
+    "ranks disagree on the scale: rank 0 has 0.353553, rank 1 has 0.5", change_scale },
+  { "rotate-method", "the ring (rank 0: all-gather)",
+    "ranks disagree on the rotate method: rank 0 has allgather, rank 1 has alltoall", change_rotate },
+  { "load-balance", "contiguous load balance (rank 0: head-tail)",
+    "ranks disagree on the layout (load balance, cu_seqlens_padded): rank 0 has hash", change_load_balance },
+  { "cu-seqlens-padded", "cu_seqlens_padded [0, 16] (rank 0: [0, 8, 16])",
+    "ranks disagree on the layout (load balance, cu_seqlens_padded): rank 0 has hash",
+    change_cu_seqlens_padded },
+  { "seq-lens", "seq_lens {7} (rank 0: {5})",
+    "ranks disagree on the real lengths (seq_lens, cu_seqlens): rank 0 has hash", change_seq_lens },
+  { "cu-seqlens", "cu_seqlens [0, 5, 13] (rank 0: [0, 5, 12])",
+    "ranks disagree on the real lengths (seq_lens, cu_seqlens): rank 0 has hash", change_cu_seqlens },
+};
+
+/* The call every rank makes before the field under test changes: C = 2,
+ * [1, 2, 4, 8] float32 queries (a sequence of 8), one key/value head,
+ * causal over the all-gather; seq_lens {5} where real lengths are under
+ * test, two packed documents where cu_seqlens* are. */
+static void
+call_init (Call        *call,
+           const Field *field,
+           gboolean     backward)
+{
+  *call = (Call) { CP_DTYPE_FLOAT32, 1, 2, 1, 4, 8, FALSE, backward, cp_attention_options_new () };
+  if (field->change == change_seq_lens)
+    {
+      gint64 lens[] = { 5 };
+
+      cp_attention_options_set_seq_lens (call->options, lens, G_N_ELEMENTS (lens));
+    }
+  if (field->change == change_cu_seqlens_padded || field->change == change_cu_seqlens)
+    pack_two_documents (call);
+  if (field->change == change_cu_seqlens)
+    {
+      gint64 real[] = { 0, 5, 12 };
+
+      cp_attention_options_set_cu_seqlens (call->options, real, G_N_ELEMENTS (real));
+    }
+}
+
+static CpTensor *
+call_tensor (const Call *call,
+             CpDType     dtype,
+             gint64      heads,
+             guint       seed)
+{
+  gint64 bshd[] = { call->batch, heads, call->local_len, call->head_dim };
+  gint64 thd[] = { call->local_len, heads, call->head_dim };
+
+  return call->thd ? cp_test_tensor_pattern (dtype, thd, 3, seed)
+                   : cp_test_tensor_pattern (dtype, bshd, 4, seed);
+}
+
+/* The log-sum-exp backward takes: [B, H, S], or [H, T] packed. */
+static CpTensor *
+call_lse (const Call *call)
+{
+  gint64 bshd[] = { call->batch, call->heads, call->local_len };
+  gint64 thd[] = { call->heads, call->local_len };
+
+  return call->thd ? cp_test_tensor_pattern (CP_DTYPE_FLOAT32, thd, 2, 5)
+                   : cp_test_tensor_pattern (CP_DTYPE_FLOAT32, bshd, 3, 5);
+}
+
+/* Makes the call; returns whether it succeeded. */
+static gboolean
+call_run (CpMesh      *mesh,
+          const Call  *call,
+          GError     **error)
+{
+  g_autoptr(CpAttention) attention = cp_attention_new (mesh, call->options, error);
+  g_autoptr(CpTensor) q = call_tensor (call, call->dtype, call->heads, 1);
+  g_autoptr(CpTensor) k = call_tensor (call, call->dtype, call->kv_heads, 2);
+  g_autoptr(CpTensor) v = call_tensor (call, call->dtype, call->kv_heads, 3);
+  g_autoptr(CpTensor) dout = call_tensor (call, call->dtype, call->heads, 4);
+  g_autoptr(CpTensor) lse = call_lse (call);
+  g_autoptr(CpTensor) out = NULL, dq = NULL, dk = NULL, dv = NULL;
+  gboolean ok;
+
+  g_assert_no_error (*error);
+  if (!call->backward)
+    ok = cp_attention_forward (attention, q, k, v, &out, NULL, error);
+  else
+    ok = cp_attention_backward (attention, dout, q, k, v, dout, lse, &dq, &dk, &dv, error);
+  if (!ok)
+    g_assert_true (out == NULL && dq == NULL && dk == NULL && dv == NULL);
+  return ok;
+}
+
+static void
+disagree_rank (CpMesh   *mesh,
+               gpointer  data)
+{
+  const Disagreement *d = data;
+  g_autoptr(GError) error = NULL;
+  Call call;
+
+  call_init (&call, d->field, d->backward);
+  if (cp_mesh_get_rank (mesh) == 1)
+    d->field->change (&call);
+  g_assert_false (call_run (mesh, &call, &error));
+  CP_TEST_ASSERT_CASE (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_SHAPE, "CpAttention", d->what);
+  if (strstr (error->message, d->field->needle) == NULL)
+    g_error ("rank %d: message \"%s\" does not name \"%s\"", cp_mesh_get_rank (mesh),
+             error->message, d->field->needle);
+  cp_attention_options_free (call.options);
+}
+
+static void
+test_disagreement (gconstpointer data)
+{
+  const Disagreement *d = data;
+  GList *meshes = cp_test_local_group ("cp", 2);
+
+  cp_test_run_ranks (meshes, disagree_rank, (gpointer) d);
+  cp_test_free_group (meshes);
+}
+
+static void
+free_disagreement (gpointer data)
+{
+  Disagreement *d = data;
+
+  g_free (d->what);
+  g_free (d);
+}
+
+static void
+add_disagreement_tests (void)
+{
+  for (guint f = 0; f < G_N_ELEMENTS (fields); f++)
+    for (int backward = 0; backward < 2; backward++)
+      {
+        Disagreement *d = g_new0 (Disagreement, 1);
+        g_autofree char *path = g_strdup_printf ("/Cp/Attention/errors/disagree/%s/%s",
+                                                 fields[f].field, backward ? "backward" : "forward");
+
+        d->field = &fields[f];
+        d->backward = backward;
+        d->what = g_strdup_printf ("%s where rank 1 alone has %s (every rank fails)",
+                                   backward ? "backward" : "forward", fields[f].difference);
+        g_test_add_data_func_full (path, d, test_disagreement, free_disagreement);
+      }
 }
 
 static void
@@ -296,7 +548,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Attention/errors/heads-indivisible", test_heads_indivisible);
   g_test_add_func ("/Cp/Attention/errors/local-length", test_local_length);
   g_test_add_func ("/Cp/Attention/errors/thd-length", test_thd_length);
-  g_test_add_func ("/Cp/Attention/errors/options-disagree", test_options_disagree);
+  add_disagreement_tests ();
   g_test_add_func ("/Cp/Attention/errors/dtype-unsupported", test_unsupported_dtype);
   g_test_add_func ("/Cp/Attention/errors/head-dim", test_head_dim);
   g_test_add_func ("/Cp/Attention/errors/seq-lens-count", test_seq_lens_count);

@@ -10,8 +10,9 @@
 #include "cp-test-util.h"
 
 #ifdef CP_TEST_FORCE_PRIMITIVES
-/* From the internal library: float32 through oneDNN matmul primitives. */
-void _cp_attn_gemm_force_primitives (gboolean force);
+/* From the internal library: float32 through oneDNN matmul primitives,
+ * and what their executions shared. */
+#include "attention/cp-attention-gemm-private.h"
 #endif
 
 /* One attention problem: the global (padded) sequence, its documents and
@@ -31,7 +32,19 @@ typedef struct
   const gint64 *doc_lens;   /* THD: real document lengths */
   guint n_docs;
   int n_threads;
+  const struct _Poison *poison;  /* a non-finite input value, or NULL */
 } Config;
+
+/* One element of a global input set to NaN or ±∞ before the reference
+ * is computed: the reference carries it as float64 arithmetic does, and
+ * the ranks must give the same non-finite elements. */
+typedef struct _Poison
+{
+  int tensor;        /* 0 q, 1 k, 2 v, 3 dout */
+  gint64 pos;        /* position in the global sequence */
+  double value;
+  const char *what;
+} Poison;
 
 /* The global problem and its float64 reference. */
 typedef struct
@@ -165,18 +178,25 @@ reference_row (Problem *p,
   g_autofree double *s = g_new0 (double, p->seq_len);
   g_autofree double *dp = g_new0 (double, p->seq_len);
   gsize row = ((gsize) b * c->n_heads + h) * (gsize) p->seq_len + (gsize) i;
+  gsize qi = offset_of (p, c->n_heads, b, h, i, 0);
+  const double *q = p->q64 + qi, *dout = p->dout64 + qi;
+  double *out = p->out + qi, *dq = p->dq + qi;
   double max = -INFINITY, sum = 0.0, delta = 0.0;
   gboolean any = FALSE;
 
+  /* Feature d of a row is element d from its start, in both layouts. */
   for (gint64 j = 0; j < p->seq_len; j++)
     {
+      const double *k = p->k64 + offset_of (p, c->n_kv_heads, b, hk, j, 0);
+
+      double score = 0.0;
+
       if (!visible (p, i, j))
         continue;
       for (int d = 0; d < c->head_dim; d++)
-        s[j] += p->q64[offset_of (p, c->n_heads, b, h, i, d)] *
-                p->k64[offset_of (p, c->n_kv_heads, b, hk, j, d)];
-      s[j] *= scale;
-      max = MAX (max, s[j]);
+        score += q[d] * k[d];
+      s[j] = score * scale;
+      max = isnan (max) || max >= s[j] ? max : s[j];  /* NaN wins */
       any = TRUE;
     }
   p->lse[row] = -INFINITY;
@@ -188,22 +208,27 @@ reference_row (Problem *p,
   p->lse[row] = max + log (sum);
   for (gint64 j = 0; j < p->seq_len; j++)
     {
+      const double *v = p->v64 + offset_of (p, c->n_kv_heads, b, hk, j, 0);
+
+      double prob, grad = 0.0;
+
       if (!visible (p, i, j))
         continue;
-      s[j] = exp (s[j] - p->lse[row]);
+      s[j] = prob = exp (s[j] - p->lse[row]);
       for (int d = 0; d < c->head_dim; d++)
         {
-          p->out[offset_of (p, c->n_heads, b, h, i, d)] +=
-            s[j] * p->v64[offset_of (p, c->n_kv_heads, b, hk, j, d)];
-          dp[j] += p->dout64[offset_of (p, c->n_heads, b, h, i, d)] *
-                   p->v64[offset_of (p, c->n_kv_heads, b, hk, j, d)];
+          out[d] += prob * v[d];
+          grad += dout[d] * v[d];
         }
+      dp[j] = grad;
     }
   for (int d = 0; d < c->head_dim; d++)
-    delta += p->dout64[offset_of (p, c->n_heads, b, h, i, d)] *
-             p->out[offset_of (p, c->n_heads, b, h, i, d)];
+    delta += dout[d] * out[d];
   for (gint64 j = 0; j < p->seq_len; j++)
     {
+      gsize kj = offset_of (p, c->n_kv_heads, b, hk, j, 0);
+      const double *k = p->k64 + kj;
+      double *dk = p->dk + kj, *dv = p->dv + kj;
       double ds;
 
       if (!visible (p, i, j))
@@ -211,12 +236,9 @@ reference_row (Problem *p,
       ds = s[j] * (dp[j] - delta);
       for (int d = 0; d < c->head_dim; d++)
         {
-          p->dq[offset_of (p, c->n_heads, b, h, i, d)] +=
-            scale * ds * p->k64[offset_of (p, c->n_kv_heads, b, hk, j, d)];
-          p->dk[offset_of (p, c->n_kv_heads, b, hk, j, d)] +=
-            scale * ds * p->q64[offset_of (p, c->n_heads, b, h, i, d)];
-          p->dv[offset_of (p, c->n_kv_heads, b, hk, j, d)] +=
-            s[j] * p->dout64[offset_of (p, c->n_heads, b, h, i, d)];
+          dq[d] += scale * ds * k[d];
+          dk[d] += scale * ds * q[d];
+          dv[d] += s[j] * dout[d];
         }
     }
 }
@@ -252,6 +274,22 @@ compute_reference (Problem *p)
         reference_row (p, b, h, i);
 }
 
+/* Sets the poisoned element: batch row, head and feature 1 where they
+ * exist, so that other rows, heads and features stay finite. */
+static void
+apply_poison (Problem *p)
+{
+  const Config *c = p->config;
+  const Poison *poison = c->poison;
+  CpTensor *tensors[] = { p->q, p->k, p->v, p->dout };
+  int heads = poison->tensor == 1 || poison->tensor == 2 ? c->n_kv_heads : c->n_heads;
+
+  cp_tensor_set_value (tensors[poison->tensor],
+                       (gint64) offset_of (p, heads, c->batch - 1, heads - 1, poison->pos,
+                                           MIN (1, c->head_dim - 1)),
+                       poison->value);
+}
+
 static void
 problem_init (Problem      *p,
               const Config *c,
@@ -282,6 +320,8 @@ problem_init (Problem      *p,
     }
   g_assert_no_error (error);
   make_inputs (p, rand);
+  if (c->poison != NULL)
+    apply_poison (p);
   compute_reference (p);
 }
 
@@ -402,13 +442,28 @@ typedef struct
   double lo, hi;
   gsize n;
   gsize violations;   /* elementwise |a − b| > atol + rtol |b| */
+  gsize non_finite;   /* elements the reference has NaN or ±∞ */
 } Compare;
+
+/* Where the reference is NaN or ±∞, @got must be exactly that too. */
+static void
+assert_same_non_finite (double      got,
+                        double      want,
+                        gint64      index,
+                        const char *what)
+{
+  gboolean same = isnan (want) ? isnan (got) : got == want;
+
+  if (!same)
+    g_error ("%s[%" G_GINT64_FORMAT "] is %g where float64 gives %g", what, index, got, want);
+}
 
 static void
 compare_values (CpTensor     *got,
                 const double *want,
                 double        atol,
                 double        rtol,
+                const char   *what,
                 Compare      *cmp)
 {
   memset (cmp, 0, sizeof *cmp);
@@ -419,7 +474,14 @@ compare_values (CpTensor     *got,
       double a = cp_tensor_get_value (got, i);
       double b = want[i];
 
-      g_assert_true (isfinite (a));
+      if (!isfinite (b))
+        {
+          assert_same_non_finite (a, b, i, what);
+          cmp->non_finite++;
+          continue;
+        }
+      if (!isfinite (a))
+        g_error ("%s[%" G_GINT64_FORMAT "] is %g where float64 gives %g", what, i, a, b);
       cmp->max_err = MAX (cmp->max_err, fabs (a - b));
       cmp->max_ref = MAX (cmp->max_ref, fabs (b));
       cmp->sum_sq += (a - b) * (a - b);
@@ -433,7 +495,7 @@ compare_values (CpTensor     *got,
 /* float32: within 1e-5 of the largest reference value.  bfloat16: the
  * bar Transformer Engine's CP tests set, elementwise atol = rtol and an
  * RMSE of at most 1% of the value range. */
-static void
+static gsize
 assert_close (CpTensor     *got,
               const double *want,
               const Config *c,
@@ -444,17 +506,18 @@ assert_close (CpTensor     *got,
 
   if (c->dtype == CP_DTYPE_FLOAT32)
     {
-      compare_values (got, want, 0.0, 0.0, &cmp);
+      compare_values (got, want, 0.0, 0.0, what, &cmp);
       if (cmp.max_err > 1e-5 * MAX (cmp.max_ref, 1e-3))
         g_error ("%s: max error %g against max |ref| %g", what, cmp.max_err, cmp.max_ref);
-      return;
+      return cmp.non_finite;
     }
-  compare_values (got, want, tol, tol, &cmp);
+  compare_values (got, want, tol, tol, what, &cmp);
   if (cmp.violations > 0)
     g_error ("%s: %" G_GSIZE_FORMAT " elements outside atol = rtol = %g (max error %g)",
              what, cmp.violations, tol, cmp.max_err);
   if (sqrt (cmp.sum_sq / MAX (cmp.n, 1)) > 0.01 * MAX (cmp.hi - cmp.lo, 1e-6))
     g_error ("%s: RMSE %g over range %g", what, sqrt (cmp.sum_sq / cmp.n), cmp.hi - cmp.lo);
+  return cmp.non_finite;
 }
 
 /* Padding positions must get exactly zero output and gradients. */
@@ -490,8 +553,8 @@ check_lse (Problem *p)
       double want = p->lse[i];
       double got = cp_tensor_get_value (lse, i);
 
-      if (isinf (want))
-        g_assert_true (isinf (got) && got < 0);
+      if (!isfinite (want))
+        assert_same_non_finite (got, want, i, "lse");
       else
         g_assert_cmpfloat_with_epsilon (got, want, c->dtype == CP_DTYPE_FLOAT32 ? 1e-5 : 5e-2);
     }
@@ -507,7 +570,9 @@ run_problem (Problem *p)
   cp_test_free_group (meshes);
 }
 
-static void
+/* Returns how many elements of out, dq, dk and dv the reference has NaN
+ * or ±∞. */
+static gsize
 check_problem (Problem *p)
 {
   const Config *c = p->config;
@@ -515,16 +580,15 @@ check_problem (Problem *p)
   g_autoptr(CpTensor) dq = unshard (p, 2, seq_dim (p));
   g_autoptr(CpTensor) dk = unshard (p, 3, seq_dim (p));
   g_autoptr(CpTensor) dv = unshard (p, 4, seq_dim (p));
+  gsize non_finite = assert_close (out, p->out, c, "out") + assert_close (dq, p->dq, c, "dq") +
+                     assert_close (dk, p->dk, c, "dk") + assert_close (dv, p->dv, c, "dv");
 
-  assert_close (out, p->out, c, "out");
-  assert_close (dq, p->dq, c, "dq");
-  assert_close (dk, p->dk, c, "dk");
-  assert_close (dv, p->dv, c, "dv");
   check_lse (p);
   assert_padding_zero (p, out, c->n_heads);
   assert_padding_zero (p, dq, c->n_heads);
   assert_padding_zero (p, dk, c->n_kv_heads);
   assert_padding_zero (p, dv, c->n_kv_heads);
+  return non_finite;
 }
 
 static void
@@ -660,6 +724,197 @@ test_deterministic (void)
   problem_clear (&second);
 }
 
+/* NaN and ±∞ in every input, at a real position (seen by some queries,
+ * hidden by the causal mask from others) and, for v, at a padding
+ * position, which nothing may see. */
+static const Poison poisons[] = {
+  { 0, -3, NAN, "NaN in q" },
+  { 0, -3, -INFINITY, "-inf in q" },
+  { 1, -3, INFINITY, "+inf in k" },
+  { 1, -3, NAN, "NaN in k" },
+  { 2, -3, NAN, "NaN in v" },
+  { 2, -3, INFINITY, "+inf in v" },
+  { 3, -3, NAN, "NaN in dout" },
+  { 2, 0, NAN, "NaN in v at a padding position" },
+};
+
+/* The poison of @base at a position of @c's sequence: counted back from
+ * the end of the real part, or the first padding position (pos 0). */
+static Poison
+poison_at (const Poison *base,
+           const Config *c,
+           gint64        real_len)
+{
+  Poison poison = *base;
+
+  poison.pos = base->pos < 0 ? real_len + base->pos : real_len;
+  g_assert_cmpint (c->real_len % (2 * c->cp_size), !=, 0);  /* a padding position exists */
+  return poison;
+}
+
+static void
+check_poisoned (Config       *c,
+                const Poison *base,
+                const char   *where)
+{
+  Poison poison = poison_at (base, c, c->real_len);
+  g_autofree char *what = NULL;
+  Problem p;
+  gsize non_finite;
+
+  c->poison = &poison;
+  problem_init (&p, c, 77);
+  run_problem (&p);
+  non_finite = check_problem (&p);
+  /* Otherwise the case checked nothing about propagation. */
+  if (base->pos < 0)
+    g_assert_cmpuint (non_finite, >, 0);
+  else
+    g_assert_cmpuint (non_finite, ==, 0);
+  problem_clear (&p);
+  c->poison = NULL;
+  what = g_strdup_printf ("forward and backward with %s (%s)", base->what, where);
+  cp_test_record_outcome ("CpAttention", what, "NaN and ±∞ propagate as in float64",
+                          "the same NaN and ±∞ elements as the float64 reference, the rest within tolerance");
+}
+
+static void
+test_non_finite (void)
+{
+  int sizes[] = { 1, 2, 3 };
+
+  g_test_summary ("NaN and ±∞ in q, k, v or dout give exactly the NaN and ±∞ elements of "
+                  "float64 attention in out, lse, dq, dk and dv, and no others, for C in "
+                  "{1, 2, 3}, both rotate methods, causal or not; padding positions see nothing");
+  for (guint x = 0; x < G_N_ELEMENTS (poisons); x++)
+    for (guint i = 0; i < G_N_ELEMENTS (sizes); i++)
+      for (int method = 0; method < 2; method++)
+        for (int causal = 0; causal < 2; causal++)
+          {
+            Config c = bshd (sizes[i], method, causal, 2, 64);
+
+            check_poisoned (&c, &poisons[x], "float32, C = 1 to 3, both rotate methods, causal or not");
+          }
+}
+
+static void
+test_non_finite_tiles (void)
+{
+  /* The ring, causal, in both dtypes; the all-gather, full, in float32. */
+  static const struct { CpRotateMethod method; CpDType dtype; } runs[] = {
+    { CP_ROTATE_METHOD_ALLTOALL, CP_DTYPE_FLOAT32 },
+    { CP_ROTATE_METHOD_ALLTOALL, CP_DTYPE_BFLOAT16 },
+    { CP_ROTATE_METHOD_ALLGATHER, CP_DTYPE_FLOAT32 },
+  };
+
+  g_test_summary ("The same over several tiles (S = 301 padded to 304): masked diagonal tiles, "
+                  "unmasked tiles, the ring's log-sum-exp merge, bfloat16");
+  for (guint x = 0; x < G_N_ELEMENTS (poisons); x++)
+    for (guint r = 0; r < G_N_ELEMENTS (runs); r++)
+      {
+        Config c = { 2, runs[r].method, runs[r].method == CP_ROTATE_METHOD_ALLTOALL, FALSE,
+                     runs[r].dtype, 1, 2, 1, 64, 301, NULL, 0, 2 };
+
+        check_poisoned (&c, &poisons[x], "C = 2, several tiles, float32 and bfloat16");
+      }
+}
+
+/* Moves the pieces of the last run out of @p into @pieces. */
+static void
+take_pieces (Problem  *p,
+             CpTensor *pieces[5][16])
+{
+  memcpy (pieces, p->pieces, sizeof p->pieces);
+  memset (p->pieces, 0, sizeof p->pieces);
+}
+
+static void
+clear_pieces (CpTensor *pieces[5][16])
+{
+  for (int what = 0; what < 5; what++)
+    for (int r = 0; r < 16; r++)
+      g_clear_object (&pieces[what][r]);
+}
+
+static void
+assert_same_pieces (CpTensor   *want[5][16],
+                    CpTensor   *got[5][16],
+                    int         cp_size,
+                    int         n_threads)
+{
+  static const char * const names[] = { "out", "lse", "dq", "dk", "dv" };
+
+  for (int what = 0; what < 5; what++)
+    for (int r = 0; r < cp_size; r++)
+      if (!cp_tensor_equal (want[what][r], got[what][r]))
+        g_error ("%s of rank %d with %d threads differs from the single-threaded run",
+                 names[what], r, n_threads);
+}
+
+/* One configuration run single-threaded (checked against float64), then
+ * twice over with 1, 2 and 3 threads per rank: every run gives the bits
+ * of the first. */
+static void
+check_thread_counts (Config *c)
+{
+  CpTensor *first[5][16] = { { NULL } };
+  CpTensor *again[5][16] = { { NULL } };
+  Problem p;
+
+  c->n_threads = 1;
+  problem_init (&p, c, 4321);
+  run_problem (&p);
+  check_problem (&p);
+  take_pieces (&p, first);
+  for (int repeat = 0; repeat < 2; repeat++)
+    for (int n_threads = 1; n_threads <= 3; n_threads++)
+      {
+        c->n_threads = n_threads;
+        run_problem (&p);
+        take_pieces (&p, again);
+        assert_same_pieces (first, again, c->cp_size, n_threads);
+        clear_pieces (again);
+      }
+  clear_pieces (first);
+  problem_clear (&p);
+}
+
+static void
+test_thread_counts (void)
+{
+#ifdef CP_TEST_FORCE_PRIMITIVES
+  CpAttnGemmAudit audit;
+#endif
+
+  g_test_summary ("Ranks running at once, each with 1, 2 or 3 threads, over ragged tiles "
+                  "(S = 597 padded to 600, the runs of the ranks' shards cut tiles short), causal "
+                  "on the ring and full over the all-gather: "
+                  "two repeats give the bits of a single-threaded run, which matches float64");
+#ifdef CP_TEST_FORCE_PRIMITIVES
+  _cp_attn_gemm_audit_start ();
+#endif
+  for (int dt = 0; dt < 2; dt++)
+    for (int cp_size = 2; cp_size <= 3; cp_size++)
+      {
+        /* The ring with a causal mask, the all-gather without. */
+        Config c = { cp_size, cp_size == 2 ? CP_ROTATE_METHOD_ALLTOALL : CP_ROTATE_METHOD_ALLGATHER,
+                     cp_size == 2, FALSE, dt == 0 ? CP_DTYPE_FLOAT32 : CP_DTYPE_BFLOAT16, 1, 2, 1, 64, 597,
+                     NULL, 0, 1 };
+
+        check_thread_counts (&c);
+      }
+#ifdef CP_TEST_FORCE_PRIMITIVES
+  _cp_attn_gemm_audit_stop (&audit);
+  g_test_message ("%" G_GUINT64_FORMAT " primitive executions, %" G_GUINT64_FORMAT " with a "
+                  "scratchpad, at most %u at once", audit.executions, audit.with_scratchpad,
+                  audit.most_in_flight);
+  g_assert_cmpuint (audit.executions, >, 0);
+  g_assert_cmpuint (audit.user_scratchpad, ==, audit.primitives);
+  g_assert_cmpuint (audit.shared, ==, 0);
+  g_assert_cmpuint (audit.short_buffers, ==, 0);
+#endif
+}
+
 int
 main (int   argc,
       char *argv[])
@@ -676,6 +931,9 @@ main (int   argc,
   g_test_add_func ("/Cp/Attention/thd/float32", test_thd);
   g_test_add_func ("/Cp/Attention/thd/bfloat16", test_thd_bfloat16);
   g_test_add_func ("/Cp/Attention/deterministic", test_deterministic);
+  g_test_add_func ("/Cp/Attention/thread-counts", test_thread_counts);
+  g_test_add_func ("/Cp/Attention/non-finite/small", test_non_finite);
+  g_test_add_func ("/Cp/Attention/non-finite/tiles", test_non_finite_tiles);
 
   return g_test_run ();
 }

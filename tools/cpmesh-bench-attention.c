@@ -3,7 +3,8 @@
  * Single-rank causal attention forward and forward+backward against
  * oneDNN's own matmul throughput measured in the same run, then C ranks
  * of an in-process mesh on the same sequence: per-rank imbalance and
- * total CPU time against the single-rank run.
+ * total CPU time against the single-rank run.  No speed is printed for
+ * results that are wrong: every case is checked against float64 first.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -28,7 +29,12 @@ typedef struct
   int cp_size;
   gint64 cp_seq_len;
   gboolean skip_torch;
+  double tolerance_scale;
 } BenchOptions;
+
+/* Every case runs with B = 1, H = 16, D = 128. */
+#define HEADS 16
+#define HEAD_DIM 128
 
 static double
 now_s (void)
@@ -183,6 +189,19 @@ typedef struct
   double cpu_s;
 } Timing;
 
+/* What one forward+backward returns: out, lse, dq, dk, dv. */
+#define N_OUTPUTS 5
+
+static const char * const output_names[N_OUTPUTS] = { "out", "lse", "dq", "dk", "dv" };
+
+static void
+outputs_clear (CpTensor **outputs)
+{
+  for (int o = 0; o < N_OUTPUTS; o++)
+    g_clear_object (&outputs[o]);
+}
+
+/* Times one forward+backward and keeps its results in @outputs. */
 static gboolean
 time_attention (CpAttention  *attention,
                 CpTensor     *q,
@@ -190,21 +209,320 @@ time_attention (CpAttention  *attention,
                 CpTensor     *v,
                 CpTensor     *dout,
                 Timing       *timing,
+                CpTensor    **outputs,
                 GError      **error)
 {
-  g_autoptr(CpTensor) out = NULL;
-  g_autoptr(CpTensor) lse = NULL;
-  g_autoptr(CpTensor) dq = NULL, dk = NULL, dv = NULL;
   double t0 = now_s (), t1;
 
-  if (!cp_attention_forward (attention, q, k, v, &out, &lse, error))
+  outputs_clear (outputs);
+  if (!cp_attention_forward (attention, q, k, v, &outputs[0], &outputs[1], error))
     return FALSE;
   t1 = now_s ();
-  if (!cp_attention_backward (attention, dout, q, k, v, out, lse, &dq, &dk, &dv, error))
+  if (!cp_attention_backward (attention, dout, q, k, v, outputs[0], outputs[1],
+                              &outputs[2], &outputs[3], &outputs[4], error))
     return FALSE;
   timing->forward_s = t1 - t0;
   timing->backward_s = now_s () - t1;
   return TRUE;
+}
+
+/* The check.  The first run of every case is compared with causal
+ * attention computed here in float64 from the same inputs: on the first
+ * rows, at the first tile boundary, in the middle and on the last
+ * CHECK_TAIL rows of three heads (the last keys' dK and dV depend on the
+ * last rows alone, so they are checked too), or everywhere for a small
+ * problem.  Every later run must give the first run's bits: the library's
+ * results do not depend on timing or scheduling, so any difference is a
+ * wrong result, wherever it lies. */
+#define CHECK_TAIL 32
+
+typedef struct
+{
+  double err[N_OUTPUTS];   /* max |library − float64| */
+  double ref[N_OUTPUTS];   /* max |float64| */
+  double tolerance;        /* allowed error, relative to max |float64| of each output */
+  gsize rows;              /* query rows compared */
+  int repeats;             /* later runs found bit-identical */
+} Check;
+
+/* float32: the sums run over up to S terms in float32; bfloat16: the
+ * outputs are rounded to bfloat16 and, where the CPU multiplies
+ * bfloat16, so are P and dS, as flash attention does. */
+static double
+tolerance_of (CpDType dtype,
+              double  scale)
+{
+  return (dtype == CP_DTYPE_FLOAT32 ? 1e-4 : 2.5e-2) * scale;
+}
+
+static inline double
+element (CpTensor *t,
+         gsize     i)
+{
+  gconstpointer data = cp_tensor_get_data (t);
+  guint32 bits;
+  float f;
+
+  if (cp_tensor_get_dtype (t) == CP_DTYPE_FLOAT32)
+    return ((const float *) data)[i];
+  bits = (guint32) ((const guint16 *) data)[i] << 16;
+  memcpy (&f, &bits, sizeof f);
+  return f;
+}
+
+static void
+compare (Check  *check,
+         int     output,
+         double  got,
+         double  want)
+{
+  /* NaN counts as an infinite error. */
+  double err = isnan (got) || isnan (want) ? INFINITY : fabs (got - want);
+
+  check->err[output] = MAX (check->err[output], err);
+  check->ref[output] = MAX (check->ref[output], fabs (want));
+}
+
+/* One head of the inputs in float64, [S, D] each. */
+typedef struct
+{
+  int h;
+  gint64 S;
+  double *q, *k, *v, *dout;
+  double *s;           /* S scores, then probabilities, of one row */
+  double *dk, *dv;     /* the keys' gradients from @tail on */
+  gint64 tail;
+} Head;
+
+static double *
+head_values (CpTensor *t,
+             int       h,
+             gint64    S)
+{
+  gsize n = (gsize) S * HEAD_DIM, first = (gsize) h * n;
+  double *values = g_new (double, n);
+
+  for (gsize i = 0; i < n; i++)
+    values[i] = element (t, first + i);
+  return values;
+}
+
+static void
+head_init (Head      *head,
+           CpTensor **inputs,
+           int        h,
+           gint64     tail)
+{
+  gint64 S = cp_tensor_get_dim (inputs[0], 2);
+
+  *head = (Head) { h, S, head_values (inputs[0], h, S), head_values (inputs[1], h, S),
+                   head_values (inputs[2], h, S), head_values (inputs[3], h, S), g_new (double, S),
+                   g_new0 (double, (gsize) (S - tail) * HEAD_DIM),
+                   g_new0 (double, (gsize) (S - tail) * HEAD_DIM), tail };
+}
+
+static void
+head_clear (Head *head)
+{
+  g_free (head->q);
+  g_free (head->k);
+  g_free (head->v);
+  g_free (head->dout);
+  g_free (head->s);
+  g_free (head->dk);
+  g_free (head->dv);
+}
+
+static double
+dot (const double *a,
+     const double *b)
+{
+  double sum = 0.0;
+
+  for (int d = 0; d < HEAD_DIM; d++)
+    sum += a[d] * b[d];
+  return sum;
+}
+
+/* Query row @i in float64, compared with out, lse and dq; the row's share
+ * of dK, dV of the keys from the tail on goes to the head's sums. */
+static void
+check_row (Head       *head,
+           CpTensor  **outputs,
+           gint64      i,
+           Check      *check)
+{
+  double scale = 1.0 / sqrt (HEAD_DIM), m = -INFINITY, l = 0.0, lse, delta;
+  const double *q = head->q + (gsize) i * HEAD_DIM, *dout = head->dout + (gsize) i * HEAD_DIM;
+  gsize row = ((gsize) head->h * (gsize) head->S + (gsize) i) * HEAD_DIM;
+  double out[HEAD_DIM] = { 0 }, dq[HEAD_DIM] = { 0 };
+  double *s = head->s;
+
+  for (gint64 j = 0; j <= i; j++)
+    {
+      s[j] = scale * dot (q, head->k + (gsize) j * HEAD_DIM);
+      m = MAX (m, s[j]);
+    }
+  for (gint64 j = 0; j <= i; j++)
+    l += exp (s[j] - m);
+  lse = m + log (l);
+  for (gint64 j = 0; j <= i; j++)
+    {
+      s[j] = exp (s[j] - lse);
+      for (int d = 0; d < HEAD_DIM; d++)
+        out[d] += s[j] * head->v[(gsize) j * HEAD_DIM + d];
+    }
+  delta = dot (dout, out);
+  for (gint64 j = 0; j <= i; j++)
+    {
+      double ds = s[j] * (dot (dout, head->v + (gsize) j * HEAD_DIM) - delta);
+      gsize key = (gsize) (j - head->tail) * HEAD_DIM;
+
+      for (int d = 0; d < HEAD_DIM; d++)
+        dq[d] += scale * ds * head->k[(gsize) j * HEAD_DIM + d];
+      for (int d = 0; d < HEAD_DIM && j >= head->tail; d++)
+        {
+          head->dk[key + d] += scale * ds * q[d];
+          head->dv[key + d] += s[j] * dout[d];
+        }
+    }
+  for (int d = 0; d < HEAD_DIM; d++)
+    {
+      compare (check, 0, element (outputs[0], row + d), out[d]);
+      compare (check, 2, element (outputs[2], row + d), dq[d]);
+    }
+  compare (check, 1, element (outputs[1], (gsize) head->h * (gsize) head->S + (gsize) i), lse);
+  check->rows++;
+}
+
+/* Rows 0, 1, 127, 128 (the first tile boundary) and S/2, and the keys
+ * and queries from @tail on, whose dK and dV are then complete. */
+static void
+check_head (CpTensor **inputs,
+            CpTensor **outputs,
+            int        h,
+            gint64     tail,
+            Check     *check)
+{
+  gint64 S = cp_tensor_get_dim (inputs[0], 2);
+  gint64 samples[] = { 0, 1, 127, 128, S / 2 };
+  gsize first_key = ((gsize) h * (gsize) S + (gsize) tail) * HEAD_DIM;
+  Head head;
+
+  head_init (&head, inputs, h, tail);
+  for (guint n = 0; n < G_N_ELEMENTS (samples); n++)
+    if (samples[n] < tail && (n == 0 || samples[n] > samples[n - 1]))
+      check_row (&head, outputs, samples[n], check);
+  for (gint64 i = tail; i < S; i++)
+    check_row (&head, outputs, i, check);
+  for (gsize e = 0; e < (gsize) (S - tail) * HEAD_DIM; e++)
+    {
+      compare (check, 3, element (outputs[3], first_key + e), head.dk[e]);
+      compare (check, 4, element (outputs[4], first_key + e), head.dv[e]);
+    }
+  head_clear (&head);
+}
+
+/* Heads 0, H/2 and H − 1 at sampled rows, or with @everywhere every
+ * element of every head. */
+static void
+check_float64 (CpTensor **inputs,
+               CpTensor **outputs,
+               gboolean   everywhere,
+               double     tolerance_scale,
+               Check     *check)
+{
+  gint64 S = cp_tensor_get_dim (inputs[0], 2);
+  gint64 tail = everywhere ? 0 : MAX (S - CHECK_TAIL, 0);
+
+  memset (check, 0, sizeof *check);
+  check->tolerance = tolerance_of (cp_tensor_get_dtype (inputs[0]), tolerance_scale);
+  for (int h = 0; h < HEADS; h += everywhere ? 1 : HEADS / 2)
+    check_head (inputs, outputs, h, tail, check);
+  if (!everywhere)
+    check_head (inputs, outputs, HEADS - 1, tail, check);
+}
+
+static gboolean
+check_passed (const Check *check)
+{
+  for (int o = 0; o < N_OUTPUTS; o++)
+    if (!(check->err[o] <= check->tolerance * MAX (check->ref[o], 1e-6)))
+      return FALSE;
+  return TRUE;
+}
+
+/* "out 1.2e-07/3.4e-05, lse ..., …": each output's max error against its
+ * tolerance. */
+static char *
+check_describe (const Check *check)
+{
+  GString *text = g_string_new (NULL);
+
+  for (int o = 0; o < N_OUTPUTS; o++)
+    g_string_append_printf (text, "%s%s %.2g/%.2g", o > 0 ? ", " : "", output_names[o],
+                            check->err[o], check->tolerance * MAX (check->ref[o], 1e-6));
+  return g_string_free (text, FALSE);
+}
+
+/* Fails with the check's figures when a result is wrong. */
+static gboolean
+check_report (const Check  *check,
+              const char   *what,
+              GError      **error)
+{
+  g_autofree char *figures = NULL;
+
+  if (check_passed (check))
+    return TRUE;
+  figures = check_describe (check);
+  g_set_error (error, G_IO_ERROR, G_IO_ERROR_FAILED,
+               "%s: wrong results, no speed printed: max error against float64 over %"
+               G_GSIZE_FORMAT " rows above the tolerance (%g of the largest |value|) "
+               "(max error/tolerance: %s)", what, check->rows, check->tolerance, figures);
+  return FALSE;
+}
+
+/* Later runs: the first run's bits, or an error naming the output. */
+static gboolean
+check_same_bits (CpTensor   **first,
+                 CpTensor   **again,
+                 const char  *what,
+                 int          run,
+                 Check       *check,
+                 GError     **error)
+{
+  for (int o = 0; o < N_OUTPUTS; o++)
+    if (!cp_tensor_equal (first[o], again[o]))
+      {
+        g_set_error (error, G_IO_ERROR, G_IO_ERROR_FAILED,
+                     "%s: wrong results, no speed printed: run %d gave %s other bits than "
+                     "the first run, which matched float64", what, run + 1, output_names[o]);
+        return FALSE;
+      }
+  check->repeats++;
+  return TRUE;
+}
+
+/* Checks the results of run @run of a case: the first against float64,
+ * the others against the first, which it keeps in @first. */
+static gboolean
+check_run (CpTensor    **inputs,
+           CpTensor    **outputs,
+           CpTensor    **first,
+           int           run,
+           gboolean      everywhere,
+           double        tolerance_scale,
+           const char   *what,
+           Check        *check,
+           GError      **error)
+{
+  if (run > 0)
+    return check_same_bits (first, outputs, what, run, check, error);
+  check_float64 (inputs, outputs, everywhere, tolerance_scale, check);
+  for (int o = 0; o < N_OUTPUTS; o++)
+    g_set_object (&first[o], outputs[o]);
+  return check_report (check, what, error);
 }
 
 /* A baseline GFLOP/s figure measured next to an attention run. */
@@ -216,28 +534,62 @@ typedef struct
   double baseline;   /* GFLOP/s, the mean of right before and right after */
 } Sample;
 
+/* Four [1, H, S, D] inputs: q, k, v, dout. */
+static void
+inputs_new (CpDType    dtype,
+            gint64     s,
+            guint      seed,
+            CpTensor **inputs)
+{
+  for (guint i = 0; i < 4; i++)
+    inputs[i] = random_tensor (dtype, 1, HEADS, s, HEAD_DIM, seed + i);
+}
+
+static void
+inputs_clear (CpTensor **inputs)
+{
+  for (int i = 0; i < 4; i++)
+    g_clear_object (&inputs[i]);
+}
+
+/* One case of one rank: its inputs, what the check found, and the
+ * settings of the check. */
+typedef struct
+{
+  CpDType dtype;
+  gint64 seq_len;
+  gboolean everywhere;     /* check every element against float64 */
+  double tolerance_scale;
+  Check check;
+} Case;
+
+static char *
+case_name (const Case *c)
+{
+  return g_strdup_printf ("%s S=%" G_GINT64_FORMAT, cp_dtype_get_name (c->dtype), c->seq_len);
+}
+
 /* Times @reps forward+backward runs after an uncounted one that faults
- * the buffers in.  With @baseline, the matmul is measured right before and
+ * the buffers in and is checked against float64; every counted run must
+ * give its bits.  With @baseline, the matmul is measured right before and
  * after every run, so that each run has a baseline taken under the same
  * load: the machine is shared and its speed drifts. */
 static gboolean
-single_rank (CpDType       dtype,
-             gint64        s,
-             int           reps,
-             BaselineFunc  baseline,
-             Sample       *samples,
-             GError      **error)
+single_rank (Case          *c,
+             int            reps,
+             BaselineFunc   baseline,
+             Sample        *samples,
+             GError       **error)
 {
   const char *names[] = { "cp", NULL };
   int one = 1;
   GList *meshes = cp_mesh_new_local_group (names, &one, 1, error);
   g_autoptr(CpAttention) attention = NULL;
-  g_autoptr(CpTensor) q = random_tensor (dtype, 1, 16, s, 128, 1);
-  g_autoptr(CpTensor) k = random_tensor (dtype, 1, 16, s, 128, 2);
-  g_autoptr(CpTensor) v = random_tensor (dtype, 1, 16, s, 128, 3);
-  g_autoptr(CpTensor) dout = random_tensor (dtype, 1, 16, s, 128, 4);
+  g_autofree char *what = case_name (c);
+  CpTensor *inputs[4], *outputs[N_OUTPUTS] = { NULL }, *first[N_OUTPUTS] = { NULL };
   gboolean ok = meshes != NULL;
 
+  inputs_new (c->dtype, c->seq_len, 1, inputs);
   if (ok)
     attention = cp_attention_new (meshes->data, NULL, error);
   ok = attention != NULL;
@@ -247,12 +599,17 @@ single_rank (CpDType       dtype,
       double cpu = process_cpu_s ();
       Timing t;
 
-      ok = time_attention (attention, q, k, v, dout, &t, error);
-      if (r < 0)
-        continue;
-      t.cpu_s = process_cpu_s () - cpu;
-      samples[r] = (Sample) { t, baseline ? (before + baseline (1)) / 2 : 0.0 };
+      ok = time_attention (attention, inputs[0], inputs[1], inputs[2], inputs[3], &t, outputs, error);
+      if (ok)
+        t.cpu_s = process_cpu_s () - cpu;
+      if (ok && r >= 0)
+        samples[r] = (Sample) { t, baseline ? (before + baseline (1)) / 2 : 0.0 };
+      ok = ok && check_run (inputs, outputs, first, r + 1, c->everywhere, c->tolerance_scale,
+                            what, &c->check, error);
     }
+  outputs_clear (outputs);
+  outputs_clear (first);
+  inputs_clear (inputs);
   g_list_free_full (meshes, g_object_unref);
   return ok;
 }
@@ -347,13 +704,16 @@ print_single_rank (CpDType       dtype,
           torch_text);
 }
 
-/* The C-rank run: every rank times its own thread's CPU. */
+/* The C-rank run: every rank times its own thread's CPU and hands in its
+ * pieces of the results. */
 typedef struct
 {
   CpRotateMethod method;
-  CpTensor *q, *k, *v, *dout;
+  CpTensor **inputs;
   CpLayout *layout;
+  int cp_size;
   double *rank_cpu_s;
+  CpTensor **pieces;      /* [N_OUTPUTS][cp_size] */
   GError *error;
   GMutex lock;
 } CpRun;
@@ -367,10 +727,11 @@ cp_rank_thread (gpointer data)
   int rank = cp_mesh_get_rank (mesh);
   g_autoptr(CpAttentionOptions) options = cp_attention_options_new ();
   g_autoptr(CpAttention) attention = NULL;
-  g_autoptr(CpTensor) q = cp_layout_shard (run->layout, run->q, 2, rank, NULL);
-  g_autoptr(CpTensor) k = cp_layout_shard (run->layout, run->k, 2, rank, NULL);
-  g_autoptr(CpTensor) v = cp_layout_shard (run->layout, run->v, 2, rank, NULL);
-  g_autoptr(CpTensor) dout = cp_layout_shard (run->layout, run->dout, 2, rank, NULL);
+  g_autoptr(CpTensor) q = cp_layout_shard (run->layout, run->inputs[0], 2, rank, NULL);
+  g_autoptr(CpTensor) k = cp_layout_shard (run->layout, run->inputs[1], 2, rank, NULL);
+  g_autoptr(CpTensor) v = cp_layout_shard (run->layout, run->inputs[2], 2, rank, NULL);
+  g_autoptr(CpTensor) dout = cp_layout_shard (run->layout, run->inputs[3], 2, rank, NULL);
+  CpTensor *outputs[N_OUTPUTS] = { NULL };
   GError *error = NULL;
   Timing t;
   double cpu;
@@ -378,17 +739,37 @@ cp_rank_thread (gpointer data)
   cp_attention_options_set_rotate_method (options, run->method);
   attention = cp_attention_new (mesh, options, &error);
   cpu = thread_cpu_s ();
-  if (attention == NULL || !time_attention (attention, q, k, v, dout, &t, &error))
+  if (attention == NULL || !time_attention (attention, q, k, v, dout, &t, outputs, &error))
     {
       g_mutex_lock (&run->lock);
       if (run->error == NULL)
         run->error = g_steal_pointer (&error);
       g_mutex_unlock (&run->lock);
       g_clear_error (&error);
+      outputs_clear (outputs);
       return NULL;
     }
   run->rank_cpu_s[rank] = thread_cpu_s () - cpu;
+  for (int o = 0; o < N_OUTPUTS; o++)
+    run->pieces[o * run->cp_size + rank] = outputs[o];
   return NULL;
+}
+
+/* The full results of the ranks' pieces (the sequence is dimension 2 of
+ * every output). */
+static gboolean
+cp_unshard (CpRun     *run,
+            CpTensor **outputs,
+            GError   **error)
+{
+  for (int o = 0; o < N_OUTPUTS; o++)
+    {
+      outputs[o] = cp_layout_unshard_pieces (run->layout, &run->pieces[o * run->cp_size],
+                                             run->cp_size, 2, error);
+      if (outputs[o] == NULL)
+        return FALSE;
+    }
+  return TRUE;
 }
 
 static gboolean
@@ -399,13 +780,16 @@ cp_ranks (CpRotateMethod  method,
           double         *rank_cpu_s,
           double         *process_cpu,
           double         *wall,
+          CpTensor      **outputs,
           GError        **error)
 {
   const char *names[] = { "cp", NULL };
   GList *meshes = cp_mesh_new_local_group (names, &cp_size, 1, error);
-  CpRun run = { method, inputs[0], inputs[1], inputs[2], inputs[3], NULL, rank_cpu_s, NULL };
+  g_autofree CpTensor **pieces = g_new0 (CpTensor *, N_OUTPUTS * cp_size);
+  CpRun run = { method, inputs, NULL, cp_size, rank_cpu_s, pieces, NULL };
   g_autofree GThread **threads = g_new0 (GThread *, cp_size);
   g_autofree gpointer *args = g_new0 (gpointer, 2 * cp_size);
+  gboolean ok;
   double cpu, t;
   int r = 0;
 
@@ -426,14 +810,73 @@ cp_ranks (CpRotateMethod  method,
   *wall = now_s () - t;
   *process_cpu = process_cpu_s () - cpu;
   g_mutex_clear (&run.lock);
+  outputs_clear (outputs);
+  if (run.error != NULL)
+    g_propagate_error (error, run.error);
+  ok = run.error == NULL && cp_unshard (&run, outputs, error);
+  for (int i = 0; i < N_OUTPUTS * cp_size; i++)
+    g_clear_object (&pieces[i]);
   cp_layout_unref (run.layout);
   g_list_free_full (meshes, g_object_unref);
-  if (run.error != NULL)
+  return ok;
+}
+
+/* Lines that say what each case's check found. */
+static void
+append_check (GString    *text,
+              const char *what,
+              const Check *check)
+{
+  g_autofree char *figures = check_describe (check);
+
+  g_string_append_printf (text, "%s: float64 at %" G_GSIZE_FORMAT " query rows, max error/tolerance "
+                          "%s; later runs bit-identical: %d\n", what, check->rows, figures,
+                          check->repeats);
+}
+
+typedef struct
+{
+  double cpu, wall;
+  double *rank_cpu;
+} CpBest;
+
+/* Steady state, as in training: the first run faults its buffers in and
+ * is checked against float64, later ones reuse them and must give its
+ * bits; the run with the least CPU counts. */
+static gboolean
+cp_method (const BenchOptions  *options,
+           CpRotateMethod       method,
+           CpTensor           **inputs,
+           CpBest              *best,
+           Check               *check,
+           GError             **error)
+{
+  int c = options->cp_size;
+  g_autofree double *trial_cpu = g_new0 (double, c);
+  g_autofree char *what = g_strdup_printf ("C=%d %s float32 S=%" G_GINT64_FORMAT, c,
+                                           method == CP_ROTATE_METHOD_ALLGATHER ? "allgather" : "ring",
+                                           options->cp_seq_len);
+  CpTensor *outputs[N_OUTPUTS] = { NULL }, *first[N_OUTPUTS] = { NULL };
+  gboolean ok = TRUE;
+
+  best->cpu = INFINITY;
+  for (int rep = 0; ok && rep < options->reps + 1; rep++)
     {
-      g_propagate_error (error, run.error);
-      return FALSE;
+      double trial, trial_wall;
+
+      ok = cp_ranks (method, c, options->cp_seq_len, inputs, trial_cpu, &trial, &trial_wall,
+                     outputs, error) &&
+           check_run (inputs, outputs, first, rep, FALSE, options->tolerance_scale, what, check, error);
+      if (ok && rep > 0 && trial < best->cpu)
+        {
+          best->cpu = trial;
+          best->wall = trial_wall;
+          memcpy (best->rank_cpu, trial_cpu, c * sizeof (double));
+        }
     }
-  return TRUE;
+  outputs_clear (outputs);
+  outputs_clear (first);
+  return ok;
 }
 
 static gboolean
@@ -444,52 +887,56 @@ bench_cp (const BenchOptions  *options,
   int c = options->cp_size;
   CpTensor *inputs[4];
   g_autofree Sample *samples = g_new0 (Sample, options->reps);
+  g_autoptr(GString) checks = g_string_new (NULL);
+  g_autofree char *single_what = NULL;
+  Case single_case = { CP_DTYPE_FLOAT32, s, FALSE, options->tolerance_scale };
   Timing single = { INFINITY, INFINITY, INFINITY };
   gboolean ok;
 
-  for (int i = 0; i < 4; i++)
-    inputs[i] = random_tensor (CP_DTYPE_FLOAT32, 1, 16, s, 128, 10 + i);
-  ok = single_rank (CP_DTYPE_FLOAT32, s, options->reps, NULL, samples, error);
+  inputs_new (CP_DTYPE_FLOAT32, s, 10, inputs);
+  ok = single_rank (&single_case, options->reps, NULL, samples, error);
   for (int r = 0; ok && r < options->reps; r++)
     single.cpu_s = MIN (single.cpu_s, samples[r].timing.cpu_s);
-  printf ("\nC = %d ranks in one process, float32, causal, B=1 H=16 D=128 S=%" G_GINT64_FORMAT
-          ", forward+backward\n\n", c, s);
-  printf ("| method    | wall s | rank CPU s (min..max) | imbalance max/mean | CPU s | CPU vs 1 rank (%.2f s) |\n",
-          single.cpu_s);
-  printf ("|-----------|--------|-----------------------|--------------------|-------|-------------------------|\n");
+  single_what = g_strdup_printf ("C=1 float32 S=%" G_GINT64_FORMAT, s);
+  append_check (checks, single_what, &single_case.check);
   for (int method = 0; ok && method < 2; method++)
     {
       g_autofree double *rank_cpu = g_new0 (double, c);
-      g_autofree double *trial_cpu = g_new0 (double, c);
-      double cpu = INFINITY, wall = 0, lo = INFINITY, hi = 0, mean = 0;
+      CpBest best = { INFINITY, 0, rank_cpu };
+      double lo = INFINITY, hi = 0, mean = 0;
+      Check check;
 
-      /* Steady state, as in training: the first run faults its buffers
-       * in, later ones reuse them; the run with the least CPU counts. */
-      for (int rep = 0; ok && rep < options->reps + 1; rep++)
+      ok = cp_method (options, method, inputs, &best, &check, error);
+      if (!ok)
+        break;
+      if (method == 0)
         {
-          double trial, trial_wall;
-
-          ok = cp_ranks (method, c, s, inputs, trial_cpu, &trial, &trial_wall, error);
-          if (ok && rep > 0 && trial < cpu)
-            {
-              cpu = trial;
-              wall = trial_wall;
-              memcpy (rank_cpu, trial_cpu, c * sizeof (double));
-            }
+          printf ("\nC = %d ranks in one process, float32, causal, B=1 H=16 D=128 S=%" G_GINT64_FORMAT
+                  ", forward+backward\n\n", c, s);
+          printf ("| method    | wall s | rank CPU s (min..max) | imbalance max/mean | CPU s | CPU vs 1 rank (%.2f s) |\n",
+                  single.cpu_s);
+          printf ("|-----------|--------|-----------------------|--------------------|-------|-------------------------|\n");
         }
-      for (int r = 0; ok && r < c; r++)
+      for (int r = 0; r < c; r++)
         {
           lo = MIN (lo, rank_cpu[r]);
           hi = MAX (hi, rank_cpu[r]);
           mean += rank_cpu[r] / c;
         }
-      if (ok)
-        printf ("| %-9s | %6.2f | %9.2f..%-9.2f | %18.3f | %5.2f | %23.3f |\n",
-                method == CP_ROTATE_METHOD_ALLGATHER ? "allgather" : "ring", wall, lo, hi,
-                hi / mean, cpu, cpu / single.cpu_s);
+      printf ("| %-9s | %6.2f | %9.2f..%-9.2f | %18.3f | %5.2f | %23.3f |\n",
+              method == CP_ROTATE_METHOD_ALLGATHER ? "allgather" : "ring", best.wall, lo, hi,
+              hi / mean, best.cpu, best.cpu / single.cpu_s);
+      fflush (stdout);
+      {
+        g_autofree char *what = g_strdup_printf ("C=%d %s float32 S=%" G_GINT64_FORMAT, c,
+                                                 method == CP_ROTATE_METHOD_ALLGATHER ? "allgather" : "ring", s);
+
+        append_check (checks, what, &check);
+      }
     }
-  for (int i = 0; i < 4; i++)
-    g_object_unref (inputs[i]);
+  if (ok)
+    printf ("\nChecked before timing: %s", checks->str);
+  inputs_clear (inputs);
   return ok;
 }
 
@@ -511,22 +958,51 @@ isa_name (dnnl_cpu_isa_t isa)
     }
 }
 
+/* Both dtypes on one rank at S = 256, every element against float64,
+ * before any figure is printed. */
+#define SMALL_SEQ 256
+
+static gboolean
+check_small (const BenchOptions  *options,
+             GError             **error)
+{
+  g_autoptr(GString) checks = g_string_new (NULL);
+
+  for (int dt = 0; dt < 2; dt++)
+    {
+      Case c = { dt == 0 ? CP_DTYPE_FLOAT32 : CP_DTYPE_BFLOAT16, SMALL_SEQ, TRUE,
+                 options->tolerance_scale };
+      g_autofree char *what = case_name (&c);
+      Sample sample;
+
+      if (!single_rank (&c, 1, NULL, &sample, error))
+        return FALSE;
+      append_check (checks, what, &c.check);
+    }
+  printf ("Every element checked against float64 first: %s\n", checks->str);
+  return TRUE;
+}
+
 static gboolean
 bench_single (const BenchOptions  *options,
               GError             **error)
 {
-  double matmul32 = matmul_float32_gflops (options->reps);
-  double matmul16 = matmul_bfloat16_gflops (options->reps);
-  gboolean torch = !options->skip_torch && torch_available ();
-
+  g_autoptr(GString) checks = g_string_new (NULL);
+  double matmul32, matmul16;
+  gboolean torch, native16;
   dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa ();
+  g_autofree char *matmul16_text = NULL;
+
+  if (!check_small (options, error))
+    return FALSE;
+  matmul32 = matmul_float32_gflops (options->reps);
+  matmul16 = matmul_bfloat16_gflops (options->reps);
+  torch = !options->skip_torch && torch_available ();
   /* The library's rule: bfloat16 stays bfloat16 where the CPU multiplies
    * it in hardware, and is converted to float32 once elsewhere. */
-  gboolean native16 = matmul16 > 0 &&
-                      (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
-  g_autofree char *matmul16_text = matmul16 > 0 ? g_strdup_printf ("%.1f GFLOP/s", matmul16)
-                                                : g_strdup ("not available on this CPU");
-
+  native16 = matmul16 > 0 && (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+  matmul16_text = matmul16 > 0 ? g_strdup_printf ("%.1f GFLOP/s", matmul16)
+                               : g_strdup ("not available on this CPU");
   printf ("oneDNN ISA %s, %u threads; matmul 2048³: float32 %.1f GFLOP/s, bfloat16 %s\n",
           isa_name (isa), g_get_num_processors (), matmul32, matmul16_text);
   printf ("attention bfloat16 path: %s\n",
@@ -546,13 +1022,17 @@ bench_single (const BenchOptions  *options,
         gboolean use16 = dtype == CP_DTYPE_BFLOAT16 && native16;
         g_autofree Sample *samples = g_new0 (Sample, options->reps);
         gint64 s = options->seq_lens[i];
+        Case c = { dtype, s, FALSE, options->tolerance_scale };
+        g_autofree char *what = case_name (&c);
 
-        if (!single_rank (dtype, s, options->reps,
+        if (!single_rank (&c, options->reps,
                           use16 ? matmul_bfloat16_gflops : matmul_float32_gflops, samples, error))
           return FALSE;
         print_single_rank (dtype, s, samples, options->reps, torch ? torch_gflops (dtype, s) : 0.0);
+        append_check (checks, what, &c.check);
         fflush (stdout);
       }
+  printf ("\nChecked before timing: %s", checks->str);
   return TRUE;
 }
 
@@ -565,13 +1045,19 @@ parse_options (int            argc,
   g_autofree char *seq = NULL;
   int reps = 3, cp_size = 4;
   gint64 cp_seq_len = 4096;
-  gboolean skip_torch = FALSE;
+  gboolean skip_torch = FALSE, quick = FALSE;
+  double tolerance_scale = 1.0;
   GOptionEntry entries[] = {
     { "seq", 0, 0, G_OPTION_ARG_STRING, &seq, "Sequence lengths, comma separated (4096,16384)", "S,..." },
     { "reps", 0, 0, G_OPTION_ARG_INT, &reps, "Counted runs of each case (3)", "N" },
     { "cp", 0, 0, G_OPTION_ARG_INT, &cp_size, "Ranks of the CP run (4; below 2 skips it)", "C" },
     { "cp-seq", 0, 0, G_OPTION_ARG_INT64, &cp_seq_len, "Sequence length of the CP run (4096)", "S" },
     { "no-torch", 0, 0, G_OPTION_ARG_NONE, &skip_torch, "Do not look for PyTorch", NULL },
+    { "quick", 0, 0, G_OPTION_ARG_NONE, &quick,
+      "Seconds, not minutes: S = 1024, C = 2 at S = 1024, one counted run, no PyTorch "
+      "(overrides --seq, --reps, --cp, --cp-seq)", NULL },
+    { "tolerance", 0, 0, G_OPTION_ARG_DOUBLE, &tolerance_scale,
+      "Scale the check's tolerances against float64 by F (1; 0 demands exact results)", "F" },
     { NULL }
   };
   g_autoptr(GOptionContext) context = g_option_context_new ("- attention benchmark");
@@ -580,6 +1066,15 @@ parse_options (int            argc,
   g_option_context_add_main_entries (context, entries, NULL);
   if (!g_option_context_parse (context, &argc, &argv, error))
     return FALSE;
+  if (quick)
+    {
+      g_free (seq);
+      seq = g_strdup ("1024");
+      reps = 1;
+      cp_size = 2;
+      cp_seq_len = 1024;
+      skip_torch = TRUE;
+    }
   parts = g_strsplit (seq ? seq : "4096,16384", ",", -1);
   options->n_seq_lens = (int) g_strv_length (parts);
   options->seq_lens = g_new0 (gint64, MAX (options->n_seq_lens, 1));
@@ -589,6 +1084,12 @@ parse_options (int            argc,
         g_prefix_error (error, "--seq: ");
         return FALSE;
       }
+  if (!(tolerance_scale >= 0.0 && isfinite (tolerance_scale)))
+    {
+      g_set_error (error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE,
+                   "--tolerance %g must be a finite number of at least 0", tolerance_scale);
+      return FALSE;
+    }
   if (reps < 1 || cp_size < 1)
     {
       g_set_error (error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE,
@@ -607,6 +1108,7 @@ parse_options (int            argc,
   options->cp_size = cp_size;
   options->cp_seq_len = cp_seq_len;
   options->skip_torch = skip_torch;
+  options->tolerance_scale = tolerance_scale;
   return TRUE;
 }
 

@@ -10,6 +10,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include "cp-attention-gemm-private.h"
+#include "cp-sync-private.h"
 
 /* A product's full description: primitives are specialised to it. */
 typedef struct
@@ -21,25 +22,53 @@ typedef struct
   gint32 type;
 } GemmKey;
 
+/* A cached primitive, immutable once cached.  Every OpenMP thread of
+ * every rank executes the primitive of a tile shape, often at the same
+ * moment.  oneDNN's default, library-managed scratchpad is only safe for
+ * that when oneDNN is built for concurrent execution, which Debian's is
+ * not: there the scratchpad belongs to the thread that created the
+ * primitive and is shared by everything that thread created, so
+ * concurrent executions overwrite each other's intermediate results (the
+ * AVX-512 and AMX matmuls use one; the AVX2 ones do not).  So every
+ * primitive is created with a user-managed scratchpad, and every
+ * execution brings its own thread's. */
 typedef struct
 {
   dnnl_primitive_t primitive;
   dnnl_memory_desc_t a, b, c;
+  dnnl_memory_desc_t scratchpad;
+  gsize scratchpad_size;
 } GemmPrimitive;
 
-static GMutex cache_lock;
+/* What one executing thread owns and never lends: its stream and its
+ * scratchpad memory, grown to the largest primitive it has run. */
+typedef struct
+{
+  dnnl_stream_t stream;
+  gpointer scratchpad;
+  gsize scratchpad_size;
+} GemmThread;
+
+/* oneDNN asks for 64-byte alignment; a page avoids false sharing too. */
+#define SCRATCHPAD_ALIGNMENT 4096
+
+static CpMutex cache_lock = CP_MUTEX_INIT;
 static GHashTable *cache;      /* GemmKey → GemmPrimitive, never freed */
-static dnnl_engine_t engine;
-static gboolean force_primitives;
+static dnnl_engine_t engine;   /* thread-safe: only creates primitives and memory */
+static gint force_primitives;  /* read by every kernel thread */
 
 static void
-stream_free (gpointer stream)
+gemm_thread_free (gpointer data)
 {
-  dnnl_stream_destroy (stream);
+  GemmThread *thread = data;
+
+  dnnl_stream_destroy (thread->stream);
+  g_aligned_free (thread->scratchpad);
+  g_free (thread);
 }
 
-/* Streams are not shared between threads. */
-static GPrivate thread_stream = G_PRIVATE_INIT (stream_free);
+/* Freed when its thread exits. */
+static GPrivate thread_state = G_PRIVATE_INIT (gemm_thread_free);
 
 static guint
 key_hash (gconstpointer key)
@@ -104,19 +133,40 @@ get_engine (void)
   return engine;
 }
 
-static dnnl_stream_t
-get_stream (void)
+static GemmThread *
+get_thread_state (void)
 {
-  dnnl_stream_t stream = g_private_get (&thread_stream);
+  GemmThread *thread = g_private_get (&thread_state);
 
-  if (stream == NULL)
+  if (thread == NULL)
     {
-      dnnl_status_t status = dnnl_stream_create (&stream, get_engine (), dnnl_stream_default_flags);
+      dnnl_status_t status;
 
+      thread = g_new0 (GemmThread, 1);
+      status = dnnl_stream_create (&thread->stream, get_engine (), dnnl_stream_default_flags);
       g_assert (status == dnnl_success);
-      g_private_set (&thread_stream, stream);
+      g_private_set (&thread_state, thread);
     }
-  return stream;
+  return thread;
+}
+
+/* The calling thread's scratchpad, at least @size bytes; NULL when the
+ * primitive needs none. */
+static gpointer
+thread_scratchpad (GemmThread *thread,
+                   gsize       size)
+{
+  if (size == 0)
+    return NULL;
+  if (size > thread->scratchpad_size)
+    {
+      gsize rounded = (size + SCRATCHPAD_ALIGNMENT - 1) / SCRATCHPAD_ALIGNMENT * SCRATCHPAD_ALIGNMENT;
+
+      g_aligned_free (thread->scratchpad);
+      thread->scratchpad = g_aligned_alloc (rounded, 1, SCRATCHPAD_ALIGNMENT);
+      thread->scratchpad_size = rounded;
+    }
+  return thread->scratchpad;
 }
 
 /* A row-major m × n matrix with leading dimension @ld, or its transpose
@@ -136,13 +186,16 @@ matrix_desc (dnnl_memory_desc_t *desc,
   g_assert (status == dnnl_success);
 }
 
+/* alpha as an output scale, beta as a sum post-op, and the scratchpad
+ * left to the caller. */
 static dnnl_primitive_attr_t
-scale_and_accumulate (const GemmKey *key)
+primitive_attr (const GemmKey *key)
 {
   dnnl_primitive_attr_t attr = NULL;
   dnnl_post_ops_t post_ops = NULL;
 
   dnnl_primitive_attr_create (&attr);
+  dnnl_primitive_attr_set_scratchpad_mode (attr, dnnl_scratchpad_mode_user);
   if (key->alpha != 1.0f)
     dnnl_primitive_attr_set_output_scales (attr, 1, 0, &key->alpha);
   if (key->beta != 0.0f)
@@ -155,13 +208,24 @@ scale_and_accumulate (const GemmKey *key)
   return attr;
 }
 
+static void
+read_scratchpad (GemmPrimitive        *gemm,
+                 const_dnnl_primitive_desc_t pd)
+{
+  const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md (pd, dnnl_query_scratchpad_md, 0);
+
+  if (md != NULL)
+    gemm->scratchpad = *md;
+  gemm->scratchpad_size = md != NULL ? dnnl_memory_desc_get_size (md) : 0;
+}
+
 /* Returns NULL when oneDNN has no implementation for this CPU. */
 static GemmPrimitive *
 primitive_create (const GemmKey *key)
 {
   dnnl_data_type_t type = key->type == CP_ATTN_BFLOAT16 ? dnnl_bf16 : dnnl_f32;
   GemmPrimitive *gemm = g_new0 (GemmPrimitive, 1);
-  dnnl_primitive_attr_t attr = scale_and_accumulate (key);
+  dnnl_primitive_attr_t attr = primitive_attr (key);
   dnnl_primitive_desc_t pd = NULL;
   dnnl_matmul_desc_t desc;
   dnnl_status_t status;
@@ -172,7 +236,10 @@ primitive_create (const GemmKey *key)
   dnnl_matmul_desc_init (&desc, &gemm->a, &gemm->b, NULL, &gemm->c);
   status = dnnl_primitive_desc_create (&pd, &desc, attr, get_engine (), NULL);
   if (status == dnnl_success)
-    status = dnnl_primitive_create (&gemm->primitive, pd);
+    {
+      read_scratchpad (gemm, pd);
+      status = dnnl_primitive_create (&gemm->primitive, pd);
+    }
   if (pd != NULL)
     dnnl_primitive_desc_destroy (pd);
   dnnl_primitive_attr_destroy (attr);
@@ -187,12 +254,53 @@ primitive_lookup (const GemmKey *key)
   GemmPrimitive *gemm;
 
   get_engine ();
-  g_mutex_lock (&cache_lock);
+  _cp_mutex_lock (&cache_lock);
   gemm = g_hash_table_lookup (cache, key);
   if (gemm == NULL && (gemm = primitive_create (key)) != NULL)
     g_hash_table_insert (cache, g_memdup2 (key, sizeof *key), gemm);
-  g_mutex_unlock (&cache_lock);
+  _cp_mutex_unlock (&cache_lock);
   return gemm;
+}
+
+/* The audit (tests only): which thread states and scratchpad buffers
+ * executions hold at each moment. */
+static gint auditing;
+static CpMutex audit_lock = CP_MUTEX_INIT;
+static GHashTable *in_flight;   /* thread states and buffers held now */
+static guint n_in_flight;
+static CpAttnGemmAudit audit;
+
+static void
+audit_enter (GemmThread *thread,
+             gpointer    scratchpad,
+             gsize       needed)
+{
+  _cp_mutex_lock (&audit_lock);
+  audit.executions++;
+  audit.with_scratchpad += scratchpad != NULL;
+  if (g_hash_table_contains (in_flight, thread) ||
+      (scratchpad != NULL && g_hash_table_contains (in_flight, scratchpad)))
+    audit.shared++;
+  if (needed > 0 && (scratchpad == NULL || thread->scratchpad_size < needed))
+    audit.short_buffers++;
+  g_hash_table_add (in_flight, thread);
+  if (scratchpad != NULL)
+    g_hash_table_add (in_flight, scratchpad);
+  n_in_flight++;
+  audit.most_in_flight = MAX (audit.most_in_flight, n_in_flight);
+  _cp_mutex_unlock (&audit_lock);
+}
+
+static void
+audit_leave (GemmThread *thread,
+             gpointer    scratchpad)
+{
+  _cp_mutex_lock (&audit_lock);
+  g_hash_table_remove (in_flight, thread);
+  if (scratchpad != NULL)
+    g_hash_table_remove (in_flight, scratchpad);
+  n_in_flight--;
+  _cp_mutex_unlock (&audit_lock);
 }
 
 static void
@@ -201,8 +309,12 @@ primitive_execute (GemmPrimitive *gemm,
                    gconstpointer  b,
                    float         *c)
 {
-  dnnl_memory_t memories[3] = { NULL };
-  dnnl_exec_arg_t args[3];
+  GemmThread *thread = get_thread_state ();
+  gpointer scratchpad = thread_scratchpad (thread, gemm->scratchpad_size);
+  gboolean audited = g_atomic_int_get (&auditing);
+  dnnl_memory_t memories[4] = { NULL };
+  dnnl_exec_arg_t args[4];
+  int n_args = 3;
   dnnl_status_t status;
 
   dnnl_memory_create (&memories[0], &gemm->a, engine, (gpointer) a);
@@ -211,10 +323,19 @@ primitive_execute (GemmPrimitive *gemm,
   args[0] = (dnnl_exec_arg_t) { DNNL_ARG_SRC, memories[0] };
   args[1] = (dnnl_exec_arg_t) { DNNL_ARG_WEIGHTS, memories[1] };
   args[2] = (dnnl_exec_arg_t) { DNNL_ARG_DST, memories[2] };
-  status = dnnl_primitive_execute (gemm->primitive, get_stream (), 3, args);
+  if (scratchpad != NULL)
+    {
+      dnnl_memory_create (&memories[3], &gemm->scratchpad, engine, scratchpad);
+      args[n_args++] = (dnnl_exec_arg_t) { DNNL_ARG_SCRATCHPAD, memories[3] };
+    }
+  if (audited)
+    audit_enter (thread, scratchpad, gemm->scratchpad_size);
+  status = dnnl_primitive_execute (gemm->primitive, thread->stream, n_args, args);
   g_assert (status == dnnl_success);
-  dnnl_stream_wait (get_stream ());
-  for (int i = 0; i < 3; i++)
+  dnnl_stream_wait (thread->stream);
+  if (audited)
+    audit_leave (thread, scratchpad);
+  for (int i = 0; i < n_args; i++)
     dnnl_memory_destroy (memories[i]);
 }
 
@@ -237,7 +358,8 @@ _cp_attn_gemm (CpAttnType     type,
   GemmKey key;
   GemmPrimitive *gemm;
 
-  if (type == CP_ATTN_FLOAT32 && !force_primitives)
+  /* oneDNN's sgemm keeps no state between calls. */
+  if (type == CP_ATTN_FLOAT32 && !g_atomic_int_get (&force_primitives))
     {
       dnnl_status_t status = dnnl_sgemm (transa, transb, m, n, k, alpha, a, (dnnl_dim_t) lda,
                                          b, (dnnl_dim_t) ldb, beta, c, (dnnl_dim_t) ldc);
@@ -281,5 +403,55 @@ _cp_attn_gemm_has_bfloat16 (void)
 void
 _cp_attn_gemm_force_primitives (gboolean force)
 {
-  force_primitives = force;
+  g_atomic_int_set (&force_primitives, force);
+}
+
+void
+_cp_attn_gemm_audit_start (void)
+{
+  _cp_mutex_lock (&audit_lock);
+  memset (&audit, 0, sizeof audit);
+  if (in_flight == NULL)
+    in_flight = g_hash_table_new (NULL, NULL);
+  g_atomic_int_set (&auditing, TRUE);
+  _cp_mutex_unlock (&audit_lock);
+}
+
+/* What oneDNN itself says of a cached primitive. */
+static void
+audit_primitive (GemmPrimitive   *gemm,
+                 CpAttnGemmAudit *report)
+{
+  const_dnnl_primitive_desc_t pd = NULL;
+  const_dnnl_primitive_attr_t attr = NULL;
+  dnnl_scratchpad_mode_t mode = dnnl_scratchpad_mode_library;
+  const dnnl_memory_desc_t *md;
+
+  dnnl_primitive_get_primitive_desc (gemm->primitive, &pd);
+  dnnl_primitive_desc_get_attr (pd, &attr);
+  dnnl_primitive_attr_get_scratchpad_mode (attr, &mode);
+  md = dnnl_primitive_desc_query_md (pd, dnnl_query_scratchpad_md, 0);
+  report->primitives++;
+  report->user_scratchpad += mode == dnnl_scratchpad_mode_user;
+  report->largest_scratchpad = MAX (report->largest_scratchpad,
+                                    md != NULL ? dnnl_memory_desc_get_size (md) : 0);
+}
+
+void
+_cp_attn_gemm_audit_stop (CpAttnGemmAudit *report)
+{
+  GHashTableIter iter;
+  gpointer value;
+
+  _cp_mutex_lock (&audit_lock);
+  g_atomic_int_set (&auditing, FALSE);
+  *report = audit;
+  _cp_mutex_unlock (&audit_lock);
+
+  get_engine ();
+  _cp_mutex_lock (&cache_lock);
+  g_hash_table_iter_init (&iter, cache);
+  while (g_hash_table_iter_next (&iter, NULL, &value))
+    audit_primitive (value, report);
+  _cp_mutex_unlock (&cache_lock);
 }

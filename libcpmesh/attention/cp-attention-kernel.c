@@ -106,18 +106,19 @@ clip_to_real (gint64 pos,
 
 /* Cephes' expf: range reduction by ln 2 and a degree-6 polynomial, about
  * 1 ulp; written so that it vectorises.  Arguments below the smallest
- * normal result (masked scores are −inf) give exactly 0. */
+ * normal result (masked scores are −inf) give exactly 0, +inf gives +inf
+ * and NaN gives NaN, as expf does. */
 static inline float
 exp_approx (float x)
 {
-  float n, r, y, scale;
+  float n, r, y, scale, clamped;
   gint32 bits;
 
   if (x < -87.0f)
     return 0.0f;
-  x = x > 88.0f ? 88.0f : x;
-  n = floorf (x * 1.44269504088896341f + 0.5f);
-  r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  clamped = x > 88.0f ? 88.0f : x;
+  n = floorf (clamped * 1.44269504088896341f + 0.5f);
+  r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
   y = 1.9875691500e-4f;
   y = y * r + 1.3981999507e-3f;
   y = y * r + 8.3334519073e-3f;
@@ -125,9 +126,21 @@ exp_approx (float x)
   y = y * r + 1.6666665459e-1f;
   y = y * r + 5.0000001201e-1f;
   y = y * r * r + r + 1.0f;
+  /* A NaN argument stays NaN in y; the exponent must still be built from
+   * an integer, since converting NaN to one is undefined. */
+  n = n == n ? n : 0.0f;
   bits = ((gint32) n + 127) << 23;
   memcpy (&scale, &bits, sizeof scale);
-  return y * scale;
+  return x > 88.7228394f ? INFINITY : y * scale;
+}
+
+/* The larger of two scores, NaN if either is: a NaN score makes its row
+ * NaN, as in float64, instead of being passed over as smaller. */
+static inline float
+max_or_nan (float a,
+            float b)
+{
+  return a > b || a != a ? a : b;
 }
 
 VECTOR_CLONES static float
@@ -141,11 +154,11 @@ row_max (const float *row,
 
   for (; j + 8 <= n; j += 8)
     for (int t = 0; t < 8; t++)
-      lanes[t] = row[j + t] > lanes[t] ? row[j + t] : lanes[t];
+      lanes[t] = max_or_nan (lanes[t], row[j + t]);
   for (; j < n; j++)
-    best = row[j] > best ? row[j] : best;
+    best = max_or_nan (best, row[j]);
   for (int t = 0; t < 8; t++)
-    best = lanes[t] > best ? lanes[t] : best;
+    best = max_or_nan (best, lanes[t]);
   return best;
 }
 
@@ -224,17 +237,120 @@ tile_operand (const CpAttnProblem *p,
   return scratch;
 }
 
-/* Hides the scores of keys after the query: the tile's query i sits at
- * key offset @diagonal + i. */
+/* Sets the entries of keys after the query to @value: the tile's query i
+ * sits at key offset @diagonal + i. */
 static void
-mask_causal (float  *scores,
+mask_causal (float  *tile,
              gint64  rows,
              gint64  cols,
-             gint64  diagonal)
+             gint64  diagonal,
+             float   value)
 {
   for (gint64 i = 0; i < rows; i++)
     for (gint64 j = MAX (diagonal + i + 1, 0); j < cols; j++)
-      scores[i * TILE_K + j] = -INFINITY;
+      tile[i * TILE_K + j] = value;
+}
+
+static inline float
+operand_value (const CpAttnProblem *p,
+               gconstpointer        data,
+               gsize                i)
+{
+  if (p->type == CP_ATTN_BFLOAT16)
+    return _cp_bf16_to_float (((const guint16 *) data)[i]);
+  return ((const float *) data)[i];
+}
+
+/* x · 0 is 0 for every finite x and NaN for ±∞ and NaN. */
+VECTOR_CLONES static gboolean
+floats_finite (const float *values,
+               gint64       n)
+{
+  float probe = 0.0f;
+
+  for (gint64 j = 0; j < n; j++)
+    probe += values[j] * 0.0f;
+  return probe == 0.0f;
+}
+
+VECTOR_CLONES static gboolean
+bfloat16s_finite (const guint16 *values,
+                  gint64         n)
+{
+  guint16 exponent = 0;
+
+  for (gint64 j = 0; j < n; j++)
+    exponent |= (values[j] & 0x7f80) == 0x7f80;
+  return exponent == 0;
+}
+
+/* Whether @rows operand rows of the head dimension, @stride elements
+ * apart, hold only finite values. */
+static gboolean
+rows_finite (const CpAttnProblem *p,
+             gconstpointer        data,
+             gsize                stride,
+             gint64               rows)
+{
+  for (gint64 i = 0; i < rows; i++)
+    {
+      gsize at = (gsize) i * stride;
+      gboolean finite = p->type == CP_ATTN_BFLOAT16
+        ? bfloat16s_finite ((const guint16 *) data + at, p->head_dim)
+        : floats_finite ((const float *) data + at, p->head_dim);
+
+      if (!finite)
+        return FALSE;
+    }
+  return TRUE;
+}
+
+/* Where a tile lies against the causal mask. */
+typedef struct
+{
+  gboolean masked;
+  gint64 diagonal;   /* query i sees key offsets up to diagonal + i */
+} Mask;
+
+/* C += alpha · op(tile) · B for a rows × cols tile of probabilities or
+ * score gradients (op is the transpose with @transposed) and B of the
+ * head dimension.  A GEMM multiplies the hidden pairs of a masked tile
+ * too, by their zero: harmless unless B holds ±∞ or NaN, where 0 · ∞
+ * would spread NaN to rows that never see it.  Then only the visible
+ * pairs (key j ≤ diagonal + query i) are multiplied, one by one, so that
+ * non-finite inputs propagate exactly as in attention computed row by
+ * row; finite inputs never take that loop. */
+static void
+tile_product (const CpAttnProblem *p,
+              const Mask          *mask,
+              gboolean             transposed,
+              gint64               rows,
+              gint64               cols,
+              float                alpha,
+              gconstpointer        tile,
+              gconstpointer        b,
+              gsize                ldb,
+              float               *c,
+              gsize                ldc)
+{
+  if (!mask->masked || rows_finite (p, b, ldb, transposed ? rows : cols))
+    {
+      if (transposed)
+        _cp_attn_gemm (p->type, 'T', 'N', cols, p->head_dim, rows, alpha, tile, TILE_K, b, ldb, 1.0f, c, ldc);
+      else
+        _cp_attn_gemm (p->type, 'N', 'N', rows, p->head_dim, cols, alpha, tile, TILE_K, b, ldb, 1.0f, c, ldc);
+      return;
+    }
+  for (gint64 i = 0; i < rows; i++)
+    for (gint64 j = 0; j < MIN (cols, mask->diagonal + i + 1); j++)
+      {
+        float a = alpha * operand_value (p, tile, (gsize) i * TILE_K + (gsize) j);
+        float *dst = c + (gsize) (transposed ? j : i) * ldc;
+        gsize src = (gsize) (transposed ? i : j) * ldb;
+
+        for (int d = 0; d < p->head_dim; d++)
+          dst[d] += a * operand_value (p, b, src + (gsize) d);
+      }
 }
 
 /* Splits every run into tiles of at most @size rows. */
@@ -263,13 +379,14 @@ tile_visible (const CpAttnProblem *p,
               gint64               rows,
               gint64               kpos,
               gint64               kn,
-              gboolean            *masked)
+              Mask                *mask)
 {
   if (rows <= 0 || kn <= 0)
     return FALSE;
   if (p->causal && kpos > qpos + rows - 1)
     return FALSE;
-  *masked = p->causal && kpos + kn - 1 > qpos;
+  mask->masked = p->causal && kpos + kn - 1 > qpos;
+  mask->diagonal = qpos - kpos;
   return TRUE;
 }
 
@@ -288,7 +405,7 @@ online_softmax (const CpAttnProblem *p,
   for (gint64 i = 0; i < rows; i++)
     {
       float *row = scores + i * TILE_K;
-      float m_new = MAX (m[i], row_max (row, cols));
+      float m_new = max_or_nan (m[i], row_max (row, cols));
       float alpha;
 
       if (m_new == -INFINITY)
@@ -397,20 +514,20 @@ forward_tile (const CpAttnProblem *p,
       for (gint64 k0 = 0; k0 < klen; k0 += TILE_K)
         {
           gint64 kn = MIN (TILE_K, klen - k0);
-          gboolean masked;
+          Mask mask;
 
-          if (!tile_visible (p, qt.pos, qt.rows, krun->pos + k0, kn, &masked))
+          if (!tile_visible (p, qt.pos, qt.rows, krun->pos + k0, kn, &mask))
             break;  /* later key tiles are later positions */
           _cp_attn_gemm (p->type, 'N', 'T', qt.rows, kn, p->head_dim, p->scale, qdata, q->row_stride,
                          operand_row (p, &keys->k, b, hk, krun->row + k0), keys->k.row_stride,
                          0.0f, s->scores, TILE_K);
-          if (masked)
-            mask_causal (s->scores, qt.rows, kn, qt.pos - (krun->pos + k0));
+          if (mask.masked)
+            mask_causal (s->scores, qt.rows, kn, mask.diagonal, -INFINITY);
           online_softmax (p, s->scores, qt.rows, kn, m, l, acc, state->acc.row_stride);
-          _cp_attn_gemm (p->type, 'N', 'N', qt.rows, p->head_dim, kn, 1.0f,
-                         tile_operand (p, s->scores, qt.rows, kn, s->rounded), TILE_K,
-                         operand_row (p, &keys->v, b, hk, krun->row + k0), keys->v.row_stride,
-                         1.0f, acc, state->acc.row_stride);
+          tile_product (p, &mask, FALSE, qt.rows, kn, 1.0f,
+                        tile_operand (p, s->scores, qt.rows, kn, s->rounded),
+                        operand_row (p, &keys->v, b, hk, krun->row + k0), keys->v.row_stride,
+                        acc, state->acc.row_stride);
         }
     }
 }
@@ -506,36 +623,40 @@ backward_pair (const CpAttnProblem *p,
   gconstpointer kdata = operand_row (p, &keys->k, b, hk, krun->row + k0);
   gconstpointer vdata = operand_row (p, &keys->v, b, hk, krun->row + k0);
   gconstpointer qdata, dout, ds;
-  gboolean masked;
+  Mask mask;
   Queries qt;
   gint64 rows;
   gsize first;
 
   place_queries (p, b, qtile, &qt);
   rows = qt.rows;
-  if (qt.run->doc != krun->doc || !tile_visible (p, qt.pos, rows, krun->pos + k0, kn, &masked))
+  if (qt.run->doc != krun->doc || !tile_visible (p, qt.pos, rows, krun->pos + k0, kn, &mask))
     return;
   qdata = operand_row (p, &g->q, b, h, qt.row);
   dout = operand_row (p, &g->dout, b, h, qt.row);
   first = row_index (p, b, h, qt.row);
   _cp_attn_gemm (p->type, 'N', 'T', rows, kn, p->head_dim, p->scale, qdata, g->q.row_stride,
                  kdata, keys->k.row_stride, 0.0f, s->scores, TILE_K);
-  if (masked)
-    mask_causal (s->scores, rows, kn, qt.pos - (krun->pos + k0));
+  if (mask.masked)
+    mask_causal (s->scores, rows, kn, mask.diagonal, -INFINITY);
   for (gint64 i = 0; i < rows; i++)
     exp_shifted (s->scores + i * TILE_K, kn, g->lse[first + i]);
-  _cp_attn_gemm (p->type, 'T', 'N', kn, p->head_dim, rows, 1.0f,
-                 tile_operand (p, s->scores, rows, kn, s->rounded), TILE_K,
-                 dout, g->dout.row_stride, 1.0f, s->dv, p->head_dim);
+  /* Hidden pairs get exactly zero probability and gradient, even in a
+   * row whose lse, dP or delta is not finite (exp (−∞ − NaN) is NaN). */
+  if (mask.masked)
+    mask_causal (s->scores, rows, kn, mask.diagonal, 0.0f);
+  tile_product (p, &mask, TRUE, rows, kn, 1.0f, tile_operand (p, s->scores, rows, kn, s->rounded),
+                dout, g->dout.row_stride, s->dv, p->head_dim);
   _cp_attn_gemm (p->type, 'N', 'T', rows, kn, p->head_dim, 1.0f, dout, g->dout.row_stride,
                  vdata, keys->v.row_stride, 0.0f, s->dp, TILE_K);
   for (gint64 i = 0; i < rows; i++)
     softmax_grad_row (s->scores + i * TILE_K, s->dp + i * TILE_K, kn, g->delta[first + i]);
+  if (mask.masked)
+    mask_causal (s->dp, rows, kn, mask.diagonal, 0.0f);
   ds = tile_operand (p, s->dp, rows, kn, s->rounded);
-  _cp_attn_gemm (p->type, 'T', 'N', kn, p->head_dim, rows, p->scale, ds, TILE_K,
-                 qdata, g->q.row_stride, 1.0f, s->dk, p->head_dim);
-  _cp_attn_gemm (p->type, 'N', 'N', rows, p->head_dim, kn, p->scale, ds, TILE_K,
-                 kdata, keys->k.row_stride, 1.0f, float_row (&g->dq, b, h, qt.row), g->dq.row_stride);
+  tile_product (p, &mask, TRUE, rows, kn, p->scale, ds, qdata, g->q.row_stride, s->dk, p->head_dim);
+  tile_product (p, &mask, FALSE, rows, kn, p->scale, ds, kdata, keys->k.row_stride,
+                float_row (&g->dq, b, h, qt.row), g->dq.row_stride);
 }
 
 /* Everything of one batch row and one key/value head: the key tiles

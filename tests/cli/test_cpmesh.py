@@ -19,8 +19,8 @@ from reliability import record_outcome  # noqa: E402
 CPMESH = None
 
 
-def run(*args):
-    return subprocess.run([CPMESH, *args], capture_output=True, text=True, timeout=60)
+def run(*args, timeout=60):
+    return subprocess.run([CPMESH, *args], capture_output=True, text=True, timeout=timeout)
 
 
 def record_failure(test, what, result):
@@ -357,11 +357,38 @@ class Bench(unittest.TestCase):
         self.assertEqual(result.returncode, 2)
         record_failure(self, "bench mesh --ranks 0", result)
 
+    def test_attention_quick(self):
+        result = run("bench", "attention", "--quick", timeout=110)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        out = result.stdout
+        # The checks come before any figure, and every row is reported.
+        self.assertLess(out.index("Every element checked against float64 first: float32 S=256"),
+                        out.index("matmul 2048"))
+        for row in ("| float32  |   1024 |", "| bfloat16 |   1024 |", "| allgather |", "| ring      |"):
+            self.assertIn(row, out)
+        for case in ("float32 S=1024", "bfloat16 S=1024", "C=2 allgather float32 S=1024",
+                     "C=2 ring float32 S=1024"):
+            self.assertRegex(out, re.escape(case) + r": float64 at \d+ query rows, max error/tolerance "
+                             r"out [^,]+/[^,]+, lse .*; later runs bit-identical: 1")
+
+    def test_attention_wrong_results(self):
+        # A tolerance of 0 makes float32 rounding a wrong result.
+        result = run("bench", "attention", "--quick", "--tolerance", "0", timeout=110)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertIn("float32 S=256: wrong results, no speed printed: max error against float64",
+                      result.stderr)
+        self.assertRegex(result.stderr, r"max error/tolerance: out [0-9.e+-]+/0, lse")
+        self.assertNotIn("GF/s", result.stdout)
+        self.assertNotIn("matmul", result.stdout)
+        record_failure(self, "bench attention whose results miss the tolerance against float64",
+                       result)
+
     def test_attention_bad_options(self):
         for args, message in ((["--seq", "abc"], "--seq: "),
                               (["--seq", "-8"], "--seq: "),
                               (["--cp", "4", "--cp-seq", "100"], "--cp-seq 100 must be a positive multiple of 2·C = 8"),
-                              (["--reps", "0"], "must be at least 1")):
+                              (["--reps", "0"], "must be at least 1"),
+                              (["--tolerance", "-1"], "--tolerance -1 must be a finite number")):
             result = run("bench", "attention", "--no-torch", *args)
             self.assertEqual(result.returncode, 2, result.stderr)
             self.assertIn(message, result.stderr)

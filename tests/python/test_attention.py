@@ -11,11 +11,15 @@ from cptest import Cp, GLib, record_error
 
 
 def reference(q, k, v, dout, causal, real_len):
-    """float64 attention over [B, H, S, D] with padding past real_len."""
+    """float64 attention over [B, H, S, D] with padding past real_len.
+    Query head h reads key/value head h // (H / H_kv) (grouped-query
+    attention: consecutive query heads share one key/value head)."""
     q, k, v, dout = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout))
-    group = q.shape[1] // k.shape[1]
-    k = np.repeat(k, group, axis=1)
-    v = np.repeat(v, group, axis=1)
+    n_heads, n_kv_heads = q.shape[1], k.shape[1]
+    group = n_heads // n_kv_heads
+    kv_of = np.arange(n_heads) // group
+    k = k[:, kv_of]
+    v = v[:, kv_of]
     s_len = q.shape[2]
     scale = q.shape[3] ** -0.5
     pos = np.arange(s_len)
@@ -34,10 +38,13 @@ def reference(q, k, v, dout, causal, real_len):
     ds = p * (dp - (dout * out).sum(-1, keepdims=True))
     dq = ds @ k * scale
     dk = ds.swapaxes(-1, -2) @ q * scale
-    b, h, s, d = dk.shape
-    dk = dk.reshape(b, h // group, group, s, d).sum(2)
-    dv = dv.reshape(b, h // group, group, s, d).sum(2)
-    return out, lse, dq, dk, dv
+    # Each key/value head's gradient sums over the query heads reading it.
+    dk_shared = np.zeros((dk.shape[0], n_kv_heads) + dk.shape[2:])
+    dv_shared = np.zeros_like(dk_shared)
+    for h in range(n_heads):
+        dk_shared[:, kv_of[h]] += dk[:, h]
+        dv_shared[:, kv_of[h]] += dv[:, h]
+    return out, lse, dq, dk_shared, dv_shared
 
 
 def run_ranks(cp_size, body):
@@ -128,12 +135,36 @@ class AttentionTest(unittest.TestCase):
                         for grad in got[2:]:
                             self.assertTrue(np.all(grad[:, :, real_len:] == 0))
 
-    def test_bfloat16(self):
-        arrays = self.inputs(2, 4, 4, 16, 128)
+    def test_grouped_query_heads(self):
+        # 1 < H_kv < H: query head h must read key/value head h // (H / H_kv);
+        # a mapping such as h % H_kv agrees with it only when H_kv is 1 or H.
+        for n_heads, n_kv_heads in ((4, 2), (6, 3)):
+            for cp_size in (1, 2, 3):
+                for method in (Cp.RotateMethod.ALLGATHER, Cp.RotateMethod.ALLTOALL):
+                    for causal in (True, False):
+                        with self.subTest(heads=(n_heads, n_kv_heads), cp_size=cp_size,
+                                          method=method, causal=causal):
+                            real_len = 4 * cp_size + 3
+                            s_len = -(-real_len // (2 * cp_size)) * 2 * cp_size
+                            arrays = self.inputs(2, n_heads, n_kv_heads, s_len, 32)
+                            want = reference(*arrays, causal, real_len)
+                            got = self.run_cp(cp_size, method, causal, arrays, real_len)
+                            self.check(got, want, Cp.DType.FLOAT32, n_heads // n_kv_heads)
+
+    def check_bfloat16(self, b, h, hkv, d):
+        """C = 2 causal ring attention on bfloat16 inputs of S = 16 against
+        float64 on the same rounded values."""
+        arrays = self.inputs(b, h, hkv, 16, d)
         rounded = [Cp.bfloat16_to_float32(Cp.float32_to_bfloat16(a)) for a in arrays]
         want = reference(*rounded, True, 16)
         got = self.run_cp(2, Cp.RotateMethod.ALLTOALL, True, arrays, 16, Cp.DType.BFLOAT16)
-        self.check(got, want, Cp.DType.BFLOAT16, 1)
+        self.check(got, want, Cp.DType.BFLOAT16, h // hkv)
+
+    def test_grouped_query_heads_bfloat16(self):
+        self.check_bfloat16(1, 6, 3, 64)
+
+    def test_bfloat16(self):
+        self.check_bfloat16(2, 4, 4, 128)
 
     def test_options(self):
         options = Cp.AttentionOptions.new()
