@@ -134,6 +134,37 @@ test_duplicate_rank (void)
   cp_test_group_clear (&group);
 }
 
+/* A rank admitted and then killed before the mesh formed leaves its
+ * place to a rank 1 that starts again. */
+static void
+test_rejoin (void)
+{
+  guint16 port = cp_test_free_port ();
+  Group group = { 0 };
+  Rank *lost, *again;
+
+  g_test_summary ("An admitted rank that dies before the mesh formed frees its place for a "
+                  "restarted rank");
+  cp_test_group_spawn (&group, "join", 0, 3, port, SETTINGS ("CPMESH_TIMEOUT_MS=20000"));
+  lost = cp_test_group_spawn (&group, "join", 1, 3, port, SETTINGS ("CPMESH_TIMEOUT_MS=20000"));
+  /* Long enough to be admitted; the mesh cannot form without rank 2. */
+  g_usleep (G_TIME_SPAN_SECOND);
+  g_subprocess_send_signal (lost->process, SIGKILL);
+  cp_test_run_until (&lost, 1, cp_test_all_done);
+  again = cp_test_group_spawn (&group, "join", 1, 3, port, SETTINGS ("CPMESH_TIMEOUT_MS=20000"));
+  cp_test_group_spawn (&group, "join", 2, 3, port, SETTINGS ("CPMESH_TIMEOUT_MS=20000"));
+  cp_test_run_until (group.ranks, group.n, cp_test_all_done);
+  g_assert_true (g_subprocess_get_if_signaled (lost->process));
+  cp_test_assert_exit (group.ranks[0], 0);
+  cp_test_assert_exit (again, 0);
+  cp_test_assert_exit (group.ranks[3], 0);
+  g_assert_nonnull (cp_test_rank_find_line (again, "JOINED 1"));
+  cp_test_group_clear (&group);
+  cp_test_record_outcome ("CpMesh (ucx)", "an admitted rank dies before the mesh formed, and starts again",
+                          "the new rank takes its place", "rank 0 freed the place when the connection "
+                          "closed; the restarted rank 1 joined");
+}
+
 static int
 connect_raw (guint16 port)
 {
@@ -606,6 +637,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Ucx/rendezvous/wrong-world", test_wrong_world);
   g_test_add_func ("/Cp/Ucx/rendezvous/duplicate-rank", test_duplicate_rank);
   g_test_add_func ("/Cp/Ucx/rendezvous/garbage", test_garbage);
+  g_test_add_func ("/Cp/Ucx/rendezvous/rejoin", test_rejoin);
   g_test_add_func ("/Cp/Ucx/rendezvous/nobody-listens", test_nobody_listens);
   g_test_add_func ("/Cp/Ucx/failure/sigkill", test_sigkill);
   g_test_add_func ("/Cp/Ucx/failure/rank-lost", test_rank_lost);

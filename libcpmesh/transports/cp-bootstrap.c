@@ -30,17 +30,21 @@
  * send its first bytes within a second and the whole hello within five,
  * and at most MAX_PENDING visitors wait at once, at most
  * MAX_PENDING_PER_SOURCE from one host: a newcomer makes room by
- * evicting the oldest waiting visitor of the host that holds most places,
- * its own first.  An evicted real rank knocks again.  Nothing a visitor
- * sends is read before its length is checked, and no visitor holds more
- * than one hello's worth of memory.
+ * evicting the oldest waiting visitor of its own host when that holds its
+ * share, else of the host that holds most places, so that strangers on
+ * one host never take every place.  A visitor is heard once more before
+ * it is evicted, so a real rank whose hello has arrived gets in; one
+ * evicted before it spoke knocks again.  Nothing a visitor sends is read
+ * before its length is checked, and no visitor holds more than one
+ * hello's worth of memory.
  *
  * Joiners knock until rank 0 lets them in or their deadline passes: a
  * refused connection, a connection closed before the verdict (rank 0 was
  * not listening yet, or evicted them) only costs a pause, 1 ms at first
  * and twice as long each time up to 100 ms, with some randomness so that
  * many ranks do not knock in step.  A refusal, or any failure after rank
- * 0 admitted them, is final.  Every error is a CpMeshError. */
+ * 0 admitted them, is final.  Every error is a CpMeshError, but for
+ * cancellation. */
 
 #define FIRST_BYTES_WAIT_US G_TIME_SPAN_SECOND
 #define HELLO_WAIT_US (5 * G_TIME_SPAN_SECOND)
@@ -705,9 +709,10 @@ wait_for_ranks (Gate          *gate,
       if (!check_waiting (gate, deadline, cancellable, error))
         return FALSE;
       wait_for_events (gate, deadline, cancellable);
+      /* Members first: a rank that restarts finds its old place free. */
+      check_members (gate);
       accept_visitors (gate);
       hear_pending (gate);
-      check_members (gate);
     }
   return TRUE;
 }
