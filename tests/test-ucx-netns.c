@@ -198,14 +198,37 @@ check_failure (Rank *rank,
          waited <= TIMEOUT_MS + 1000 && g_ascii_strtod (rank->closed + strlen ("CLOSED "), NULL) < 3000;
 }
 
+/* Starts both ranks playing @scenario; FALSE when one cannot start. */
+static gboolean
+spawn_pair (const Host  *hosts,
+            const char  *scenario,
+            Rank       **ranks,
+            GError     **error)
+{
+  ranks[0] = spawn_rank (hosts, 0, scenario, error);
+  ranks[1] = ranks[0] != NULL ? spawn_rank (hosts, 1, scenario, error) : NULL;
+  return ranks[1] != NULL;
+}
+
+/* Says why a rank could not start, if one could not, and stops both. */
+static void
+stop_pair (Rank         **ranks,
+           const GError  *error)
+{
+  if (error != NULL)
+    g_printerr ("# %s\n", error->message);
+  rank_free (ranks[0]);
+  rank_free (ranks[1]);
+}
+
 /* Both ranks all-gather across the link; then the link goes down. */
 static gboolean
 cut_the_link (const Host *hosts)
 {
   g_autoptr(GError) error = NULL;
   g_autofree char *down = g_strdup_printf ("-n %s link set %s down", hosts[1].namespace, hosts[1].device);
-  Rank *ranks[2] = { spawn_rank (hosts, 0, "gather-loop", &error), NULL };
-  gboolean ok = ranks[0] != NULL && (ranks[1] = spawn_rank (hosts, 1, "gather-loop", &error)) != NULL;
+  Rank *ranks[2];
+  gboolean ok = spawn_pair (hosts, "gather-loop", ranks, &error);
   gint64 cut;
 
   for (int r = 0; ok && r < 2; r++)
@@ -220,10 +243,7 @@ cut_the_link (const Host *hosts)
     ok = check_failure (ranks[r], r);
   if (ok && g_get_monotonic_time () - cut > (TIMEOUT_MS + 3000) * G_TIME_SPAN_MILLISECOND)
     ok = FALSE;
-  if (error != NULL)
-    g_printerr ("# %s\n", error->message);
-  rank_free (ranks[0]);
-  rank_free (ranks[1]);
+  stop_pair (ranks, error);
   return ok;
 }
 
@@ -232,8 +252,8 @@ static gboolean
 run_collectives (const Host *hosts)
 {
   g_autoptr(GError) error = NULL;
-  Rank *ranks[2] = { spawn_rank (hosts, 0, "collectives", &error), NULL };
-  gboolean ok = ranks[0] != NULL && (ranks[1] = spawn_rank (hosts, 1, "collectives", &error)) != NULL;
+  Rank *ranks[2];
+  gboolean ok = spawn_pair (hosts, "collectives", ranks, &error);
 
   for (int r = 0; ok && r < 2; r++)
     {
@@ -243,10 +263,7 @@ run_collectives (const Host *hosts)
       if (!ok)
         g_printerr ("# rank %d did not pass the collectives\n", r);
     }
-  if (error != NULL)
-    g_printerr ("# %s\n", error->message);
-  rank_free (ranks[0]);
-  rank_free (ranks[1]);
+  stop_pair (ranks, error);
   return ok;
 }
 
