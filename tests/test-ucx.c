@@ -515,6 +515,9 @@ test_port (void)
       cp_test_assert_exit (group.ranks[r], 0);
     }
   cp_test_group_clear (&group);
+  cp_test_record_outcome ("CpMesh (ucx)", "another program (torchrun's agent store) listens on "
+                          "MASTER_PORT", "the mesh forms", "rank 0 listened on MASTER_PORT + 1, or on "
+                          "CPMESH_PORT where set");
 }
 
 static gboolean
