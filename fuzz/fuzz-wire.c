@@ -1,25 +1,27 @@
-/* fuzz-wire.c: the bytes UCX ranks read off the network
+/* fuzz-wire.c: the bytes ranks read off the network
  *
- * Input: byte 0 picks the message (the gate's greeting or verdict; the
- * rendezvous' challenge, hello, verdict or address table; a collective's
- * descriptor; a point-to-point header), byte 1 carries a few options (the
- * table's world size; whether the hello gets a valid proof so that rank
- * 0's checks past the proof run), and the rest is the message, fed to its
- * parser in cp-ucx-wire.c as a peer would send it.
+ * Input: byte 0 picks the message (the rendezvous greeting, a frame's
+ * head, a joiner's hello, rank 0's verdict or address table, a
+ * collective's descriptor, a point-to-point header), byte 1 carries
+ * options (bit 0: give the message a valid proof of the token, so that
+ * the checks past the proof run; the other bits: the table's world size),
+ * and the rest is the message, fed to its parser in cp-bootstrap-wire.c
+ * or cp-ucx-wire.c as a peer would send it.
  *
  * Invariant: no crash, no sanitizer report (no read past the bytes), no
  * critical, and:
  *   - a rejection is a GError of CP_MESH_ERROR with a non-empty message;
- *   - an accepted message has every field in range (nonces and proofs of
- *     32 bytes, worker addresses of 1 byte to 64 KiB, as many as the
- *     world has ranks, dimension names and sizes that pair up, known
- *     collectives and dtypes, at most 8 dimensions, refusal codes that
- *     are CpMeshError codes);
- *   - the rendezvous messages and the address table are canonical:
- *     packing what was parsed gives back exactly the bytes received;
- *     descriptors parse back to what they were packed from;
- *   - rank 0's judgement of a hello is an acceptance or a CpMeshError code
- *     with a reason, and it accepts only a hello that proves the token;
+ *   - an accepted message has every field in range (a greeting of this
+ *     protocol, frame lengths within their bound, nonces of 32 bytes,
+ *     blobs of 1 byte to 64 KiB, as many as the world has ranks,
+ *     dimension names and sizes that pair up, known collectives and
+ *     dtypes, at most 8 dimensions);
+ *   - hellos and tables are canonical: packing what was parsed gives back
+ *     exactly the bytes received; descriptors parse back to what they were
+ *     packed from;
+ *   - a verdict or table is accepted only with a valid proof; rank 0's
+ *     judgement of a hello is an acceptance only with a valid proof, else
+ *     a CpMeshError code with a reason;
  *   - descriptors and headers can be described and compared (the
  *     messages that name them read every field) without error.
  *
@@ -28,16 +30,16 @@
 
 #include "fuzz-common.h"
 
+#include "cp-bootstrap-private.h"
 #include "cp-ucx-wire-private.h"
 
 #define TOKEN "fuzz token"
-#define WHERE "127.0.0.1:29500"
+#define WHERE "127.0.0.1:29501"
 
 enum
 {
-  GATE_GREETING,
-  GATE_VERDICT,
-  CHALLENGE,
+  GREETING,
+  FRAME_HEAD,
   HELLO,
   VERDICT,
   TABLE,
@@ -45,6 +47,10 @@ enum
   HEADER,
   N_MESSAGES,
 };
+
+/* The challenge and nonce of the connection every message belongs to. */
+static const guint8 challenge[CP_BOOTSTRAP_NONCE_SIZE] = { 7 };
+static const guint8 nonce[CP_BOOTSTRAP_NONCE_SIZE] = { 9 };
 
 static void
 assert_mesh_error (const GError *error)
@@ -56,78 +62,73 @@ assert_mesh_error (const GError *error)
 }
 
 static void
-fuzz_gate (int           kind,
-           const guint8 *data,
-           gsize         size)
+fuzz_greeting (const guint8 *data,
+               gsize         size)
 {
   g_autoptr(GError) error = NULL;
-  guint8 challenge[CP_UCX_NONCE_SIZE];
-  guint16 port = 0;
+  guint8 parsed[CP_BOOTSTRAP_NONCE_SIZE];
+  guint8 again[CP_BOOTSTRAP_GREETING_SIZE];
 
-  if (kind == GATE_GREETING)
-    {
-      if (!_cp_ucx_gate_parse_greeting (data, size, WHERE, challenge, &error))
-        assert_mesh_error (error);
-      else
-        g_assert_cmpmem (challenge, sizeof challenge, data + CP_UCX_GATE_MAGIC_SIZE, CP_UCX_NONCE_SIZE);
-      return;
-    }
-  if (_cp_ucx_gate_parse_verdict (data, size, WHERE, &port, &error))
-    {
-      g_assert_cmpuint (size, ==, CP_UCX_GATE_VERDICT_HEAD);
-      g_assert_cmpuint (data[0], ==, CP_UCX_GATE_ACCEPTED);
-      g_assert_cmpuint (port, ==, (guint16) (data[1] << 8 | data[2]));
-    }
-  else
-    assert_mesh_error (error);
-}
-
-static void
-fuzz_challenge (GBytes *payload)
-{
-  g_autoptr(GError) error = NULL;
-  g_autoptr(GBytes) again = NULL;
-  guint8 nonce[CP_UCX_NONCE_SIZE];
-
-  if (!_cp_ucx_parse_challenge (payload, nonce, &error))
+  if (!_cp_bootstrap_parse_greeting (data, size, WHERE, parsed, &error))
     {
       assert_mesh_error (error);
       return;
     }
-  again = _cp_ucx_pack_challenge (nonce);
-  g_assert_true (g_bytes_equal (again, payload));
+  _cp_bootstrap_pack_greeting (parsed, again);
+  g_assert_cmpmem (again, sizeof again, data, size);
+}
+
+static void
+fuzz_frame_head (const guint8 *data,
+                 gsize         size)
+{
+  g_autoptr(GError) error = NULL;
+  guint8 head[CP_BOOTSTRAP_FRAME_HEAD] = { 0 };
+  g_autoptr(GBytes) payload = NULL;
+  g_autoptr(GBytes) frame = NULL;
+  gsize length = 0;
+
+  memcpy (head, data, MIN (size, sizeof head));
+  if (!_cp_bootstrap_parse_frame_head (head, CP_BOOTSTRAP_HELLO_MAX, "hello", &length, &error))
+    {
+      assert_mesh_error (error);
+      return;
+    }
+  g_assert_cmpuint (length, >=, 1);
+  g_assert_cmpuint (length, <=, CP_BOOTSTRAP_HELLO_MAX);
+  payload = g_bytes_new_take (g_malloc0 (length), length);
+  frame = _cp_bootstrap_frame (payload);
+  g_assert_cmpmem (g_bytes_get_data (frame, NULL), sizeof head, head, sizeof head);
 }
 
 /* Rank 0 of a world of four, "dp=2,cp=2", with rank 2 joined already. */
 static int
-judge (CpUcxHello *hello,
-       gboolean    prove,
-       char      **why)
+judge (CpBootstrapHello *hello,
+       gboolean          proved,
+       char            **why)
 {
   static char *names[] = { "dp", "cp", NULL };
   static int sizes[] = { 2, 2 };
   const CpMeshConfig config = {
-    .world_size = 4, .address = "127.0.0.1", .port = 29500, .token = TOKEN,
+    .world_size = 4, .address = "127.0.0.1", .port = 29501, .token = TOKEN,
     .dim_names = names, .dim_sizes = sizes, .n_dims = 2, .timeout_ms = 1000,
   };
   const gboolean joined[4] = { TRUE, FALSE, TRUE, FALSE };
-  guint8 nonce[CP_UCX_NONCE_SIZE] = { 7 };
 
-  if (prove)
-    _cp_ucx_hello_mac (TOKEN, "cpmesh join", nonce, hello->nonce, hello->rank, hello->world_size,
-                       hello->mac);
-  return _cp_ucx_judge_hello (hello, &config, nonce, joined, why);
+  if (proved)
+    _cp_bootstrap_sign (TOKEN, "cpmesh join", challenge, hello->nonce, hello->body, hello->mac);
+  return _cp_bootstrap_judge_hello (hello, &config, challenge, joined, why);
 }
 
 static void
-fuzz_hello (GBytes  *payload,
-            gboolean prove)
+fuzz_hello (GBytes   *payload,
+            gboolean  proved)
 {
   g_autoptr(GError) error = NULL;
-  g_autoptr(CpUcxHello) hello = _cp_ucx_parse_hello (payload, &error);
+  g_autoptr(CpBootstrapHello) hello = _cp_bootstrap_parse_hello (payload, &error);
   g_autoptr(GBytes) again = NULL;
   g_autofree char *why = NULL;
-  gsize address_size;
+  gsize blob_size;
   int code;
 
   if (hello == NULL)
@@ -135,16 +136,16 @@ fuzz_hello (GBytes  *payload,
       assert_mesh_error (error);
       return;
     }
-  address_size = g_bytes_get_size (hello->address);
-  g_assert_cmpuint (address_size, >=, 1);
-  g_assert_cmpuint (address_size, <=, CP_UCX_ADDRESS_MAX);
+  blob_size = g_bytes_get_size (hello->blob);
+  g_assert_cmpuint (blob_size, >=, 1);
+  g_assert_cmpuint (blob_size, <=, CP_BOOTSTRAP_BLOB_MAX);
   g_assert_cmpuint (g_strv_length (hello->dim_names), ==, hello->n_dims);
-  again = _cp_ucx_pack_hello (hello);
-  g_assert_true (g_bytes_equal (again, payload));
-  code = judge (hello, prove, &why);
-  if (code == CP_UCX_ACCEPTED)
+  again = _cp_bootstrap_pack_hello_body (hello);
+  g_assert_true (g_bytes_equal (again, hello->body));
+  code = judge (hello, proved, &why);
+  if (code == CP_BOOTSTRAP_ACCEPTED)
     {
-      g_assert_true (prove);
+      g_assert_true (proved);
       g_assert_null (why);
       return;
     }
@@ -155,47 +156,46 @@ fuzz_hello (GBytes  *payload,
 }
 
 static void
-fuzz_verdict (GBytes *payload)
+fuzz_verdict (GBytes   *body,
+              gboolean  proved)
 {
   g_autoptr(GError) error = NULL;
-  g_autofree char *reason = NULL;
-  guint8 mac[CP_UCX_MAC_SIZE];
-  int code = 0;
+  g_autoptr(GBytes) payload = proved ? _cp_bootstrap_prove (TOKEN, "cpmesh verdict", challenge, nonce, body)
+                                     : g_bytes_ref (body);
 
-  if (!_cp_ucx_parse_verdict (payload, &code, &reason, mac, &error))
-    {
-      assert_mesh_error (error);
-      return;
-    }
-  if (code == CP_UCX_ACCEPTED)
-    return;
-  g_assert_cmpint (code, >=, CP_MESH_ERROR_FAILED);
-  g_assert_cmpint (code, <=, CP_MESH_ERROR_NO_DEVICE);
-  g_assert_nonnull (reason);
+  if (_cp_bootstrap_parse_verdict (payload, TOKEN, challenge, nonce, WHERE, &error))
+    g_assert_true (proved);
+  else
+    assert_mesh_error (error);
 }
 
 static void
-fuzz_table (GBytes *payload,
-            int     world_size)
+fuzz_table (GBytes   *body,
+            gboolean  proved,
+            int       world_size)
 {
   g_autoptr(GError) error = NULL;
-  g_autoptr(GPtrArray) addresses = _cp_ucx_parse_table (payload, world_size, &error);
+  g_autoptr(GBytes) payload = proved ? _cp_bootstrap_prove (TOKEN, "cpmesh table", challenge, nonce, body)
+                                     : g_bytes_ref (body);
+  g_autoptr(GPtrArray) blobs = _cp_bootstrap_parse_table (payload, TOKEN, challenge, nonce, world_size, WHERE,
+                                                          &error);
   g_autoptr(GBytes) again = NULL;
 
-  if (addresses == NULL)
+  if (blobs == NULL)
     {
       assert_mesh_error (error);
       return;
     }
-  g_assert_cmpuint (addresses->len, ==, (guint) world_size);
-  for (guint r = 0; r < addresses->len; r++)
+  g_assert_true (proved);
+  g_assert_cmpuint (blobs->len, ==, (guint) world_size);
+  for (guint r = 0; r < blobs->len; r++)
     {
-      gsize size = g_bytes_get_size (g_ptr_array_index (addresses, r));
+      gsize size = g_bytes_get_size (g_ptr_array_index (blobs, r));
 
       g_assert_cmpuint (size, >=, 1);
-      g_assert_cmpuint (size, <=, CP_UCX_ADDRESS_MAX);
+      g_assert_cmpuint (size, <=, CP_BOOTSTRAP_BLOB_MAX);
     }
-  again = _cp_ucx_pack_table ((GBytes * const *) addresses->pdata, world_size);
+  again = _cp_bootstrap_pack_table (TOKEN, challenge, nonce, (GBytes * const *) blobs->pdata, world_size);
   g_assert_true (g_bytes_equal (again, payload));
 }
 
@@ -285,26 +285,26 @@ LLVMFuzzerTestOneInput (const uint8_t *data,
   FuzzInput in = { data, size };
   int kind = fuzz_take_u8 (&in) % N_MESSAGES;
   guint8 options = fuzz_take_u8 (&in);
+  gboolean proved = options & 1;
   g_autoptr(GBytes) payload = g_bytes_new (in.data, in.size);
 
   fuzz_init ();
   switch (kind)
     {
-    case GATE_GREETING:
-    case GATE_VERDICT:
-      fuzz_gate (kind, in.data, in.size);
+    case GREETING:
+      fuzz_greeting (in.data, in.size);
       break;
-    case CHALLENGE:
-      fuzz_challenge (payload);
+    case FRAME_HEAD:
+      fuzz_frame_head (in.data, in.size);
       break;
     case HELLO:
-      fuzz_hello (payload, options & 1);
+      fuzz_hello (payload, proved);
       break;
     case VERDICT:
-      fuzz_verdict (payload);
+      fuzz_verdict (payload, proved);
       break;
     case TABLE:
-      fuzz_table (payload, 1 + options % 8);
+      fuzz_table (payload, proved, 1 + (options >> 1) % 8);
       break;
     case DESCRIPTOR:
       fuzz_descriptor (in.data, in.size);

@@ -9,7 +9,9 @@
 
 G_BEGIN_DECLS
 
-/* The rendezvous port torchrun uses when MASTER_PORT is not set. */
+/* The port torchrun uses when MASTER_PORT is not set.  Rank 0 listens
+ * one above MASTER_PORT unless CPMESH_PORT says otherwise: torchrun's
+ * agent and torch.distributed's store already listen on MASTER_PORT. */
 #define CP_MESH_DEFAULT_PORT 29500
 
 /* The UCX backend packs a communicator index into 10 tag bits. */
@@ -24,6 +26,7 @@ typedef struct _CpMeshConfig
   int local_rank;       /* -1 when the launcher does not say */
   char *address;        /* the host rank 0 listens on */
   guint16 port;
+  const char *port_origin; /* where the port came from, for messages */
   char *token;          /* NULL: any process that reaches the port may join */
   char **dim_names;
   int *dim_sizes;

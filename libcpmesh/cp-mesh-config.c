@@ -105,6 +105,8 @@ read_rank (CpMeshConfig        *config,
   Lookup have_rank, have_world;
 
   config->launcher = launcher ? launcher->name : "none";
+  /* No launcher: a mesh of this one process. */
+  config->world_size = 1;
   if (launcher == NULL)
     return TRUE;
   have_world = lookup_int (envp, launcher->world_size, 1, CP_MESH_UCX_MAX_WORLD_SIZE, &world, error);
@@ -142,6 +144,44 @@ first_slurm_host (const char *list)
                           (int) strspn (bracket + 1, "0123456789"), bracket + 1);
 }
 
+/* CPMESH_PORT, else one above MASTER_PORT (29500 by default): torchrun's
+ * agent, and torch.distributed's store in a program that also uses it,
+ * listen on MASTER_PORT itself. */
+static gboolean
+read_port (CpMeshConfig        *config,
+           const char * const  *envp,
+           GError             **error)
+{
+  gint64 port = CP_MESH_DEFAULT_PORT;
+  Lookup master;
+
+  switch (lookup_int (envp, "CPMESH_PORT", 1, 65535, &port, error))
+    {
+    case FOUND:
+      config->port = (guint16) port;
+      config->port_origin = "CPMESH_PORT";
+      return TRUE;
+    case INVALID:
+      return FALSE;
+    case ABSENT:
+    default:
+      break;
+    }
+  master = lookup_int (envp, "MASTER_PORT", 1, 65535, &port, error);
+  if (master == INVALID)
+    return FALSE;
+  if (port == 65535)
+    {
+      set_env_error (error, "MASTER_PORT", "65535", "rank 0 listens one above MASTER_PORT unless "
+                     "CPMESH_PORT names its port; set CPMESH_PORT");
+      return FALSE;
+    }
+  config->port = (guint16) (port + 1);
+  config->port_origin = master == FOUND ? "MASTER_PORT + 1, as CPMESH_PORT is unset"
+                                        : "29500 + 1, as neither CPMESH_PORT nor MASTER_PORT is set";
+  return TRUE;
+}
+
 /* MASTER_ADDR, else the first node of a Slurm step, else loopback. */
 static gboolean
 read_rendezvous (CpMeshConfig        *config,
@@ -150,7 +190,6 @@ read_rendezvous (CpMeshConfig        *config,
 {
   const char *address = g_environ_getenv ((char **) envp, "MASTER_ADDR");
   const char *nodes = g_environ_getenv ((char **) envp, "SLURM_STEP_NODELIST");
-  gint64 port = CP_MESH_DEFAULT_PORT;
 
   if (nodes == NULL)
     nodes = g_environ_getenv ((char **) envp, "SLURM_JOB_NODELIST");
@@ -165,10 +204,7 @@ read_rendezvous (CpMeshConfig        *config,
     config->address = first_slurm_host (nodes);
   else
     config->address = g_strdup ("127.0.0.1");
-  if (lookup_int (envp, "MASTER_PORT", 1, 65535, &port, error) == INVALID)
-    return FALSE;
-  config->port = (guint16) port;
-  return TRUE;
+  return read_port (config, envp, error);
 }
 
 /* CPMESH_MESH_DIMS="dp=2,cp=2": names and sizes, outermost first. */
@@ -337,6 +373,7 @@ _cp_mesh_config_init (CpMeshConfig        *config,
   config->local_rank = -1;
   config->address = g_strdup (address != NULL ? address : "127.0.0.1");
   config->port = (guint16) port;
+  config->port_origin = "the port given";
   config->token = token != NULL && token[0] != '\0' ? g_strdup (token) : NULL;
   config->timeout_ms = timeout_ms != 0 ? timeout_ms : CP_MESH_DEFAULT_TIMEOUT_MS;
   config->launcher = "explicit";

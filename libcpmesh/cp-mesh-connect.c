@@ -82,10 +82,14 @@ connect_here (const CpMeshConfig  *config,
  * (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`). With none of them
  * set, the process is a mesh of one rank.
  *
- * Rank 0 listens at `MASTER_ADDR`:`MASTER_PORT` (under Slurm without
- * `MASTER_ADDR`, the first node of the step; otherwise `127.0.0.1`; port
- * 29500 by default). `CPMESH_TOKEN` is the shared secret every rank must
- * prove it holds; without it, any process that reaches the port may join.
+ * Rank 0 listens at `MASTER_ADDR` (under Slurm without `MASTER_ADDR`, the
+ * first node of the step; otherwise `127.0.0.1`), on `CPMESH_PORT` or,
+ * when that is not set, one port above `MASTER_PORT` (29500 by default):
+ * torchrun's agent, and torch.distributed in a program that uses it too,
+ * listen on `MASTER_PORT` itself. `CPMESH_TOKEN` is the shared secret
+ * every rank must prove it holds; without it, any process that reaches
+ * the port may join, and a mesh whose `MASTER_ADDR` is not loopback says
+ * so once on standard error.
  * `CPMESH_TIMEOUT_MS` bounds the rendezvous and every later operation
  * (default 120000). `CPMESH_MESH_DIMS` names the dimensions, outermost
  * first, as in `dp=2,cp=4`; by default the mesh has one dimension `cp`
@@ -98,9 +102,13 @@ connect_here (const CpMeshConfig  *config,
  * Returns: (transfer full): this rank's mesh, or %NULL with
  *   %CP_MESH_ERROR_INVALID_TOPOLOGY naming the variable and value when the
  *   environment is bad or contradicts itself, %CP_MESH_ERROR_AUTH when
- *   rank 0 refused the token, %CP_MESH_ERROR_TIMED_OUT when ranks did not
- *   all join in time, or %CP_MESH_ERROR_UNSUPPORTED when libcpmesh was
- *   built without UCX
+ *   rank 0 refused the token (or the process on rank 0's port could not
+ *   prove it holds it), %CP_MESH_ERROR_TIMED_OUT when ranks did not all
+ *   join in time, %CP_MESH_ERROR_PEER_LOST when rank 0 left after
+ *   admitting this rank, %CP_MESH_ERROR_TRANSPORT when rank 0 cannot
+ *   listen or what answers on its port is not a libcpmesh rank 0, or
+ *   %CP_MESH_ERROR_UNSUPPORTED when rank 0 speaks another protocol or
+ *   libcpmesh was built without UCX
  *
  * Since: 1.0
  */

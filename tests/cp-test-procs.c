@@ -81,11 +81,15 @@ set_defaults (GSubprocessLauncher *launcher)
   static const char *foreign[] = {
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
     "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "CPMESH_MESH_DIMS", "CPMESH_TOKEN",
+    "CPMESH_PORT", "MASTER_PORT",
   };
 
   for (guint i = 0; i < G_N_ELEMENTS (foreign); i++)
     g_subprocess_launcher_unsetenv (launcher, foreign[i]);
-  g_subprocess_launcher_setenv (launcher, "UCX_NET_DEVICES", "lo", TRUE);
+  /* The library picks UCX's transports from MASTER_ADDR; a choice of the
+   * caller's environment would override it. */
+  g_subprocess_launcher_unsetenv (launcher, "UCX_NET_DEVICES");
+  g_subprocess_launcher_unsetenv (launcher, "UCX_TLS");
   g_subprocess_launcher_setenv (launcher, "MASTER_ADDR", "127.0.0.1", TRUE);
   g_subprocess_launcher_setenv (launcher, "CPMESH_TIMEOUT_MS", G_STRINGIFY (CP_TEST_RANK_TIMEOUT_MS), TRUE);
   /* The test records the cases its ranks report, not the ranks. */
@@ -137,8 +141,12 @@ cp_test_group_spawn (CpTestGroup         *group,
 {
   g_autofree char *rank_text = g_strdup_printf ("RANK=%d", rank);
   g_autofree char *world_text = g_strdup_printf ("WORLD_SIZE=%d", world_size);
-  g_autofree char *port_text = g_strdup_printf ("MASTER_PORT=%u", port);
-  const char *settings[] = { rank_text, world_text, port_text, NULL };
+  g_autofree char *port_text = g_strdup_printf ("CPMESH_PORT=%u", port);
+  g_autofree char *master_port_text = g_strdup_printf ("MASTER_PORT=%u", port);
+  const char *settings[] = { rank_text, world_text, port_text, master_port_text, NULL };
+
+  if (port == 0)
+    settings[2] = NULL;
 
   g_assert_cmpuint (group->n, <, G_N_ELEMENTS (group->ranks));
   group->ranks[group->n] = spawn_rank (group->program ? group->program : "cp-test-ucx-rank", scenario,
@@ -276,4 +284,37 @@ cp_test_group_clear (CpTestGroup *group)
     }
   group->n = 0;
   cp_test_assert_no_children ();
+}
+
+typedef struct
+{
+  GMainLoop *loop;
+  CpMesh *mesh;
+  GError *error;
+} Connecting;
+
+static void
+connected (GObject      *source,
+           GAsyncResult *result,
+           gpointer      user_data)
+{
+  Connecting *state = user_data;
+
+  state->mesh = cp_mesh_connect_finish (result, &state->error);
+  g_main_loop_quit (state->loop);
+}
+
+CpMesh *
+cp_test_connect (const char * const  *environment,
+                 GCancellable        *cancellable,
+                 GError             **error)
+{
+  Connecting state = { g_main_loop_new (NULL, FALSE), NULL, NULL };
+
+  cp_mesh_connect_async (environment, cancellable, connected, &state);
+  g_main_loop_run (state.loop);
+  g_main_loop_unref (state.loop);
+  if (state.error != NULL)
+    g_propagate_error (error, state.error);
+  return state.mesh;
 }

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <gio/gio.h>
+#include <libcpmesh.h>
 
 G_BEGIN_DECLS
 
@@ -39,7 +40,8 @@ typedef struct
 /* A TCP port of the loopback interface nobody listens on. */
 guint16      cp_test_free_port        (void);
 
-/* Starts rank @rank of a world of @world_size meeting at @port, playing
+/* Starts rank @rank of a world of @world_size meeting at @port (both
+ * CPMESH_PORT and MASTER_PORT; 0 leaves them to @extra), playing
  * @scenario, with @extra NAME=VALUE settings (NULL-terminated, may be
  * NULL) over the defaults. */
 CpTestRank  *cp_test_group_spawn      (CpTestGroup         *group,
@@ -84,5 +86,12 @@ GError      *cp_test_rank_dup_error   (CpTestRank          *rank,
                                        const char          *text);
 
 void         cp_test_assert_no_children (void);
+
+/* Joins the mesh @environment describes with cp_mesh_connect_async, in a
+ * worker thread, while this thread runs its main loop (which serves what
+ * listens on it, and the joiner's callbacks). */
+CpMesh      *cp_test_connect          (const char * const  *environment,
+                                       GCancellable        *cancellable,
+                                       GError             **error);
 
 G_END_DECLS

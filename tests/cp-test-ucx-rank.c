@@ -21,6 +21,10 @@
  *                open descriptors after the first tenth of the cycles
  *                and at the end: "SOAK CYCLES MS RSS_KIB RSS_KIB FDS FDS"
  *
+ * With CP_TEST_GO_FILE set, a rank that joined waits until that file
+ * exists (at most the mesh timeout) before it plays: the test does what
+ * it wants to the formed mesh in between.
+ *
  * It reports on stdout, one line per fact ("JOINED 1", "ERROR 4 …",
  * "READY", "FAILED 2 153", "CLOSED 12", "LOST 1 320", "OK"), and fails
  * its assertions with a non-zero exit.
@@ -179,12 +183,13 @@ step_submeshes (CpMesh   *mesh,
 }
 
 #ifdef CP_TYPE_BATCH
-/* Appends @tensor's elements, as int64, to @values. */
+/* Appends @tensor's elements, as int64, to @values; nothing for a key
+ * the batch does not hold (a mesh of one rank leaves the batch as it is). */
 static void
 append_values (GArray   *values,
                CpTensor *tensor)
 {
-  for (gint64 i = 0; i < cp_tensor_get_numel (tensor); i++)
+  for (gint64 i = 0; tensor != NULL && i < cp_tensor_get_numel (tensor); i++)
     {
       gint64 v = (gint64) cp_tensor_get_value (tensor, i);
 
@@ -550,6 +555,20 @@ play_soak (void)
   return 0;
 }
 
+/* Waits for the test's go-ahead, CP_TEST_GO_FILE, when it asks for one. */
+static void
+wait_for_go (CpMesh *mesh)
+{
+  const char *path = g_getenv ("CP_TEST_GO_FILE");
+  gint64 deadline = g_get_monotonic_time () + (gint64) cp_mesh_get_timeout_ms (mesh) * G_TIME_SPAN_MILLISECOND;
+
+  while (path != NULL && !g_file_test (path, G_FILE_TEST_EXISTS))
+    {
+      g_assert_cmpint (g_get_monotonic_time (), <, deadline);
+      g_usleep (10 * G_TIME_SPAN_MILLISECOND);
+    }
+}
+
 /* ---- main-loop programs ---- */
 
 typedef struct
@@ -622,6 +641,7 @@ main (int   argc,
     }
   printf ("JOINED %d\n", cp_mesh_get_rank (mesh));
   fflush (stdout);
+  wait_for_go (mesh);
   if (g_str_equal (scenario, "collectives"))
     play_collectives (mesh);
   else if (g_str_equal (scenario, "gather-loop"))

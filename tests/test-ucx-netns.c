@@ -4,6 +4,9 @@
  * talk UCX over TCP across it, as two hosts would.  Once both are in the
  * middle of all_gathers, the link goes down: both must fail with
  * PEER_LOST or TIMED_OUT within the mesh timeout and tear down quickly.
+ * Then two more namespaces whose link has IPv6 addresses only: the ranks
+ * meet at MASTER_ADDR=fd00:cb::1 and every collective matches the
+ * in-process backend.
  *
  * Needs root and iproute2; exits 77 (skipped) where namespaces cannot be
  * made.
@@ -26,7 +29,8 @@ typedef struct
 {
   char *namespace;
   char *device;
-  char *address;
+  const char *address;
+  const char *prefix;   /* "/24", or "/64 nodad": usable at once */
 } Host;
 
 typedef struct
@@ -97,8 +101,8 @@ set_up (Host *hosts)
   for (int h = 0; h < 2; h++)
     {
       g_autofree char *move = g_strdup_printf ("link set %s netns %s", hosts[h].device, hosts[h].namespace);
-      g_autofree char *addr = g_strdup_printf ("-n %s addr add %s/24 dev %s", hosts[h].namespace,
-                                               hosts[h].address, hosts[h].device);
+      g_autofree char *addr = g_strdup_printf ("-n %s addr add %s%s dev %s", hosts[h].namespace,
+                                               hosts[h].address, hosts[h].prefix, hosts[h].device);
       g_autofree char *up = g_strdup_printf ("-n %s link set %s up", hosts[h].namespace, hosts[h].device);
       g_autofree char *lo = g_strdup_printf ("-n %s link set lo up", hosts[h].namespace);
 
@@ -111,6 +115,7 @@ set_up (Host *hosts)
 static Rank *
 spawn_rank (const Host *hosts,
             int         rank,
+            const char *scenario,
             GError    **error)
 {
   g_autoptr(GSubprocessLauncher) launcher = g_subprocess_launcher_new (G_SUBPROCESS_FLAGS_STDOUT_PIPE);
@@ -132,7 +137,7 @@ spawn_rank (const Host *hosts,
   g_subprocess_launcher_setenv (launcher, "UCX_NET_DEVICES", hosts[rank].device, TRUE);
   g_subprocess_launcher_unsetenv (launcher, "CPMESH_MESH_DIMS");
   self->process = g_subprocess_launcher_spawn (launcher, error, "ip", "netns", "exec", hosts[rank].namespace,
-                                               program, "gather-loop", NULL);
+                                               program, scenario, NULL);
   if (self->process == NULL)
     {
       g_free (self);
@@ -193,14 +198,37 @@ check_failure (Rank *rank,
          waited <= TIMEOUT_MS + 1000 && g_ascii_strtod (rank->closed + strlen ("CLOSED "), NULL) < 3000;
 }
 
+/* Starts both ranks playing @scenario; FALSE when one cannot start. */
+static gboolean
+spawn_pair (const Host  *hosts,
+            const char  *scenario,
+            Rank       **ranks,
+            GError     **error)
+{
+  ranks[0] = spawn_rank (hosts, 0, scenario, error);
+  ranks[1] = ranks[0] != NULL ? spawn_rank (hosts, 1, scenario, error) : NULL;
+  return ranks[1] != NULL;
+}
+
+/* Says why a rank could not start, if one could not, and stops both. */
+static void
+stop_pair (Rank         **ranks,
+           const GError  *error)
+{
+  if (error != NULL)
+    g_printerr ("# %s\n", error->message);
+  rank_free (ranks[0]);
+  rank_free (ranks[1]);
+}
+
 /* Both ranks all-gather across the link; then the link goes down. */
 static gboolean
 cut_the_link (const Host *hosts)
 {
   g_autoptr(GError) error = NULL;
   g_autofree char *down = g_strdup_printf ("-n %s link set %s down", hosts[1].namespace, hosts[1].device);
-  Rank *ranks[2] = { spawn_rank (hosts, 0, &error), NULL };
-  gboolean ok = ranks[0] != NULL && (ranks[1] = spawn_rank (hosts, 1, &error)) != NULL;
+  Rank *ranks[2];
+  gboolean ok = spawn_pair (hosts, "gather-loop", ranks, &error);
   gint64 cut;
 
   for (int r = 0; ok && r < 2; r++)
@@ -215,10 +243,46 @@ cut_the_link (const Host *hosts)
     ok = check_failure (ranks[r], r);
   if (ok && g_get_monotonic_time () - cut > (TIMEOUT_MS + 3000) * G_TIME_SPAN_MILLISECOND)
     ok = FALSE;
-  if (error != NULL)
-    g_printerr ("# %s\n", error->message);
-  rank_free (ranks[0]);
-  rank_free (ranks[1]);
+  stop_pair (ranks, error);
+  return ok;
+}
+
+/* Both ranks form a mesh across the link and pass every collective. */
+static gboolean
+run_collectives (const Host *hosts)
+{
+  g_autoptr(GError) error = NULL;
+  Rank *ranks[2];
+  gboolean ok = spawn_pair (hosts, "collectives", ranks, &error);
+
+  for (int r = 0; ok && r < 2; r++)
+    {
+      g_autofree char *done = read_until (ranks[r], "OK");
+
+      ok = done != NULL;
+      if (!ok)
+        g_printerr ("# rank %d did not pass the collectives\n", r);
+    }
+  stop_pair (ranks, error);
+  return ok;
+}
+
+/* Sets @hosts up, runs @body on them and takes them down. */
+static gboolean
+with_hosts (Host      *hosts,
+            gboolean (*body) (const Host *hosts),
+            gboolean  *skipped)
+{
+  gboolean ok;
+
+  if (!set_up (hosts))
+    {
+      tear_down (hosts);
+      *skipped = TRUE;
+      return FALSE;
+    }
+  ok = body (hosts);
+  tear_down (hosts);
   return ok;
 }
 
@@ -239,27 +303,36 @@ main (int   argc,
   g_autofree char *ip_path = g_find_program_in_path ("ip");
   int id = (int) getpid () % 100000;
   Host hosts[2] = {
-    { g_strdup_printf ("cpmesh-a-%d", id), g_strdup_printf ("cpa%d", id), "10.199.0.1" },
-    { g_strdup_printf ("cpmesh-b-%d", id), g_strdup_printf ("cpb%d", id), "10.199.0.2" },
+    { g_strdup_printf ("cpmesh-a-%d", id), g_strdup_printf ("cpa%d", id), "10.199.0.1", "/24" },
+    { g_strdup_printf ("cpmesh-b-%d", id), g_strdup_printf ("cpb%d", id), "10.199.0.2", "/24" },
   };
+  Host hosts6[2] = {
+    { g_strdup_printf ("cpmesh-c-%d", id), g_strdup_printf ("cpc%d", id), "fd00:cb::1", "/64 nodad" },
+    { g_strdup_printf ("cpmesh-d-%d", id), g_strdup_printf ("cpd%d", id), "fd00:cb::2", "/64 nodad" },
+  };
+  gboolean skipped = FALSE;
   gboolean ok;
 
   if (!CP_HAS_UCX || ip_path == NULL || getuid () != 0)
     {
       printf ("# skipped: needs UCX, iproute2 and root\n");
       hosts_clear (hosts);
+      hosts_clear (hosts6);
       return SKIP;
     }
-  if (!set_up (hosts))
+  ok = with_hosts (hosts, cut_the_link, &skipped);
+  printf ("%s\n", ok ? "# both ranks failed within the timeout" : "# FAILED");
+  if (ok)
     {
-      tear_down (hosts);
-      hosts_clear (hosts);
+      ok = with_hosts (hosts6, run_collectives, &skipped);
+      printf ("%s\n", ok ? "# over IPv6, every collective passed" : "# FAILED over IPv6");
+    }
+  hosts_clear (hosts);
+  hosts_clear (hosts6);
+  if (skipped)
+    {
       printf ("# skipped: network namespaces are not permitted here\n");
       return SKIP;
     }
-  ok = cut_the_link (hosts);
-  tear_down (hosts);
-  hosts_clear (hosts);
-  printf ("%s\n", ok ? "# both ranks failed within the timeout" : "# FAILED");
   return ok ? 0 : 1;
 }

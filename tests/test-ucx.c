@@ -134,6 +134,37 @@ test_duplicate_rank (void)
   cp_test_group_clear (&group);
 }
 
+/* A rank admitted and then killed before the mesh formed leaves its
+ * place to a rank 1 that starts again. */
+static void
+test_rejoin (void)
+{
+  guint16 port = cp_test_free_port ();
+  Group group = { 0 };
+  Rank *lost, *again;
+
+  g_test_summary ("An admitted rank that dies before the mesh formed frees its place for a "
+                  "restarted rank");
+  cp_test_group_spawn (&group, "join", 0, 3, port, SETTINGS ("CPMESH_TIMEOUT_MS=20000"));
+  lost = cp_test_group_spawn (&group, "join", 1, 3, port, SETTINGS ("CPMESH_TIMEOUT_MS=20000"));
+  /* Long enough to be admitted; the mesh cannot form without rank 2. */
+  g_usleep (G_TIME_SPAN_SECOND);
+  g_subprocess_send_signal (lost->process, SIGKILL);
+  cp_test_run_until (&lost, 1, cp_test_all_done);
+  again = cp_test_group_spawn (&group, "join", 1, 3, port, SETTINGS ("CPMESH_TIMEOUT_MS=20000"));
+  cp_test_group_spawn (&group, "join", 2, 3, port, SETTINGS ("CPMESH_TIMEOUT_MS=20000"));
+  cp_test_run_until (group.ranks, group.n, cp_test_all_done);
+  g_assert_true (g_subprocess_get_if_signaled (lost->process));
+  cp_test_assert_exit (group.ranks[0], 0);
+  cp_test_assert_exit (again, 0);
+  cp_test_assert_exit (group.ranks[3], 0);
+  g_assert_nonnull (cp_test_rank_find_line (again, "JOINED 1"));
+  cp_test_group_clear (&group);
+  cp_test_record_outcome ("CpMesh (ucx)", "an admitted rank dies before the mesh formed, and starts again",
+                          "the new rank takes its place", "rank 0 freed the place when the connection "
+                          "closed; the restarted rank 1 joined");
+}
+
 static int
 connect_raw (guint16 port)
 {
@@ -291,46 +322,13 @@ test_async (void)
 
 /* ---- settings, in this process ---- */
 
-typedef struct
-{
-  GMainLoop *loop;
-  CpMesh *mesh;
-  GError *error;
-} Connecting;
-
-static void
-connected (GObject      *source,
-           GAsyncResult *result,
-           gpointer      user_data)
-{
-  Connecting *state = user_data;
-
-  state->mesh = cp_mesh_connect_finish (result, &state->error);
-  g_main_loop_quit (state->loop);
-}
-
-static CpMesh *
-connect_with (const char * const  *environment,
-              GCancellable        *cancellable,
-              GError             **error)
-{
-  Connecting state = { g_main_loop_new (NULL, FALSE), NULL, NULL };
-
-  cp_mesh_connect_async (environment, cancellable, connected, &state);
-  g_main_loop_run (state.loop);
-  g_main_loop_unref (state.loop);
-  if (state.error != NULL)
-    g_propagate_error (error, state.error);
-  return state.mesh;
-}
-
 static void
 check_bad_environment (const char * const *environment,
                        const char         *text,
                        const char         *what)
 {
   g_autoptr(GError) error = NULL;
-  g_autoptr(CpMesh) mesh = connect_with (environment, NULL, &error);
+  g_autoptr(CpMesh) mesh = cp_test_connect (environment, NULL, &error);
 
   g_assert_null (mesh);
   CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY, "CpMesh (ucx)", what);
@@ -369,6 +367,11 @@ test_bad_environment (void)
   check_bad_environment (SETTINGS ("MASTER_PORT=70000"), "MASTER_PORT=\"70000\"",
                          "MASTER_PORT above 65535");
   check_bad_environment (SETTINGS ("MASTER_ADDR="), "MASTER_ADDR=\"\"", "an empty MASTER_ADDR");
+  check_bad_environment (SETTINGS ("CPMESH_PORT=0"), "CPMESH_PORT=\"0\": expected a whole number in [1, 65535]",
+                         "CPMESH_PORT=0");
+  check_bad_environment (SETTINGS ("MASTER_PORT=65535"),
+                         "MASTER_PORT=\"65535\": rank 0 listens one above MASTER_PORT unless CPMESH_PORT",
+                         "MASTER_PORT=65535 with no CPMESH_PORT (no port above it)");
   check_bad_environment (SETTINGS ("RANK=0", "WORLD_SIZE=5000"), "WORLD_SIZE=\"5000\"",
                          "WORLD_SIZE above the 1024 ranks a UCX mesh holds");
 }
@@ -379,7 +382,7 @@ static void
 test_launcher_precedence (void)
 {
   g_autoptr(GError) error = NULL;
-  g_autoptr(CpMesh) mesh = connect_with (SETTINGS ("RANK=0", "WORLD_SIZE=1", "LOCAL_RANK=0",
+  g_autoptr(CpMesh) mesh = cp_test_connect (SETTINGS ("RANK=0", "WORLD_SIZE=1", "LOCAL_RANK=0",
                                                    "OMPI_COMM_WORLD_RANK=3", "OMPI_COMM_WORLD_SIZE=4",
                                                    "SLURM_PROCID=5", "SLURM_NTASKS=8",
                                                    "CPMESH_MESH_DIMS=dp=1,cp=1", "CPMESH_TIMEOUT_MS=1234"),
@@ -394,6 +397,161 @@ test_launcher_precedence (void)
   g_assert_cmpstr (cp_mesh_get_backend (mesh), ==, "ucx");
   g_assert_true (cp_mesh_barrier (mesh, &error));
   g_assert_no_error (error);
+}
+
+/* No launcher's variables: a mesh of this process alone, as documented. */
+static void
+check_one_rank (CpMesh *mesh)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) t = cp_tensor_new_arange (CP_DTYPE_INT64, 0, 6, 1, NULL);
+  g_autoptr(CpTensor) gathered = NULL;
+
+  g_assert_nonnull (mesh);
+  g_assert_cmpint (cp_mesh_get_rank (mesh), ==, 0);
+  g_assert_cmpint (cp_mesh_get_world_size (mesh), ==, 1);
+  g_assert_cmpint (cp_mesh_get_dim_size (mesh, "cp"), ==, 1);
+  g_assert_cmpstr (cp_mesh_get_backend (mesh), ==, "ucx");
+  gathered = cp_mesh_all_gather (mesh, t, 0, &error);
+  g_assert_no_error (error);
+  CP_TEST_ASSERT_VALUES (gathered, 0, 1, 2, 3, 4, 5);
+  g_assert_true (cp_mesh_barrier (mesh, &error));
+  g_assert_no_error (error);
+}
+
+/* cp_mesh_new_from_env in a process that no launcher started. */
+static void
+check_lone_process (void)
+{
+  const char *launcher_variables[] = {
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "CPMESH_MESH_DIMS",
+  };
+  g_autoptr(GSubprocessLauncher) launcher = g_subprocess_launcher_new (G_SUBPROCESS_FLAGS_STDOUT_PIPE);
+  g_autofree char *program = g_test_build_filename (G_TEST_BUILT, "cp-test-ucx-rank", NULL);
+  g_autoptr(GSubprocess) process = NULL;
+  g_autofree char *out = NULL;
+  g_autoptr(GError) error = NULL;
+
+  for (guint i = 0; i < G_N_ELEMENTS (launcher_variables); i++)
+    g_subprocess_launcher_unsetenv (launcher, launcher_variables[i]);
+  process = g_subprocess_launcher_spawn (launcher, &error, program, "collectives", NULL);
+  g_assert_no_error (error);
+  g_assert_true (g_subprocess_communicate_utf8 (process, NULL, NULL, &out, NULL, &error));
+  g_assert_no_error (error);
+  g_assert_cmpstr (out, ==, "JOINED 0\nOK\n");
+  g_assert_true (g_subprocess_get_successful (process));
+}
+
+static void
+test_no_launcher (void)
+{
+  const char *nothing[] = { NULL };
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = NULL;
+
+  g_test_summary ("With no launcher's variables, new_from_env and connect_async give a mesh of "
+                  "one rank");
+  check_lone_process ();
+  mesh = cp_test_connect (nothing, NULL, &error);
+  g_assert_no_error (error);
+  check_one_rank (mesh);
+}
+
+/* A free port whose successor is free too. */
+static guint16
+free_port_pair (void)
+{
+  for (;;)
+    {
+      guint16 port = cp_test_free_port ();
+      g_autoptr(GSocket) next = g_socket_new (G_SOCKET_FAMILY_IPV4, G_SOCKET_TYPE_STREAM,
+                                              G_SOCKET_PROTOCOL_TCP, NULL);
+      g_autoptr(GInetAddress) loopback = g_inet_address_new_loopback (G_SOCKET_FAMILY_IPV4);
+      g_autoptr(GSocketAddress) address = g_inet_socket_address_new (loopback, port + 1);
+
+      if (port < 65534 && g_socket_bind (next, address, FALSE, NULL))
+        return port;
+    }
+}
+
+/* Listens on every address at @port, IPv6 and IPv4, as torchrun's agent
+ * and torch.distributed's store do on MASTER_PORT. */
+static GSocket *
+hold_port (guint16 port)
+{
+  g_autoptr(GError) error = NULL;
+  GSocket *socket = g_socket_new (G_SOCKET_FAMILY_IPV6, G_SOCKET_TYPE_STREAM, G_SOCKET_PROTOCOL_TCP, NULL);
+  g_autoptr(GInetAddress) any = g_inet_address_new_any (socket ? G_SOCKET_FAMILY_IPV6 : G_SOCKET_FAMILY_IPV4);
+  g_autoptr(GSocketAddress) address = g_inet_socket_address_new (any, port);
+
+  if (socket == NULL)
+    socket = g_socket_new (G_SOCKET_FAMILY_IPV4, G_SOCKET_TYPE_STREAM, G_SOCKET_PROTOCOL_TCP, &error);
+  g_assert_no_error (error);
+  g_assert_true (g_socket_bind (socket, address, TRUE, &error) && g_socket_listen (socket, &error));
+  g_assert_no_error (error);
+  return socket;
+}
+
+static void
+test_port (void)
+{
+  guint16 master = free_port_pair ();
+  g_autoptr(GSocket) store = hold_port (master);
+  g_autofree char *master_port = g_strdup_printf ("MASTER_PORT=%u", master);
+  g_autofree char *own_port = g_strdup_printf ("CPMESH_PORT=%u", cp_test_free_port ());
+  CpTestGroup group = { 0 };
+
+  g_test_summary ("With MASTER_PORT held by another program (torchrun's agent, torch's store), "
+                  "rank 0 listens one port above it, or on CPMESH_PORT");
+  for (int r = 0; r < 2; r++)
+    cp_test_group_spawn (&group, "join", r, 2, 0, SETTINGS (master_port, "TORCHELASTIC_USE_AGENT_STORE=True"));
+  for (int r = 0; r < 2; r++)
+    cp_test_group_spawn (&group, "join", r, 2, 0, SETTINGS (master_port, own_port));
+  cp_test_run_until (group.ranks, group.n, cp_test_all_done);
+  for (guint r = 0; r < group.n; r++)
+    {
+      g_assert_nonnull (cp_test_rank_find_line (group.ranks[r], "JOINED"));
+      cp_test_assert_exit (group.ranks[r], 0);
+    }
+  cp_test_group_clear (&group);
+  cp_test_record_outcome ("CpMesh (ucx)", "another program (torchrun's agent store) listens on "
+                          "MASTER_PORT", "the mesh forms", "rank 0 listened on MASTER_PORT + 1, or on "
+                          "CPMESH_PORT where set");
+}
+
+static gboolean
+has_ipv6_loopback (void)
+{
+  g_autoptr(GSocket) socket = g_socket_new (G_SOCKET_FAMILY_IPV6, G_SOCKET_TYPE_STREAM, G_SOCKET_PROTOCOL_TCP,
+                                            NULL);
+  g_autoptr(GInetAddress) loopback = g_inet_address_new_loopback (G_SOCKET_FAMILY_IPV6);
+  g_autoptr(GSocketAddress) address = g_inet_socket_address_new (loopback, 0);
+
+  return socket != NULL && g_socket_bind (socket, address, FALSE, NULL);
+}
+
+static void
+test_ipv6 (void)
+{
+  guint16 port = cp_test_free_port ();
+  Group group = { 0 };
+
+  g_test_summary ("MASTER_ADDR=::1 forms a mesh whose collectives match the in-process backend");
+  if (!has_ipv6_loopback ())
+    {
+      g_test_skip ("this host has no IPv6 loopback");
+      return;
+    }
+  for (int r = 0; r < 2; r++)
+    cp_test_group_spawn (&group, "collectives", r, 2, port, SETTINGS ("MASTER_ADDR=::1", "CPMESH_TIMEOUT_MS=30000"));
+  cp_test_run_until (group.ranks, group.n, cp_test_all_done);
+  for (int r = 0; r < 2; r++)
+    {
+      g_assert_nonnull (cp_test_rank_find_line (group.ranks[r], "OK"));
+      cp_test_assert_exit (group.ranks[r], 0);
+    }
+  cp_test_group_clear (&group);
 }
 
 static void
@@ -448,7 +606,7 @@ test_cancel (void)
   gint64 started = g_get_monotonic_time ();
 
   g_timeout_add (100, cancel_soon, cancellable);
-  mesh = connect_with (SETTINGS ("RANK=1", "WORLD_SIZE=2", "CPMESH_TIMEOUT_MS=20000", port),
+  mesh = cp_test_connect (SETTINGS ("RANK=1", "WORLD_SIZE=2", "CPMESH_TIMEOUT_MS=20000", port),
                        cancellable, &error);
   g_assert_null (mesh);
   CP_TEST_ASSERT_CASE (error, G_IO_ERROR, G_IO_ERROR_CANCELLED, "CpMesh (ucx)",
@@ -466,12 +624,14 @@ main (int   argc,
       g_print ("1..0 # SKIP libcpmesh was built without UCX\n");
       return 0;
     }
-  g_setenv ("UCX_NET_DEVICES", "lo", TRUE);
   g_test_init (&argc, &argv, NULL);
 
   g_test_add_func ("/Cp/Ucx/settings/bad-environment", test_bad_environment);
   g_test_add_func ("/Cp/Ucx/settings/launcher-precedence", test_launcher_precedence);
   g_test_add_func ("/Cp/Ucx/settings/explicit", test_explicit);
+  g_test_add_func ("/Cp/Ucx/settings/no-launcher", test_no_launcher);
+  g_test_add_func ("/Cp/Ucx/settings/port", test_port);
+  g_test_add_func ("/Cp/Ucx/settings/ipv6", test_ipv6);
   g_test_add_func ("/Cp/Ucx/settings/cancel", test_cancel);
   g_test_add_data_func ("/Cp/Ucx/collectives/2", GINT_TO_POINTER (2), test_collectives);
   g_test_add_data_func ("/Cp/Ucx/collectives/3", GINT_TO_POINTER (3), test_collectives);
@@ -480,6 +640,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Ucx/rendezvous/wrong-world", test_wrong_world);
   g_test_add_func ("/Cp/Ucx/rendezvous/duplicate-rank", test_duplicate_rank);
   g_test_add_func ("/Cp/Ucx/rendezvous/garbage", test_garbage);
+  g_test_add_func ("/Cp/Ucx/rendezvous/rejoin", test_rejoin);
   g_test_add_func ("/Cp/Ucx/rendezvous/nobody-listens", test_nobody_listens);
   g_test_add_func ("/Cp/Ucx/failure/sigkill", test_sigkill);
   g_test_add_func ("/Cp/Ucx/failure/rank-lost", test_rank_lost);

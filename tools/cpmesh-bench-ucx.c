@@ -258,9 +258,9 @@ spawn_ranks (const Options  *options,
       g_subprocess_launcher_setenv (launcher, "WORLD_SIZE", world, TRUE);
       g_subprocess_launcher_setenv (launcher, "MASTER_ADDR", "127.0.0.1", TRUE);
       g_subprocess_launcher_setenv (launcher, "MASTER_PORT", port, TRUE);
+      g_subprocess_launcher_setenv (launcher, "CPMESH_PORT", port, TRUE);
       g_subprocess_launcher_setenv (launcher, "CPMESH_TOKEN", token, TRUE);
       g_subprocess_launcher_setenv (launcher, "CPMESH_TIMEOUT_MS", timeout, TRUE);
-      g_subprocess_launcher_setenv (launcher, "UCX_NET_DEVICES", "lo", FALSE);
       g_subprocess_launcher_unsetenv (launcher, "CPMESH_MESH_DIMS");
       ranks[r].process = g_subprocess_launcher_spawnv (launcher, (const char * const *) argv, error);
       if (ranks[r].process == NULL)
@@ -623,8 +623,9 @@ cpmesh_bench_mesh_ucx (int    argc,
       g_free (options.backend);
       return 1;
     }
-  printf ("cpmesh bench mesh --backend ucx: %d processes on this host, UCX_NET_DEVICES=%s\n\n",
-          options.n_ranks, g_getenv ("UCX_NET_DEVICES") ? g_getenv ("UCX_NET_DEVICES") : "lo");
+  printf ("cpmesh bench mesh --backend ucx: %d processes on this host, UCX_TLS=%s, UCX_NET_DEVICES=%s\n\n",
+          options.n_ranks, g_getenv ("UCX_TLS") ? g_getenv ("UCX_TLS") : "(unset: sm,self over loopback)",
+          g_getenv ("UCX_NET_DEVICES") ? g_getenv ("UCX_NET_DEVICES") : "(unset)");
   if (!options.skip_perftest)
     print_perftest (&perftest);
   print_mesh (&options, &mesh, options.skip_perftest ? NULL : &perftest);

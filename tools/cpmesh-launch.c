@@ -3,7 +3,9 @@
  * Starts N ranks of PROGRAM on this host with the environment torchrun
  * gives its workers (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
  * MASTER_ADDR, MASTER_PORT), like `torchrun --standalone`, plus a fresh
- * CPMESH_TOKEN, so that cp_mesh_new_from_env () joins them.  Each line a
+ * CPMESH_TOKEN, so that cp_mesh_new_from_env () joins them: rank 0
+ * listens one above MASTER_PORT (unless CPMESH_PORT says otherwise), and
+ * MASTER_PORT stays free for torch.distributed in programs that use it.  Each line a
  * rank prints comes out prefixed with its rank.  When a rank fails, the
  * others get SIGTERM, and SIGKILL after a grace period; the launcher
  * exits with the first failure's status (128 + signal for a signal).
@@ -11,9 +13,11 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <gio/gio.h>
@@ -227,8 +231,6 @@ make_launcher (int         rank,
   g_subprocess_launcher_setenv (launcher, "MASTER_ADDR", "127.0.0.1", TRUE);
   g_subprocess_launcher_setenv (launcher, "MASTER_PORT", port_text, TRUE);
   g_subprocess_launcher_setenv (launcher, "CPMESH_TOKEN", token, FALSE);
-  /* Every rank is on this host: UCX need not open other interfaces. */
-  g_subprocess_launcher_setenv (launcher, "UCX_NET_DEVICES", "lo", FALSE);
   g_subprocess_launcher_set_child_setup (launcher, become_group_leader, NULL, NULL);
   return launcher;
 }
@@ -311,6 +313,36 @@ run (int                  n,
   return status;
 }
 
+static gboolean
+port_is_free (guint16 port)
+{
+  struct sockaddr_in address = {
+    .sin_family = AF_INET,
+    .sin_port = htons (port),
+    .sin_addr.s_addr = htonl (INADDR_LOOPBACK),
+  };
+  int fd = socket (AF_INET, SOCK_STREAM, 0);
+  gboolean available = fd >= 0 && bind (fd, (struct sockaddr *) &address, sizeof address) == 0;
+
+  if (fd >= 0)
+    close (fd);
+  return available;
+}
+
+/* A free MASTER_PORT whose successor, where rank 0 listens, is free too. */
+static guint16
+free_master_port (void)
+{
+  for (guint attempt = 0; attempt < 100; attempt++)
+    {
+      guint16 port = cpmesh_free_port ();
+
+      if (port != 0 && port < 65535 && port_is_free (port + 1))
+        return port;
+    }
+  return cpmesh_free_port ();
+}
+
 /**
  * cpmesh_launch:
  * @argc: the number of arguments
@@ -328,7 +360,8 @@ cpmesh_launch (int    argc,
   int n = 0, port = 0, grace = 5;
   GOptionEntry entries[] = {
     { "nproc", 'n', 0, G_OPTION_ARG_INT, &n, "Number of ranks to start", "N" },
-    { "port", 0, 0, G_OPTION_ARG_INT, &port, "Rendezvous port (default: a free one)", "P" },
+    { "port", 0, 0, G_OPTION_ARG_INT, &port,
+      "MASTER_PORT (default: a free one); rank 0 listens on P + 1 unless CPMESH_PORT is set", "P" },
     { "grace", 0, 0, G_OPTION_ARG_INT, &grace, "Seconds between SIGTERM and SIGKILL (default 5)", "S" },
     { NULL },
   };
@@ -354,6 +387,6 @@ cpmesh_launch (int    argc,
                "  N in [1, %d], P in [1, 65535]\n", MAX_RANKS);
       return 2;
     }
-  return run (n, port != 0 ? (guint16) port : cpmesh_free_port (), (guint) grace * 1000,
+  return run (n, port != 0 ? (guint16) port : free_master_port (), (guint) grace * 1000,
               (const char * const *) argv + 1);
 }

@@ -54,7 +54,7 @@ typedef struct
 {
   CpTransport parent;
   CpUcxWorker *worker;
-  CpUcxEndpoint **peers;   /* one per world rank; NULL for this one */
+  CpUcxEndpoint **peers;   /* one per world rank, this one's included */
   GPtrArray *comms;        /* UcxComm*, not owned; under the worker lock */
   GError *broken;          /* under the worker lock */
 } UcxTransport;
@@ -1196,11 +1196,11 @@ connect_peers (UcxTransport     *self,
 {
   gboolean ok = TRUE;
 
+  /* This rank too: send_recv may name it (a ring of one rank), and a
+   * message to itself goes through UCX like any other. */
   lock (self);
   for (int r = 0; ok && r < self->parent.world_size; r++)
     {
-      if (r == self->parent.rank)
-        continue;
       self->peers[r] = _cp_ucx_connect_address (self->worker, addresses[r], r, error);
       ok = self->peers[r] != NULL;
       if (ok)
@@ -1259,34 +1259,48 @@ keepalive_interval_ms (guint timeout_ms)
   return CLAMP (timeout_ms / 8, 100, 5000);
 }
 
+/* The worker, confined to what reaches the other ranks, and its address. */
+static CpUcxWorker *
+start_worker (const CpMeshConfig      *config,
+              const CpBootstrapRoute  *route,
+              GBytes                 **address,
+              GError                 **error)
+{
+  CpUcxWorker *worker = _cp_ucx_worker_new (keepalive_interval_ms (config->timeout_ms), route, error);
+
+  if (worker != NULL && (*address = _cp_ucx_worker_dup_address (worker, error)) == NULL)
+    g_clear_pointer (&worker, _cp_ucx_worker_free);
+  return worker;
+}
+
+/* Ranks meet through the transport-neutral bootstrap (cp-bootstrap.c),
+ * which hands every rank the worker addresses of all: UCX never listens
+ * for strangers, and nothing reaches it before the token was proved. */
 CpTransport *
 _cp_transport_ucx_connect (const CpMeshConfig  *config,
                            GCancellable        *cancellable,
                            GError             **error)
 {
   gint64 deadline = g_get_monotonic_time () + (gint64) config->timeout_ms * G_TIME_SPAN_MILLISECOND;
-  CpUcxWorker *worker = _cp_ucx_worker_new (keepalive_interval_ms (config->timeout_ms), error);
-  g_autoptr(GBytes) address = worker ? _cp_ucx_worker_dup_address (worker, error) : NULL;
-  CpUcxRendezvous *rendezvous = NULL;
-  GBytes * const *addresses = &address;
+  CpBootstrapRoute route;
+  CpUcxWorker *worker = NULL;
+  g_autoptr(GBytes) address = NULL;
+  g_autoptr(GPtrArray) addresses = NULL;
   UcxTransport *self;
-  gboolean ok;
 
-  if (address != NULL && config->world_size > 1)
-    {
-      rendezvous = _cp_ucx_rendezvous_run (worker, config, address, deadline, cancellable, error);
-      addresses = rendezvous ? _cp_ucx_rendezvous_get_addresses (rendezvous) : NULL;
-    }
-  if (address == NULL || addresses == NULL)
+  if (_cp_bootstrap_find_route (config, &route, error))
+    worker = start_worker (config, &route, &address, error);
+  if (worker != NULL)
+    addresses = _cp_bootstrap_exchange (config, &route, "ucx", address, deadline, cancellable, error);
+  _cp_bootstrap_route_clear (&route);
+  if (addresses == NULL)
     {
       _cp_ucx_worker_free (worker);
       return NULL;
     }
   self = transport_new (config, worker);
-  ok = connect_peers (self, addresses, error) && check_connections (self, deadline, cancellable, error);
-  if (rendezvous != NULL)
-    _cp_ucx_rendezvous_free (rendezvous, g_get_monotonic_time () + CLOSE_GRACE_US);
-  if (ok)
+  if (connect_peers (self, (GBytes * const *) addresses->pdata, error) &&
+      check_connections (self, deadline, cancellable, error))
     return &self->parent;
   _cp_transport_unref (&self->parent);
   return NULL;

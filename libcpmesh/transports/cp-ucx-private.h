@@ -5,10 +5,10 @@
 
 #pragma once
 
-#include <sys/socket.h>
 #include <gio/gio.h>
 #include <ucp/api/ucp.h>
 
+#include "cp-bootstrap-private.h"
 #include "cp-mesh-config-private.h"
 #include "cp-sync-private.h"
 #include "cp-transport-private.h"
@@ -61,7 +61,10 @@ typedef struct
   int peer;                    /* the world rank it involves */
 } CpUcxOp;
 
+/* Keeps UCX to the transports that reach the ranks along @route (see
+ * cp-ucx-worker.c), unless the user chose them. */
 CpUcxWorker   *_cp_ucx_worker_new          (guint            keepalive_ms,
+                                            const CpBootstrapRoute *route,
                                             GError         **error);
 void           _cp_ucx_worker_free         (CpUcxWorker     *self);
 GBytes        *_cp_ucx_worker_dup_address  (CpUcxWorker     *self,
@@ -81,13 +84,6 @@ CpUcxEndpoint *_cp_ucx_connect_address     (CpUcxWorker     *self,
                                             GBytes          *address,
                                             int              peer,
                                             GError         **error);
-CpUcxEndpoint *_cp_ucx_connect_sockaddr    (CpUcxWorker     *self,
-                                            const struct sockaddr *sockaddr,
-                                            socklen_t        length,
-                                            GError         **error);
-CpUcxEndpoint *_cp_ucx_accept              (CpUcxWorker     *self,
-                                            ucp_conn_request_h request,
-                                            GError         **error);
 /* Closes @endpoints (NULL entries skipped).  When @graceful, first waits
  * until @deadline at most for what was sent to arrive. */
 void           _cp_ucx_close_endpoints     (CpUcxWorker     *self,
@@ -106,45 +102,5 @@ void           _cp_ucx_op_clear            (CpUcxOp         *op);
 
 /* Maps a UCX status to a CpMeshError code. */
 int            _cp_ucx_error_code          (ucs_status_t     status);
-
-/* The gate: a TCP socket on the rendezvous port that tells only token
- * holders where rank 0's UCX listener is (see cp-ucx-gate.c). */
-typedef struct _CpUcxGate CpUcxGate;
-
-/* Binds and listens; visitors wait until _cp_ucx_gate_open() tells the
- * gate where to send them. */
-CpUcxGate     *_cp_ucx_gate_new            (GSocketAddress  *address,
-                                            const char      *token,
-                                            GError         **error);
-void           _cp_ucx_gate_open           (CpUcxGate       *self,
-                                            guint16          ucx_port);
-/* Serves the visitors waiting, once open; never blocks. */
-void           _cp_ucx_gate_serve          (CpUcxGate       *self);
-void           _cp_ucx_gate_free           (CpUcxGate       *self);
-/* Knocks until rank 0 answers or @deadline; returns its UCX port. */
-gboolean       _cp_ucx_gate_pass           (GSocketAddress  *address,
-                                            const char      *token,
-                                            const char      *where,
-                                            gint64           deadline,
-                                            GCancellable    *cancellable,
-                                            guint16         *ucx_port,
-                                            GError         **error);
-
-/* The rendezvous: rank 0 listens and authenticates every other rank, then
- * hands each the worker addresses of all ranks.  The session stays open
- * until the caller has proved the new endpoints work, so that no rank
- * sees the rendezvous closed before it received the addresses. */
-typedef struct _CpUcxRendezvous CpUcxRendezvous;
-
-CpUcxRendezvous *_cp_ucx_rendezvous_run    (CpUcxWorker     *worker,
-                                            const CpMeshConfig *config,
-                                            GBytes          *my_address,
-                                            gint64           deadline,
-                                            GCancellable    *cancellable,
-                                            GError         **error);
-/* The worker address of each rank, in rank order. */
-GBytes * const  *_cp_ucx_rendezvous_get_addresses (CpUcxRendezvous *self);
-void             _cp_ucx_rendezvous_free   (CpUcxRendezvous *self,
-                                            gint64           deadline);
 
 G_END_DECLS

@@ -37,10 +37,40 @@ tune_config (ucp_config_t *config,
   if (g_getenv ("UCX_POSIX_ERROR_HANDLING") == NULL && g_getenv ("UCX_SYSV_ERROR_HANDLING") == NULL)
     set_default (config, "MM_ERROR_HANDLING", "y");
   set_default (config, "KEEPALIVE_INTERVAL", keepalive);
-  /* Rank 0 of the next run may listen on this run's port while its
-   * closed connections linger in TIME_WAIT. */
-  if (g_getenv ("UCX_TCP_CM_REUSEADDR") == NULL)
-    set_default (config, "CM_REUSEADDR", "y");
+}
+
+/* UCX's TCP transport listens on a port of every interface it uses, and
+ * takes anything from anyone there: UCX 1.13 aborts on a connection that
+ * sends it bytes of its own making.  So UCX keeps to what the mesh needs.
+ * Ranks that meet over loopback are all on this host, and shared memory
+ * (which checks its peers, see tune_config) is all they need: no port at
+ * all.  Otherwise only the interface that reaches MASTER_ADDR is used,
+ * where the other hosts are.  A user who names devices or transports
+ * (UCX_NET_DEVICES, UCX_TLS) chose for themselves. */
+static gboolean
+confine (ucp_config_t            *config,
+         const CpBootstrapRoute  *route,
+         GError                 **error)
+{
+  const char *name = route->is_loopback ? "TLS" : "NET_DEVICES";
+  const char *value = route->is_loopback ? "sm,self" : route->interface;
+  ucs_status_t status;
+
+  if (g_getenv ("UCX_TLS") != NULL || g_getenv ("UCX_NET_DEVICES") != NULL)
+    return TRUE;
+  if (value == NULL)
+    {
+      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
+                   "no network interface of this host has the address it reaches MASTER_ADDR from, "
+                   "so UCX cannot be kept to it: name the interface in UCX_NET_DEVICES");
+      return FALSE;
+    }
+  status = ucp_config_modify (config, name, value);
+  if (status == UCS_OK)
+    return TRUE;
+  g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT, "UCX refused %s=%s: %s", name, value,
+               ucs_status_string (status));
+  return FALSE;
 }
 
 static gboolean
@@ -56,13 +86,14 @@ check_status (ucs_status_t   status,
 }
 
 static gboolean
-create_context (CpUcxWorker  *self,
-                guint         keepalive_ms,
-                GError      **error)
+create_context (CpUcxWorker             *self,
+                guint                    keepalive_ms,
+                const CpBootstrapRoute  *route,
+                GError                 **error)
 {
   ucp_params_t params = {
     .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
-    .features = UCP_FEATURE_TAG | UCP_FEATURE_AM,
+    .features = UCP_FEATURE_TAG,
     .name = "libcpmesh",
   };
   ucp_config_t *config = NULL;
@@ -71,6 +102,11 @@ create_context (CpUcxWorker  *self,
   if (!check_status (ucp_config_read (NULL, NULL, &config), "read its configuration", error))
     return FALSE;
   tune_config (config, keepalive_ms);
+  if (!confine (config, route, error))
+    {
+      ucp_config_release (config);
+      return FALSE;
+    }
   status = ucp_init (&params, config, &self->context);
   ucp_config_release (config);
   return check_status (status, "initialise", error);
@@ -93,8 +129,9 @@ _cp_ucx_worker_retain (CpUcxWorker    *self,
 }
 
 CpUcxWorker *
-_cp_ucx_worker_new (guint    keepalive_ms,
-                    GError **error)
+_cp_ucx_worker_new (guint                    keepalive_ms,
+                    const CpBootstrapRoute  *route,
+                    GError                 **error)
 {
   ucp_worker_params_t params = {
     .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
@@ -105,7 +142,7 @@ _cp_ucx_worker_new (guint    keepalive_ms,
   _cp_mutex_init (&self->lock);
   self->endpoints = g_ptr_array_new_with_free_func (g_free);
   self->retained = g_array_new (FALSE, FALSE, sizeof (Retained));
-  if (!create_context (self, keepalive_ms, error) ||
+  if (!create_context (self, keepalive_ms, route, error) ||
       !check_status (ucp_worker_create (self->context, &params, &self->worker),
                      "create a worker", error))
     {
@@ -221,34 +258,6 @@ _cp_ucx_connect_address (CpUcxWorker  *self,
   };
 
   return create_endpoint (self, &params, peer, error);
-}
-
-CpUcxEndpoint *
-_cp_ucx_connect_sockaddr (CpUcxWorker            *self,
-                          const struct sockaddr  *sockaddr,
-                          socklen_t               length,
-                          GError                **error)
-{
-  ucp_ep_params_t params = {
-    .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR,
-    .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-    .sockaddr = { .addr = sockaddr, .addrlen = length },
-  };
-
-  return create_endpoint (self, &params, 0, error);
-}
-
-CpUcxEndpoint *
-_cp_ucx_accept (CpUcxWorker         *self,
-                ucp_conn_request_h   request,
-                GError             **error)
-{
-  ucp_ep_params_t params = {
-    .field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST,
-    .conn_request = request,
-  };
-
-  return create_endpoint (self, &params, -1, error);
 }
 
 /* Closing by force never leaves a request behind: UCX 1.13 aborts when a

@@ -303,6 +303,19 @@ class Launch(unittest.TestCase):
             self.assertIn("[rank %d] PASS: rank %d of 2" % (rank, rank), result.stdout)
             self.assertRegex(result.stdout, r"\[rank %d\] max \|error\| against single-rank" % rank)
 
+    def test_demo_over_ucx_without_launcher(self):
+        """A UCX rank that no launcher started is a mesh of one rank."""
+        if not has_ucx():
+            self.skipTest("libcpmesh was built without UCX")
+        launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                    "SLURM_PROCID", "SLURM_NTASKS")
+        env = {name: value for name, value in os.environ.items() if name not in launcher}
+        result = subprocess.run([CPMESH, "demo", "--backend", "ucx", "--seq", "512"],
+                                capture_output=True, text=True, timeout=60, env=env)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertIn("  rank 0: 0-511\n", result.stdout)
+        self.assertIn("PASS: rank 0 of 1 matched single-rank attention", result.stdout)
+
     def test_environment(self):
         result = run("launch", "-n", "2", "--port", "29613", "--", "sh", "-c",
                      'echo "$RANK/$WORLD_SIZE/$LOCAL_RANK/$MASTER_ADDR/$MASTER_PORT/${CPMESH_TOKEN:+token}"')

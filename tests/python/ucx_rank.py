@@ -1,5 +1,11 @@
-# One rank of a two-process mesh started by `cpmesh launch -n 2`: joins
-# with Cp.Mesh.new_from_env and checks collectives against numpy.
+# One rank of a two-process mesh started by `cpmesh launch -n 2` (or as
+# torchrun starts workers, by test_torchrun.py): joins with
+# Cp.Mesh.new_from_env and checks collectives against numpy.
+#
+# With CP_TEST_TORCH_STORE set, the rank also uses a torch.distributed
+# store on MASTER_PORT, as a program calling init_process_group does:
+# "agent" joins the one torchrun's agent holds, "own" makes rank 0 hold
+# it.
 #
 # SPDX-License-Identifier: LGPL-2.1-or-later
 
@@ -19,9 +25,30 @@ def piece(rank):
     return np.arange(6, dtype=np.float32).reshape(2, 3) * 0.25 + 10 * rank
 
 
+def torch_store():
+    mode = os.environ.get("CP_TEST_TORCH_STORE")
+    if not mode:
+        return None
+    import datetime
+    import torch.distributed as dist
+    rank = int(os.environ["RANK"])
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                         int(os.environ["WORLD_SIZE"]), mode == "own" and rank == 0,
+                         datetime.timedelta(seconds=60), wait_for_workers=False)
+
+
+def use_store(store, rank, world):
+    """Every rank writes its key and reads every other's."""
+    store.set("rank %d" % rank, "joined")
+    for other in range(world):
+        assert store.get("rank %d" % other) == b"joined"
+    print("store: ok")
+
+
 def main():
     if not Cp.HAS_UCX:
         return SKIP
+    store = torch_store()
     mesh = Cp.Mesh.new_from_env()
     rank, world = mesh.get_rank(), mesh.get_world_size()
     assert mesh.props.backend == "ucx"
@@ -40,6 +67,8 @@ def main():
         raise AssertionError("a root outside the mesh was accepted")
     except GLib.Error as error:
         assert error.matches(Cp.TensorError.quark(), Cp.TensorError.OUT_OF_RANGE), error.message
+    if store is not None:
+        use_store(store, rank, world)
     mesh.barrier()
     print("rank %d of %d: ok" % (rank, world))
     return 0
