@@ -14,6 +14,16 @@ Tensors exchange memory with numpy without copying:
 bfloat16 has no numpy type: such tensors travel as ``uint16`` bit patterns
 (``from_numpy(bits, dtype=Cp.DType.BFLOAT16)``), and
 ``float32_to_bfloat16`` / ``bfloat16_to_float32`` convert.
+
+Tensors exchange memory with PyTorch (and numpy) through DLPack, bfloat16
+included:
+
+* ``Cp.Tensor.from_dlpack(obj)`` takes any object with ``__dlpack__`` (a
+  ``torch.Tensor``, a numpy array, another ``Cp.Tensor``) or a
+  ``"dltensor"`` capsule; the producer's memory is kept until the last
+  tensor on it is freed.
+* ``torch.from_dlpack(tensor)`` and ``numpy.from_dlpack(tensor)`` see the
+  tensor's storage; it is kept until they free their side.
 """
 
 import ctypes
@@ -60,6 +70,104 @@ def _release(_array):
     pass
 
 
+# DLPack's legacy structs (DLPack 0.6), as far as a capsule's deleter.
+class _DLDevice(ctypes.Structure):
+    _fields_ = [('device_type', ctypes.c_int), ('device_id', ctypes.c_int)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [('code', ctypes.c_uint8), ('bits', ctypes.c_uint8), ('lanes', ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [('data', ctypes.c_void_p), ('device', _DLDevice), ('ndim', ctypes.c_int),
+                ('dtype', _DLDataType), ('shape', ctypes.c_void_p), ('strides', ctypes.c_void_p),
+                ('byte_offset', ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [('dl_tensor', _DLTensor), ('manager_ctx', ctypes.c_void_p),
+                ('deleter', ctypes.c_void_p)]
+
+
+_DLPACK_CPU = 1
+
+# The capsule functions, as private prototypes (setting argtypes on
+# ctypes.pythonapi's would change them for every other user). PYFUNCTYPE:
+# called with the GIL held, and a Python exception they set is raised.
+_capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p,
+                                 ctypes.c_void_p)(('PyCapsule_New', ctypes.pythonapi))
+_capsule_get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ('PyCapsule_GetPointer', ctypes.pythonapi))
+_capsule_set_name = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
+    ('PyCapsule_SetName', ctypes.pythonapi))
+_capsule_get_destructor = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object)(
+    ('PyCapsule_GetDestructor', ctypes.pythonapi))
+_incref = ctypes.PYFUNCTYPE(None, ctypes.py_object)(('Py_IncRef', ctypes.pythonapi))
+
+# A capsule keeps the pointer to its name: these outlive every capsule,
+# including those still alive while the interpreter shuts down.
+_DLTENSOR = b'dltensor'
+_USED_DLTENSOR = b'used_dltensor'
+_incref(_DLTENSOR)
+_incref(_USED_DLTENSOR)
+
+# libcpmesh's deleters take no Python lock: called through a foreign
+# function that releases the GIL.
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+_capsule_destructor = None
+
+
+def _dlpack_capsule_destructor():
+    """The destructor of the capsules Cp.Tensor makes: DLPack's rule, call
+    the deleter unless a consumer renamed the capsule "used_dltensor".
+
+    It has to be C code. A destructor may run while an exception is in
+    flight -- numpy.from_dlpack() drops a capsule it refuses with its error
+    set -- and a Python function called through ctypes then turns that
+    exception into a SystemError. numpy's capsules have exactly this
+    destructor, in C, so it is borrowed from one of them."""
+    global _capsule_destructor
+    if _capsule_destructor is None:
+        import numpy as np
+
+        _capsule_destructor = _capsule_get_destructor(np.empty(0, np.uint8).__dlpack__())
+    return _capsule_destructor
+
+
+def _call_deleter(address):
+    deleter = _DLManagedTensor.from_address(address).deleter
+    if deleter:
+        _DELETER(deleter)(address)
+
+
+def _dlpack_capsule(obj):
+    if type(obj).__name__ == 'PyCapsule':
+        return obj
+    if not hasattr(obj, '__dlpack__'):
+        raise TypeError('from_dlpack() needs an object with __dlpack__() (a torch.Tensor, a numpy '
+                        'array, a Cp.Tensor) or a "dltensor" capsule, not %s' % type(obj).__name__)
+    return obj.__dlpack__()
+
+
+def _take_capsule(capsule):
+    """The DLManagedTensor of a "dltensor" capsule, taken over: renamed
+    "used_dltensor", the capsule leaves the deleter to libcpmesh.
+
+    libcpmesh calls the deleter on whichever thread frees the last tensor
+    on the memory, usually without the GIL (PyGObject releases it around
+    every call, unref included). DLPack producers' deleters take the GIL
+    themselves when they need it (PyTorch's; numpy's since 1.24)."""
+    try:
+        address = _capsule_get_pointer(capsule, _DLTENSOR)
+    except ValueError:
+        raise ValueError('the DLPack capsule was consumed already (each capsule gives its tensor '
+                         'once): ask its producer for a new one') from None
+    _capsule_set_name(capsule, _USED_DLTENSOR)
+    return address
+
+
 class Tensor(Cp.Tensor):
 
     @classmethod
@@ -77,6 +185,38 @@ class Tensor(Cp.Tensor):
         cp_dtype = _dtype_for(array.dtype, dtype)
         return Cp.Tensor.new_borrowed(cp_dtype, list(array.shape), array.ctypes.data,
                                       array.nbytes, _release, array)
+
+    @classmethod
+    def from_dlpack(cls, obj):
+        """Wraps the memory of a DLPack producer without copying it.
+
+        obj is a ``torch.Tensor``, a numpy array, any object with
+        ``__dlpack__()``, or a ``"dltensor"`` capsule. Writes through either
+        side are seen by the other; the producer's memory is kept until the
+        last tensor on it is freed. A tensor libcpmesh cannot be — strided,
+        an element type it lacks, on another device — raises GLib.Error
+        (Cp.TensorError), and nothing is copied."""
+        address = _take_capsule(_dlpack_capsule(obj))
+        return Cp.Tensor.new_from_dlpack(address)
+
+    def __dlpack__(self, stream=None):
+        """A "dltensor" capsule over the tensor's storage, for
+        ``torch.from_dlpack()`` and ``numpy.from_dlpack()``."""
+        if stream is not None and self.__dlpack_device__()[0] == _DLPACK_CPU:
+            raise ValueError('stream must be None for a tensor in host memory, not %r' % (stream,))
+        # On a device, any stream is fine: libcpmesh leaves no work in
+        # flight on a stream when its calls return.
+        address = Cp.Tensor.to_dlpack(self)
+        try:
+            return _capsule_new(address, _DLTENSOR, _dlpack_capsule_destructor())
+        except BaseException:
+            _call_deleter(address)
+            raise
+
+    def __dlpack_device__(self):
+        """(DLPack device type, device index): (1, 0) for host memory."""
+        device_type, device_id = self.get_dlpack_device()
+        return device_type, device_id
 
     def numpy(self):
         """Returns an ndarray over the tensor's bytes, without copying."""
