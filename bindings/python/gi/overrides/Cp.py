@@ -5,8 +5,9 @@
 
 Tensors exchange memory with numpy without copying:
 
-* ``Cp.Tensor.from_numpy(array)`` wraps the array's buffer; the tensor keeps
-  the array alive, and writes through either side are seen by the other.
+* ``Cp.Tensor.from_numpy(array)`` wraps the array's buffer (through DLPack);
+  the tensor keeps the array alive, and writes through either side are seen
+  by the other.
 * ``tensor.numpy()`` returns an ndarray over the tensor's current storage;
   the array keeps that storage alive even if a context later swaps the
   tensor's storage when it shards in place.
@@ -64,12 +65,6 @@ def _dtype_for(np_dtype, requested):
                     % np_dtype)
 
 
-def _release(_array):
-    # The closure holds the array; PyGObject drops it when the storage is
-    # freed, which is all the release there is to do.
-    pass
-
-
 # DLPack's legacy structs (DLPack 0.6), as far as a capsule's deleter.
 class _DLDevice(ctypes.Structure):
     _fields_ = [('device_type', ctypes.c_int), ('device_id', ctypes.c_int)]
@@ -91,6 +86,14 @@ class _DLManagedTensor(ctypes.Structure):
 
 
 _DLPACK_CPU = 1
+
+# numpy exports neither bool nor bfloat16 through DLPack: such arrays go
+# out as unsigned integers of the same size, relabelled with the DLPack
+# (code, bits) of the element type they hold.
+_DLPACK_CARRIERS = {
+    Cp.DType.BOOL: ('uint8', (6, 8)),
+    Cp.DType.BFLOAT16: ('uint16', (4, 16)),
+}
 
 # The capsule functions, as private prototypes (setting argtypes on
 # ctypes.pythonapi's would change them for every other user). PYFUNCTYPE:
@@ -183,8 +186,17 @@ class Tensor(Cp.Tensor):
         if not array.flags.writeable:
             raise ValueError('from_numpy() needs a writable array: tensors may be written in place')
         cp_dtype = _dtype_for(array.dtype, dtype)
-        return Cp.Tensor.new_borrowed(cp_dtype, list(array.shape), array.ctypes.data,
-                                      array.nbytes, _release, array)
+        # Through DLPack rather than new_borrowed() with a Python release
+        # callback: numpy's deleter is C, while a Python callback, run as a
+        # tensor dies during the propagation of an exception, turned that
+        # exception into a SystemError.
+        carrier, label = _DLPACK_CARRIERS.get(cp_dtype, (None, None))
+        exported = array if carrier is None else array.view(carrier)
+        address = _take_capsule(exported.__dlpack__())
+        if label is not None:
+            dl_dtype = _DLManagedTensor.from_address(address).dl_tensor.dtype
+            dl_dtype.code, dl_dtype.bits = label
+        return Cp.Tensor.new_from_dlpack(address)
 
     @classmethod
     def from_dlpack(cls, obj):
