@@ -65,7 +65,7 @@ def _dtype_for(np_dtype, requested):
                     % np_dtype)
 
 
-# DLPack's legacy structs (DLPack 0.6), as far as a capsule's deleter.
+# DLPack's legacy structs (DLPack 0.6), for the deleter and the dtype.
 class _DLDevice(ctypes.Structure):
     _fields_ = [('device_type', ctypes.c_int), ('device_id', ctypes.c_int)]
 
@@ -84,8 +84,6 @@ class _DLManagedTensor(ctypes.Structure):
     _fields_ = [('dl_tensor', _DLTensor), ('manager_ctx', ctypes.c_void_p),
                 ('deleter', ctypes.c_void_p)]
 
-
-_DLPACK_CPU = 1
 
 # numpy exports neither bool nor bfloat16 through DLPack: such arrays go
 # out as unsigned integers of the same size, relabelled with the DLPack
@@ -165,8 +163,8 @@ def _take_capsule(capsule):
     try:
         address = _capsule_get_pointer(capsule, _DLTENSOR)
     except ValueError:
-        raise ValueError('the DLPack capsule was consumed already (each capsule gives its tensor '
-                         'once): ask its producer for a new one') from None
+        raise ValueError('not an unused "dltensor" capsule: a capsule gives its tensor once, and '
+                         'this one was consumed already or holds something else') from None
     _capsule_set_name(capsule, _USED_DLTENSOR)
     return address
 
@@ -214,10 +212,12 @@ class Tensor(Cp.Tensor):
     def __dlpack__(self, stream=None):
         """A "dltensor" capsule over the tensor's storage, for
         ``torch.from_dlpack()`` and ``numpy.from_dlpack()``."""
-        if stream is not None and self.__dlpack_device__()[0] == _DLPACK_CPU:
-            raise ValueError('stream must be None for a tensor in host memory, not %r' % (stream,))
-        # On a device, any stream is fine: libcpmesh leaves no work in
-        # flight on a stream when its calls return.
+        # libcpmesh has no streams whose work a consumer's stream could
+        # wait for; rather than hand over device memory that work might
+        # still write, a stream is refused.
+        if stream is not None:
+            raise ValueError('libcpmesh takes stream=None only, not %r: it has no streams to order '
+                             'against the consumer\'s' % (stream,))
         address = Cp.Tensor.to_dlpack(self)
         try:
             return _capsule_new(address, _DLTENSOR, _dlpack_capsule_destructor())
