@@ -15,4 +15,18 @@ CpStorage *_cp_storage_new_host (gsize      size,
                                  gboolean   zeroed,
                                  GError   **error);
 
+/* Memory another framework exported through DLPack: borrowed memory that
+ * also says which device holds it, so that it can be exported again as it
+ * came.  @release gives it back (calls the DLPack deleter). */
+CpStorage *_cp_storage_new_dlpack    (CpDeviceKind   device,
+                                      int            device_id,
+                                      guintptr       address,
+                                      gsize          size,
+                                      CpReleaseFunc  release,
+                                      gpointer       user_data);
+
+/* Which device of its kind holds the bytes: 0 for host memory and for
+ * every storage the library allocated itself. */
+int        _cp_storage_get_device_id (CpStorage     *self);
+
 G_END_DECLS

@@ -47,6 +47,7 @@ struct _CpStorage
   const StorageOps *ops;
   CpStorageKind kind;
   CpDeviceKind device;
+  int device_id;
   guint8 *data;
   gsize size;
 
@@ -296,6 +297,28 @@ cp_storage_new_borrowed (guintptr       address,
   self->user_data = user_data;
   self->destroy = destroy;
   return self;
+}
+
+CpStorage *
+_cp_storage_new_dlpack (CpDeviceKind   device,
+                        int            device_id,
+                        guintptr       address,
+                        gsize          size,
+                        CpReleaseFunc  release,
+                        gpointer       user_data)
+{
+  CpStorage *self = cp_storage_new_borrowed (address, size, release, user_data, NULL);
+
+  self->kind = CP_STORAGE_KIND_DLPACK;
+  self->device = device;
+  self->device_id = device_id;
+  return self;
+}
+
+int
+_cp_storage_get_device_id (CpStorage *self)
+{
+  return self->device_id;
 }
 
 static gboolean

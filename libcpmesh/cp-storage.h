@@ -24,6 +24,8 @@ G_BEGIN_DECLS
  * @CP_STORAGE_KIND_BORROWED: foreign memory, released through a callback
  * @CP_STORAGE_KIND_FD: a mapping of a memfd or dma-buf that other processes
  *   can map too
+ * @CP_STORAGE_KIND_DLPACK: memory another framework exported through DLPack,
+ *   given back through its deleter (see [ctor@Cp.Tensor.new_from_dlpack])
  *
  * Where the bytes of a [struct@Cp.Storage] come from.
  *
@@ -35,6 +37,7 @@ typedef enum
   CP_STORAGE_KIND_BYTES,
   CP_STORAGE_KIND_BORROWED,
   CP_STORAGE_KIND_FD,
+  CP_STORAGE_KIND_DLPACK,
 } CpStorageKind;
 
 /**

@@ -135,4 +135,17 @@ CpTensor     *cp_tensor_to_device           (CpTensor       *self,
                                              CpDeviceKind    device,
                                              GError        **error) G_GNUC_WARN_UNUSED_RESULT;
 
+/* DLPack exchange (cp-tensor-dlpack.c); the pointers are DLManagedTensor *. */
+CP_AVAILABLE_IN_ALL
+CpTensor     *cp_tensor_new_from_dlpack     (gpointer        dlpack,
+                                             GError        **error) G_GNUC_WARN_UNUSED_RESULT;
+CP_AVAILABLE_IN_ALL
+gpointer      cp_tensor_to_dlpack           (CpTensor       *self,
+                                             GError        **error) G_GNUC_WARN_UNUSED_RESULT;
+CP_AVAILABLE_IN_ALL
+gboolean      cp_tensor_get_dlpack_device   (CpTensor       *self,
+                                             int            *device_type,
+                                             int            *device_id,
+                                             GError        **error);
+
 G_END_DECLS

@@ -25,7 +25,7 @@ class TestNumpyToTensor(unittest.TestCase):
         self.assertEqual(t.get_data_address(), array.ctypes.data)
         self.assertEqual(t.get_shape(), [2, 3, 4])
         self.assertEqual(t.get_dtype(), Cp.DType.FLOAT32)
-        self.assertEqual(t.get_storage().get_kind(), Cp.StorageKind.BORROWED)
+        self.assertEqual(t.get_storage().get_kind(), Cp.StorageKind.DLPACK)
 
     def test_large_array_is_not_copied(self):
         array = np.zeros(16 << 20, dtype=np.float32)  # 64 MiB
@@ -78,6 +78,33 @@ class TestNumpyToTensor(unittest.TestCase):
         del view
         collect()
         self.assertIsNone(alive())
+
+    def test_release_keeps_an_exception_in_flight(self):
+        # A call that fails with a temporary tensor as its argument frees
+        # the tensor, and the array with it, while its error propagates:
+        # that error, not a SystemError, reaches the caller.
+        for np_dtype, dtype in ((np.float64, None), (np.bool_, None), (np.uint16, Cp.DType.BFLOAT16)):
+            with self.subTest(dtype=np_dtype):
+                array = np.zeros(3, dtype=np_dtype)
+                alive = weakref.ref(array)
+                with self.assertRaisesRegex(TypeError, 'Must be number'):
+                    Cp.Tensor.from_numpy(array, dtype).narrow('one', 0, 1)
+                del array
+                collect()
+                self.assertIsNone(alive())
+
+    def test_bool_and_bfloat16_are_shared(self):
+        flags = np.array([True, False, True])
+        bits = Cp.float32_to_bfloat16(np.array([1.5, -2.0], dtype=np.float32))
+        as_bool = Cp.Tensor.from_numpy(flags)
+        as_bfloat16 = Cp.Tensor.from_numpy(bits, dtype=Cp.DType.BFLOAT16)
+        self.assertEqual(as_bool.get_data_address(), flags.ctypes.data)
+        self.assertEqual(as_bool.get_dtype(), Cp.DType.BOOL)
+        self.assertEqual(as_bfloat16.get_data_address(), bits.ctypes.data)
+        self.assertEqual(as_bfloat16.get_dtype(), Cp.DType.BFLOAT16)
+        self.assertEqual([as_bfloat16.get_value(i) for i in range(2)], [1.5, -2.0])
+        as_bool.set_value(1, 1)
+        self.assertEqual(flags.tolist(), [True, True, True])
 
 
 class TestTensorToNumpy(unittest.TestCase):

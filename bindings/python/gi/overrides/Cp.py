@@ -5,8 +5,9 @@
 
 Tensors exchange memory with numpy without copying:
 
-* ``Cp.Tensor.from_numpy(array)`` wraps the array's buffer; the tensor keeps
-  the array alive, and writes through either side are seen by the other.
+* ``Cp.Tensor.from_numpy(array)`` wraps the array's buffer (through DLPack);
+  the tensor keeps the array alive, and writes through either side are seen
+  by the other.
 * ``tensor.numpy()`` returns an ndarray over the tensor's current storage;
   the array keeps that storage alive even if a context later swaps the
   tensor's storage when it shards in place.
@@ -14,6 +15,16 @@ Tensors exchange memory with numpy without copying:
 bfloat16 has no numpy type: such tensors travel as ``uint16`` bit patterns
 (``from_numpy(bits, dtype=Cp.DType.BFLOAT16)``), and
 ``float32_to_bfloat16`` / ``bfloat16_to_float32`` convert.
+
+Tensors exchange memory with PyTorch (and numpy) through DLPack, bfloat16
+included:
+
+* ``Cp.Tensor.from_dlpack(obj)`` takes any object with ``__dlpack__`` (a
+  ``torch.Tensor``, a numpy array, another ``Cp.Tensor``) or a
+  ``"dltensor"`` capsule; the producer's memory is kept until the last
+  tensor on it is freed.
+* ``torch.from_dlpack(tensor)`` and ``numpy.from_dlpack(tensor)`` see the
+  tensor's storage; it is kept until they free their side.
 """
 
 import ctypes
@@ -54,10 +65,108 @@ def _dtype_for(np_dtype, requested):
                     % np_dtype)
 
 
-def _release(_array):
-    # The closure holds the array; PyGObject drops it when the storage is
-    # freed, which is all the release there is to do.
-    pass
+# DLPack's legacy structs (DLPack 0.6), for the deleter and the dtype.
+class _DLDevice(ctypes.Structure):
+    _fields_ = [('device_type', ctypes.c_int), ('device_id', ctypes.c_int)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [('code', ctypes.c_uint8), ('bits', ctypes.c_uint8), ('lanes', ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [('data', ctypes.c_void_p), ('device', _DLDevice), ('ndim', ctypes.c_int),
+                ('dtype', _DLDataType), ('shape', ctypes.c_void_p), ('strides', ctypes.c_void_p),
+                ('byte_offset', ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [('dl_tensor', _DLTensor), ('manager_ctx', ctypes.c_void_p),
+                ('deleter', ctypes.c_void_p)]
+
+
+# numpy exports neither bool nor bfloat16 through DLPack: such arrays go
+# out as unsigned integers of the same size, relabelled with the DLPack
+# (code, bits) of the element type they hold.
+_DLPACK_CARRIERS = {
+    Cp.DType.BOOL: ('uint8', (6, 8)),
+    Cp.DType.BFLOAT16: ('uint16', (4, 16)),
+}
+
+# The capsule functions, as private prototypes (setting argtypes on
+# ctypes.pythonapi's would change them for every other user). PYFUNCTYPE:
+# called with the GIL held, and a Python exception they set is raised.
+_capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p,
+                                 ctypes.c_void_p)(('PyCapsule_New', ctypes.pythonapi))
+_capsule_get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ('PyCapsule_GetPointer', ctypes.pythonapi))
+_capsule_set_name = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
+    ('PyCapsule_SetName', ctypes.pythonapi))
+_capsule_get_destructor = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object)(
+    ('PyCapsule_GetDestructor', ctypes.pythonapi))
+_incref = ctypes.PYFUNCTYPE(None, ctypes.py_object)(('Py_IncRef', ctypes.pythonapi))
+
+# A capsule keeps the pointer to its name: these outlive every capsule,
+# including those still alive while the interpreter shuts down.
+_DLTENSOR = b'dltensor'
+_USED_DLTENSOR = b'used_dltensor'
+_incref(_DLTENSOR)
+_incref(_USED_DLTENSOR)
+
+# libcpmesh's deleters take no Python lock: called through a foreign
+# function that releases the GIL.
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+_capsule_destructor = None
+
+
+def _dlpack_capsule_destructor():
+    """The destructor of the capsules Cp.Tensor makes: DLPack's rule, call
+    the deleter unless a consumer renamed the capsule "used_dltensor".
+
+    It has to be C code. A destructor may run while an exception is in
+    flight -- numpy.from_dlpack() drops a capsule it refuses with its error
+    set -- and a Python function called through ctypes then turns that
+    exception into a SystemError. numpy's capsules have exactly this
+    destructor, in C, so it is borrowed from one of them."""
+    global _capsule_destructor
+    if _capsule_destructor is None:
+        import numpy as np
+
+        _capsule_destructor = _capsule_get_destructor(np.empty(0, np.uint8).__dlpack__())
+    return _capsule_destructor
+
+
+def _call_deleter(address):
+    deleter = _DLManagedTensor.from_address(address).deleter
+    if deleter:
+        _DELETER(deleter)(address)
+
+
+def _dlpack_capsule(obj):
+    if type(obj).__name__ == 'PyCapsule':
+        return obj
+    if not hasattr(obj, '__dlpack__'):
+        raise TypeError('from_dlpack() needs an object with __dlpack__() (a torch.Tensor, a numpy '
+                        'array, a Cp.Tensor) or a "dltensor" capsule, not %s' % type(obj).__name__)
+    return obj.__dlpack__()
+
+
+def _take_capsule(capsule):
+    """The DLManagedTensor of a "dltensor" capsule, taken over: renamed
+    "used_dltensor", the capsule leaves the deleter to libcpmesh.
+
+    libcpmesh calls the deleter on whichever thread frees the last tensor
+    on the memory, usually without the GIL (PyGObject releases it around
+    every call, unref included). DLPack producers' deleters take the GIL
+    themselves when they need it (PyTorch's; numpy's since 1.24)."""
+    try:
+        address = _capsule_get_pointer(capsule, _DLTENSOR)
+    except ValueError:
+        raise ValueError('not an unused "dltensor" capsule: a capsule gives its tensor once, and '
+                         'this one was consumed already or holds something else') from None
+    _capsule_set_name(capsule, _USED_DLTENSOR)
+    return address
 
 
 class Tensor(Cp.Tensor):
@@ -75,8 +184,51 @@ class Tensor(Cp.Tensor):
         if not array.flags.writeable:
             raise ValueError('from_numpy() needs a writable array: tensors may be written in place')
         cp_dtype = _dtype_for(array.dtype, dtype)
-        return Cp.Tensor.new_borrowed(cp_dtype, list(array.shape), array.ctypes.data,
-                                      array.nbytes, _release, array)
+        # Through DLPack rather than new_borrowed() with a Python release
+        # callback: numpy's deleter is C, while a Python callback, run as a
+        # tensor dies during the propagation of an exception, turned that
+        # exception into a SystemError.
+        carrier, label = _DLPACK_CARRIERS.get(cp_dtype, (None, None))
+        exported = array if carrier is None else array.view(carrier)
+        address = _take_capsule(exported.__dlpack__())
+        if label is not None:
+            dl_dtype = _DLManagedTensor.from_address(address).dl_tensor.dtype
+            dl_dtype.code, dl_dtype.bits = label
+        return Cp.Tensor.new_from_dlpack(address)
+
+    @classmethod
+    def from_dlpack(cls, obj):
+        """Wraps the memory of a DLPack producer without copying it.
+
+        obj is a ``torch.Tensor``, a numpy array, any object with
+        ``__dlpack__()``, or a ``"dltensor"`` capsule. Writes through either
+        side are seen by the other; the producer's memory is kept until the
+        last tensor on it is freed. A tensor libcpmesh cannot be — strided,
+        an element type it lacks, on another device — raises GLib.Error
+        (Cp.TensorError), and nothing is copied."""
+        address = _take_capsule(_dlpack_capsule(obj))
+        return Cp.Tensor.new_from_dlpack(address)
+
+    def __dlpack__(self, stream=None):
+        """A "dltensor" capsule over the tensor's storage, for
+        ``torch.from_dlpack()`` and ``numpy.from_dlpack()``."""
+        # libcpmesh has no streams whose work a consumer's stream could
+        # wait for; rather than hand over device memory that work might
+        # still write, a stream is refused.
+        if stream is not None:
+            raise ValueError('libcpmesh takes stream=None only, not %r: it has no streams to order '
+                             'against the consumer\'s' % (stream,))
+        address = Cp.Tensor.to_dlpack(self)
+        try:
+            return _capsule_new(address, _DLTENSOR, _dlpack_capsule_destructor())
+        except BaseException:
+            _call_deleter(address)
+            raise
+
+    def __dlpack_device__(self):
+        """(DLPack device type, device index): (1, 0) for host memory."""
+        device_type, device_id = self.get_dlpack_device()
+        return device_type, device_id
 
     def numpy(self):
         """Returns an ndarray over the tensor's bytes, without copying."""
