@@ -399,6 +399,10 @@ synthesize_positions (Plan     *plan,
 
   if (positions == NULL)
     return NULL;
+  /* A batch of no rows (the last, empty batch of a dataset) has no first
+   * row to write the positions to. */
+  if (plan->rows == 0)
+    return positions;
   data = cp_tensor_get_data (positions);
   for (gint64 p = 0; p < plan->seq_len; p++)
     data[p] = p;

@@ -544,7 +544,12 @@ plan_partition (Thd      *thd,
           return FALSE;
         }
     }
-  chunk->layout = cp_layout_new_thd ((const gint64 *) chunk->cu_padded->data, n, thd->cp_size, error);
+  /* A chunk without documents (a batch of no rows) holds no tokens: every
+   * rank's share is empty, which the plain layout of length 0 says. */
+  if (n == 1)
+    chunk->layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, 0, thd->cp_size, error);
+  else
+    chunk->layout = cp_layout_new_thd ((const gint64 *) chunk->cu_padded->data, n, thd->cp_size, error);
   return chunk->layout != NULL;
 }
 

@@ -217,6 +217,55 @@ e2_rank (CpMesh   *mesh,
   g_assert_true (cp_batch_get (batch, "position_ids") == positions);
 }
 
+/* The last batch of a dataset may have no rows: [0, S] ids or [0, S, H]
+ * embeddings go through prepare, enter and exit like any other batch,
+ * every buffer empty at each step.  S is long so that writing the
+ * synthesized positions of a row that does not exist reaches far past
+ * the empty allocation. */
+#define EMPTY_S ((G_GINT64_CONSTANT (1) << 22) + 1)
+
+static void
+empty_rank (CpMesh   *mesh,
+            gpointer  user_data)
+{
+  gboolean embeds = GPOINTER_TO_INT (user_data);
+  const gint64 ids_shape[] = { 0, EMPTY_S, 3 };
+  const gint64 labels_shape[] = { 0, EMPTY_S };
+  const gint64 padded = EMPTY_S + 3; /* the next multiple of 2·C = 4 */
+  g_autoptr(CpBatch) batch = cp_batch_new ();
+  g_autoptr(CpContext) context = NULL;
+  const char *primary = embeds ? "inputs_embeds" : "input_ids";
+  CpTensor *positions;
+
+  cp_test_batch_take (batch, primary,
+                      cp_tensor_new (embeds ? CP_DTYPE_FLOAT32 : CP_DTYPE_INT64, ids_shape,
+                                     embeds ? 3 : 2, NULL));
+  cp_test_batch_take (batch, "labels", cp_tensor_new (CP_DTYPE_INT64, labels_shape, 2, NULL));
+  cp_test_batch_take (batch, "odd", cp_tensor_new (CP_DTYPE_INT64, labels_shape, 2, NULL));
+  cp_batch_set_seq_dim (batch, "odd", -1);
+  context = prepare_ok (batch, mesh, NULL);
+  positions = cp_batch_get (batch, "position_ids");
+  CP_TEST_ASSERT_SHAPE (positions, 0, padded);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (batch, "labels"), 0, padded);
+  g_assert_cmpuint (cp_context_get_n_buffers (context), ==, 4);
+  enter_ok (context);
+  if (embeds)
+    CP_TEST_ASSERT_SHAPE (cp_batch_get (batch, primary), 0, padded / 2, 3);
+  else
+    CP_TEST_ASSERT_SHAPE (cp_batch_get (batch, primary), 0, padded / 2);
+  CP_TEST_ASSERT_SHAPE (positions, 0, padded / 2);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (batch, "odd"), 0, padded / 2);
+  exit_ok (context);
+  CP_TEST_ASSERT_SHAPE (positions, 0, padded);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (batch, "labels"), 0, padded / 2);
+}
+
+static void
+test_empty_batch (gconstpointer embeds)
+{
+  cp_test_run_group ("cp", 2, empty_rank, (gpointer) embeds);
+}
+
 /* E1: rank r holds chunks r and 2·C−1−r, for C ∈ {2, 3, 4, 8}. */
 static void
 e1_rank (CpMesh   *mesh,
@@ -1068,6 +1117,8 @@ main (int   argc,
   g_test_add_func ("/Cp/Batch/prepare/mesh-without-cp", test_mesh_without_cp);
   g_test_add_func ("/Cp/Batch/prepare/example-e1", test_example_e1);
   g_test_add_data_func ("/Cp/Batch/prepare/example-e2", e2_rank, test_on_two_ranks);
+  g_test_add_data_func ("/Cp/Batch/prepare/no-rows/input-ids", GINT_TO_POINTER (FALSE), test_empty_batch);
+  g_test_add_data_func ("/Cp/Batch/prepare/no-rows/inputs-embeds", GINT_TO_POINTER (TRUE), test_empty_batch);
   g_test_add_data_func ("/Cp/Batch/prepare/mrope-e3", mrope_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Batch/prepare/position-ids", positions_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Batch/prepare/existing-position-ids", existing_positions_rank, test_on_two_ranks);

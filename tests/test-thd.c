@@ -529,6 +529,59 @@ test_partitions (void)
   run_on (4, partition_rank);
 }
 
+/* A batch of no rows, the last of a dataset, has no tokens and no
+ * documents: converted unsharded or on 2 and 4 ranks, every token buffer
+ * is empty, cu_seqlens is [0] and there is no max_seqlen.  (Chunks of it
+ * are refused: see the no-rows error case.) */
+static CpBatch *
+empty_batch (void)
+{
+  const gint64 tokens[] = { 0, 8 };
+  const gint64 documents[] = { 0, 2 };
+  CpBatch *batch = cp_batch_new ();
+  const char *keys[] = { "input_ids", "labels", "position_ids", "seq_lens", "seq_lens_padded" };
+
+  for (guint i = 0; i < G_N_ELEMENTS (keys); i++)
+    cp_test_batch_take (batch, keys[i], cp_tensor_new (CP_DTYPE_INT64, i < 3 ? tokens : documents, 2, NULL));
+  return batch;
+}
+
+static void
+assert_empty_thd (CpBatch *out)
+{
+  const char *tokens[] = { "input_ids", "labels", "position_ids", "padding_mask" };
+
+  for (guint i = 0; i < G_N_ELEMENTS (tokens); i++)
+    CP_TEST_ASSERT_SHAPE (cp_batch_get (out, tokens[i]), 0);
+  CP_TEST_ASSERT_VALUES (cp_batch_get (out, "cu_seqlens"), 0);
+  g_assert_false (cp_batch_contains (out, "max_seqlen"));
+}
+
+static void
+empty_rank (CpMesh *mesh,
+            int     rank)
+{
+  g_autoptr(CpBatch) batch = empty_batch ();
+  g_autoptr(CpBatch) out = convert (batch, mesh, NULL);
+
+  assert_empty_thd (out);
+  ASSERT_SCALAR (cp_batch_get (out, "cp_rank"), rank);
+  CP_TEST_ASSERT_VALUES (cp_batch_get (out, "local_cu_seqlens"), 0);
+  CP_TEST_ASSERT_VALUES (cp_batch_get (out, "local_cu_seqlens_padded"), 0);
+  g_assert_cmpint (cp_layout_get_local_len (cp_batch_get_layout (out, 0), rank), ==, 0);
+}
+
+static void
+test_empty (void)
+{
+  g_autoptr(CpBatch) batch = empty_batch ();
+  g_autoptr(CpBatch) whole = convert (batch, NULL, NULL);
+
+  assert_empty_thd (whole);
+  run_on (2, empty_rank);
+  run_on (4, empty_rank);
+}
+
 /* E7: two chunks on two ranks. */
 static void
 e7_rank (CpMesh *mesh,
@@ -1130,6 +1183,7 @@ main (int   argc,
   g_test_add_data_func ("/Cp/Thd/shard/example-e6", e6_rank, test_on_two_ranks);
   g_test_add_func ("/Cp/Thd/shard/partitions", test_partitions);
   g_test_add_data_func ("/Cp/Thd/shard/example-e7", e7_rank, test_on_two_ranks);
+  g_test_add_func ("/Cp/Thd/shard/no-rows", test_empty);
   g_test_add_data_func ("/Cp/Thd/shard/dtypes", dtypes_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Thd/shard/padding-mask-fix", mask_fix_rank, test_on_two_ranks);
   g_test_add_func ("/Cp/Thd/shard/single-rank", test_single_rank);

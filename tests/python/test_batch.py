@@ -154,6 +154,25 @@ class PrepareTests(unittest.TestCase):
             self.assertIs(ctx.buffers[2], c['position_ids'])
         run_ranks([2], rank)
 
+    def test_no_rows(self):
+        # The last batch of a dataset may be empty: [0, S] ids or [0, S, H]
+        # embeddings are prepared, entered and exited like any other.
+        for key, shape, dtype in (('input_ids', (0, 6), np.int64), ('inputs_embeds', (0, 6, 3), np.float32)):
+            def rank(mesh):
+                batch = Cp.Batch()
+                batch[key] = T(np.zeros(shape), dtype)
+                batch['labels'] = T(np.zeros((0, 6)))
+                ctx = batch.prepare(mesh)
+                positions = batch['position_ids']
+                self.assertEqual({k: v.shape[:2] for k, v in batch.items()},
+                                 {key: (0, 8), 'labels': (0, 8), 'position_ids': (0, 8)})
+                with ctx:
+                    self.assertEqual(batch[key].shape, (0, 4) + shape[2:])
+                    self.assertEqual(positions.shape, (0, 4))
+                self.assertEqual(positions.shape, (0, 8))
+                self.assertEqual(batch['labels'].shape, (0, 4))
+            run_ranks([2], rank)
+
     def test_registration_order_and_extras(self):
         def rank(mesh):
             batch = e2_batch()

@@ -170,6 +170,18 @@ class ShardTests(unittest.TestCase):
             self.assertEqual(int(arr(out, 'cp_rank')), mesh.get_rank())
         run_ranks([2], rank)
 
+    def test_no_rows(self):
+        batch = packed(np.zeros((0, 8), np.int64), np.zeros((0, 2)))
+
+        def rank(mesh):
+            out = batch.to_thd(mesh)
+            for key in ('input_ids', 'labels', 'position_ids', 'padding_mask'):
+                self.assertEqual(out[key].shape, (0,))
+            np.testing.assert_array_equal(arr(out, 'cu_seqlens'), [0])
+            np.testing.assert_array_equal(arr(out, 'local_cu_seqlens'), [0])
+            self.assertNotIn('max_seqlen', out)
+        run_ranks([2], rank)
+
     def test_packed_input(self):
         def rank(mesh):
             batch = Cp.Batch()
