@@ -29,8 +29,20 @@
  * the same tensor object is made to view the smaller local layout, like
  * PyTorch's `resize_()`; code holding the object sees the new shape.
  *
- * A tensor is not locked: use one from one thread at a time, or only read
- * it from several.
+ * Reading a tensor — its shape, its bytes, a copy, a narrowed view, a
+ * shard or a numpy view of it — changes nothing in it, so any number of
+ * threads may read one tensor at once (the ranks of an in-process mesh
+ * sharding one shared input, for example). Writing its bytes from several
+ * threads at once is the caller's business.
+ *
+ * Changing the object itself is reserved to whoever holds the tensor: a
+ * [method@Cp.Batch.prepare] while it pads, and a [class@Cp.Context] from
+ * [method@Cp.Context.enter] to [method@Cp.Context.exit]. A second holder
+ * is refused with %CP_TENSOR_ERROR_IN_USE, naming the key, on every rank
+ * of the call, before anything changes: one tensor put in the batches of
+ * two ranks, or given in one [class@Cp.BatchOptions] shared by all ranks,
+ * cannot be padded or sharded by both. While a context holds a tensor, no
+ * other thread may read it either: its storage changes under the reader.
  *
  * Since: 1.0
  */
@@ -45,6 +57,11 @@ struct _CpTensor
   CpStorage *storage;
   gsize offset;
   gboolean requires_grad;
+
+  /* Who may change the object in place (see _cp_tensor_claim()); NULL
+   * when nobody does.  Set and cleared atomically: holders on different
+   * threads race for it. */
+  gpointer holder;
 };
 
 G_DEFINE_FINAL_TYPE (CpTensor, cp_tensor, G_TYPE_OBJECT)
@@ -1332,14 +1349,48 @@ cp_tensor_to_device (CpTensor      *self,
 }
 
 void
-_cp_tensor_replace (CpTensor     *self,
-                    CpStorage    *storage,
-                    gsize         offset,
-                    const gint64 *shape,
-                    guint         n_dims)
+_cp_tensor_set_in_use_error (GError     **error,
+                             const char  *what,
+                             const char  *label)
+{
+  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_IN_USE,
+               "%s: %s is being changed in place by another batch or context (another rank's "
+               "prepare or context, or another context entered on this rank); a tensor may be "
+               "padded or sharded by one of them at a time: give each rank its own tensor",
+               what, label);
+}
+
+gboolean
+_cp_tensor_claim (CpTensor      *self,
+                  gconstpointer  holder)
+{
+  g_assert (holder != NULL);
+
+  return g_atomic_pointer_compare_and_exchange (&self->holder, NULL, (gpointer) holder);
+}
+
+void
+_cp_tensor_release (CpTensor      *self,
+                    gconstpointer  holder)
+{
+  gboolean released = g_atomic_pointer_compare_and_exchange (&self->holder, (gpointer) holder, NULL);
+
+  g_assert (released);
+}
+
+void
+_cp_tensor_replace (CpTensor      *self,
+                    gconstpointer  holder,
+                    CpStorage     *storage,
+                    gsize          offset,
+                    const gint64  *shape,
+                    guint          n_dims)
 {
   gint64 numel = 1;
 
+  /* Another thread swapping the storage at the same time would unref the
+   * old one twice: only the holder may. */
+  g_assert (g_atomic_pointer_get (&self->holder) == holder);
   g_assert (n_dims <= CP_TENSOR_MAX_DIMS);
   for (guint i = 0; i < n_dims; i++)
     numel *= shape[i];
@@ -1359,10 +1410,11 @@ _cp_tensor_replace (CpTensor     *self,
 }
 
 void
-_cp_tensor_assign (CpTensor *self,
-                   CpTensor *source)
+_cp_tensor_assign (CpTensor      *self,
+                   gconstpointer  holder,
+                   CpTensor      *source)
 {
   g_assert (self->dtype == source->dtype);
 
-  _cp_tensor_replace (self, source->storage, source->offset, source->shape, source->n_dims);
+  _cp_tensor_replace (self, holder, source->storage, source->offset, source->shape, source->n_dims);
 }

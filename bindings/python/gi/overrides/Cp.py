@@ -228,9 +228,12 @@ __all__.append('BatchOptions')
 
 class Context(Cp.Context):
     """A context manager: ``with ctx:`` enters (every rank together) and
-    exits, also when the block raises."""
+    exits, also when the block raises. ``with ctx:`` on a context that is
+    entered already raises GLib.Error (``Cp.BatchError.CONTEXT_STATE``)
+    before its block runs, and the outer ``with`` stays entered."""
 
     def __enter__(self):
+        # A failed enter raises here, so __exit__ never runs for it.
         self.enter()
         return self
 
