@@ -56,6 +56,8 @@ struct _CpStorage
   gpointer user_data;
   GDestroyNotify destroy;
 
+  GObject *owner;
+
   int fd;
   gpointer map_base;
   gsize map_length;
@@ -85,6 +87,12 @@ release_borrowed (CpStorage *self)
 }
 
 static void
+release_owner (CpStorage *self)
+{
+  g_object_unref (self->owner);
+}
+
+static void
 release_fd (CpStorage *self)
 {
   munmap (self->map_base, self->map_length);
@@ -94,6 +102,7 @@ release_fd (CpStorage *self)
 static const StorageOps owned_ops = { release_owned };
 static const StorageOps bytes_ops = { release_bytes };
 static const StorageOps borrowed_ops = { release_borrowed };
+static const StorageOps owner_ops = { release_owner };
 static const StorageOps fd_ops = { release_fd };
 
 static CpStorage *
@@ -295,6 +304,44 @@ cp_storage_new_borrowed (guintptr       address,
   self->release = release;
   self->user_data = user_data;
   self->destroy = destroy;
+  return self;
+}
+
+/**
+ * cp_storage_new_with_owner:
+ * @address: the address of the first byte
+ * @size: the number of bytes
+ * @owner: an object that keeps the memory valid for as long as it lives
+ *
+ * Wraps memory that belongs to @owner without copying it. The storage
+ * holds a reference on @owner and drops it when no tensor uses the memory
+ * any more; nothing else runs then.
+ *
+ * This is [ctor@Cp.Storage.new_borrowed] without a callback, for bindings
+ * where a callback may not run at every moment the last tensor goes away.
+ * A PyGObject callback, for one, prints and drops any Python exception
+ * already on its way up when it runs, so a temporary tensor freed while a
+ * call raises would turn that error into `SystemError`; the Python
+ * override's `Cp.Tensor.from_numpy()` therefore keeps the array alive
+ * through an owner object, whose last reference PyGObject drops from C.
+ *
+ * Returns: (transfer full): a new storage of kind
+ *   %CP_STORAGE_KIND_BORROWED
+ *
+ * Since: 1.0
+ */
+CpStorage *
+cp_storage_new_with_owner (guintptr  address,
+                           gsize     size,
+                           GObject  *owner)
+{
+  CpStorage *self;
+
+  g_return_val_if_fail (address != 0 || size == 0, NULL);
+  g_return_val_if_fail (G_IS_OBJECT (owner), NULL);
+
+  self = storage_alloc (CP_STORAGE_KIND_BORROWED, &owner_ops, GSIZE_TO_POINTER (address), size);
+  self->owner = g_object_ref (owner);
   return self;
 }
 

@@ -484,10 +484,11 @@ cp_tensor_new_from_bytes (CpDType        dtype,
  * @destroy: (nullable): frees @user_data after @release ran
  * @error: return location for a #GError
  *
- * Creates a tensor over foreign memory without copying it; the Python
- * override `Cp.Tensor.from_numpy()` is built on this. Reads and writes
- * through the tensor go straight to that memory. On error, @release has
- * already been called.
+ * Creates a tensor over foreign memory without copying it. Reads and
+ * writes through the tensor go straight to that memory. On error, @release
+ * has already been called. From Python, where a release callback may not
+ * run while an exception is pending, use `Cp.Tensor.from_numpy()`, built on
+ * [ctor@Cp.Storage.new_with_owner], instead.
  *
  * Returns: (transfer full): a new tensor, or %NULL with
  *   %CP_TENSOR_ERROR_SHAPE when @size does not match the shape or

@@ -54,6 +54,31 @@ test_borrowed_without_release (void)
   cp_storage_unref (storage);
 }
 
+/* The owner lives exactly as long as some tensor uses the memory: the
+ * storage holds one reference on it and drops it with the last view. */
+static void
+test_owner (void)
+{
+  static gint32 memory[6] = { 1, 2, 3, 4, 5, 6 };
+  const gint64 shape[] = { 2, 3 };
+  GObject *owner = g_object_new (G_TYPE_OBJECT, NULL);
+  CpStorage *storage = cp_storage_new_with_owner ((guintptr) memory, sizeof memory, owner);
+  g_autoptr(CpTensor) tensor = cp_tensor_new_from_storage (CP_DTYPE_INT32, shape, 2, storage, 0, NULL);
+  g_autoptr(CpTensor) row = cp_tensor_narrow (tensor, 0, 1, 1, NULL);
+
+  g_object_add_weak_pointer (owner, (gpointer *) &owner);
+  cp_storage_unref (storage);
+  g_object_unref (owner);
+  g_assert_nonnull (owner);
+  g_assert_cmpint (cp_storage_get_kind (cp_tensor_get_storage (tensor)), ==, CP_STORAGE_KIND_BORROWED);
+  g_assert_true (cp_tensor_get_data (tensor) == memory);
+  CP_TEST_ASSERT_VALUES (row, 4, 5, 6);
+  g_clear_object (&tensor);
+  g_assert_nonnull (owner);
+  g_clear_object (&row);
+  g_assert_null (owner);
+}
+
 static void
 test_memfd_shared_with_child (void)
 {
@@ -155,6 +180,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Storage/owned/aligned-zeroed", test_owned);
   g_test_add_func ("/Cp/Storage/views/shared", test_shared_between_tensors);
   g_test_add_func ("/Cp/Storage/borrowed/no-release", test_borrowed_without_release);
+  g_test_add_func ("/Cp/Storage/borrowed/owner", test_owner);
   g_test_add_func ("/Cp/Storage/fd/child-process", test_memfd_shared_with_child);
   g_test_add_func ("/Cp/Storage/fd/range", test_from_fd_checks_range);
   g_test_add_func ("/Cp/Storage/fd/offset", test_from_fd_offset);

@@ -18,6 +18,8 @@ bfloat16 has no numpy type: such tensors travel as ``uint16`` bit patterns
 
 import ctypes
 
+from gi.repository import GObject
+
 from .._gi import FunctionInfo
 from ..module import get_introspection_module
 from ..overrides import override
@@ -54,10 +56,21 @@ def _dtype_for(np_dtype, requested):
                     % np_dtype)
 
 
-def _release(_array):
-    # The closure holds the array; PyGObject drops it when the storage is
-    # freed, which is all the release there is to do.
-    pass
+class _ArrayOwner(GObject.Object):
+    """Keeps a numpy array alive for as long as a storage views its memory.
+
+    The storage holds a reference on this object and drops it from C when
+    the last tensor on the memory goes away; PyGObject then frees the
+    wrapper and the array without running any Python code. A release
+    callback would run Python code instead, through PyGObject's callback
+    trampoline, which prints and clears a pending exception: a temporary
+    tensor freed while a call on it raises (``layout.shard(
+    Cp.Tensor.from_numpy(a), ...)`` with a bad shape) turned that call's
+    GLib.Error into ``SystemError: error return without exception set``."""
+
+    def __init__(self, array):
+        GObject.Object.__init__(self)
+        self.array = array
 
 
 class Tensor(Cp.Tensor):
@@ -75,8 +88,8 @@ class Tensor(Cp.Tensor):
         if not array.flags.writeable:
             raise ValueError('from_numpy() needs a writable array: tensors may be written in place')
         cp_dtype = _dtype_for(array.dtype, dtype)
-        return Cp.Tensor.new_borrowed(cp_dtype, list(array.shape), array.ctypes.data,
-                                      array.nbytes, _release, array)
+        storage = Cp.Storage.new_with_owner(array.ctypes.data, array.nbytes, _ArrayOwner(array))
+        return Cp.Tensor.new_from_storage(cp_dtype, list(array.shape), storage, 0)
 
     def numpy(self):
         """Returns an ndarray over the tensor's bytes, without copying."""
