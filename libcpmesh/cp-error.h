@@ -41,6 +41,9 @@ G_BEGIN_DECLS
  * @CP_TENSOR_ERROR_IN_USE: the tensor is being changed in place by another
  *   batch preparation or context (another rank's, or a context entered on
  *   this rank), so this one may not change it
+ * @CP_TENSOR_ERROR_UNSEALED: a file descriptor to map could shrink under
+ *   the mapping: it is neither a memfd sealed against shrinking nor a
+ *   dma-buf
  *
  * Errors of the [error@Cp.TensorError] domain.
  *
@@ -56,6 +59,7 @@ typedef enum
   CP_TENSOR_ERROR_OUT_OF_RANGE,
   CP_TENSOR_ERROR_MISALIGNED,
   CP_TENSOR_ERROR_IN_USE,
+  CP_TENSOR_ERROR_UNSEALED,
 } CpTensorError;
 
 /**

@@ -528,7 +528,9 @@ cp_tensor_new_borrowed (CpDType         dtype,
  *
  * Creates a zero-filled tensor in a memory file another process can map:
  * pass [method@Cp.Tensor.get_fd] to it and have it call
- * [ctor@Cp.Tensor.new_from_fd]; both then see the same bytes.
+ * [ctor@Cp.Tensor.new_from_fd]; both then see the same bytes. The file is
+ * sealed against resizing ([ctor@Cp.Storage.new_shared]), so no holder of
+ * the descriptor can shrink it under another's mapping.
  *
  * Returns: (transfer full): a new tensor, or %NULL with an error
  *
@@ -560,15 +562,18 @@ cp_tensor_new_shared (CpDType        dtype,
  * @dtype: the element type
  * @shape: (array length=n_dims): the size of each dimension
  * @n_dims: the number of dimensions
- * @fd: a memfd or dma-buf file descriptor; it is duplicated, not taken
+ * @fd: a memfd sealed against shrinking, or a dma-buf; it is duplicated,
+ *   not taken
  * @offset: where the tensor starts in the file, in bytes
  * @error: return location for a #GError
  *
  * Creates a tensor over a mapping of @fd, sharing its bytes with every
- * other process that maps the same file.
+ * other process that maps the same file. A file another holder could
+ * shrink is refused (see [ctor@Cp.Storage.new_from_fd]).
  *
  * Returns: (transfer full): a new tensor, or %NULL with
- *   %CP_TENSOR_ERROR_OUT_OF_RANGE when the file is too short
+ *   %CP_TENSOR_ERROR_OUT_OF_RANGE when the file is too short or
+ *   %CP_TENSOR_ERROR_UNSEALED when it could shrink
  *
  * Since: 1.0
  */
