@@ -488,6 +488,120 @@ extra_rank (CpMesh   *mesh,
     g_assert_cmpfloat (cp_tensor_get_value (logits, i), ==, 0.0);
 }
 
+/* Extra buffers along dimensions 1, 2 (not the last) and −1 (the fourth
+ * of four), every element distinct (flat index + 1), on 2 and 4 ranks
+ * with a length that needs padding: inside the context each rank holds,
+ * element for element, the original at the head-tail positions computed
+ * here, and zeros where those positions are padding; exit leaves them so
+ * (extras are not restored). */
+#define EXTRA_S 13
+
+typedef struct
+{
+  const char *key;
+  CpDType dtype;
+  gint64 shape[4];
+  guint n_dims;
+  int seq_dim;           /* as given to prepare */
+  guint dim;             /* normalized */
+  gboolean in_options;   /* an options extra, else marked on the batch */
+} ExtraSpec;
+
+static const ExtraSpec extra_specs[] = {
+  { "along_1", CP_DTYPE_FLOAT32, { 2, EXTRA_S, 3 }, 3, 1, 1, TRUE },
+  { "along_2", CP_DTYPE_INT32, { 2, 3, EXTRA_S, 2 }, 4, 2, 2, FALSE },
+  { "along_last", CP_DTYPE_INT64, { 3, 2, 2, EXTRA_S }, 4, -1, 3, TRUE },
+  { "along_2_of_3", CP_DTYPE_BFLOAT16, { 2, 2, EXTRA_S }, 3, 2, 2, FALSE },
+};
+
+/* Position @j of rank @r's piece in the head-tail layout of @padded
+ * positions over @c ranks: chunk r, then chunk 2·C−1−r. */
+static gint64
+head_tail_global (gint64 padded,
+                  int    c,
+                  int    r,
+                  gint64 j)
+{
+  gint64 k = padded / (2 * c);
+
+  return j < k ? r * k + j : (2 * (gint64) c - 1 - r) * k + (j - k);
+}
+
+static void
+assert_extra_piece (CpTensor        *local,
+                    const ExtraSpec *spec,
+                    gint64           padded,
+                    int              c,
+                    int              r)
+{
+  gint64 outer = 1, inner = 1;
+  gint64 length = padded / c;
+
+  for (guint d = 0; d < spec->n_dims; d++)
+    {
+      gint64 size = d == spec->dim ? length : spec->shape[d];
+
+      g_assert_cmpint (cp_tensor_get_dim (local, (int) d), ==, size);
+      if (d < spec->dim)
+        outer *= size;
+      else if (d > spec->dim)
+        inner *= size;
+    }
+  for (gint64 o = 0; o < outer; o++)
+    for (gint64 j = 0; j < length; j++)
+      for (gint64 i = 0; i < inner; i++)
+        {
+          gint64 p = head_tail_global (padded, c, r, j);
+          double want = p < EXTRA_S ? (double) ((o * EXTRA_S + p) * inner + i + 1) : 0.0;
+
+          g_assert_cmpfloat (cp_tensor_get_value (local, (o * length + j) * inner + i), ==, want);
+        }
+}
+
+static void
+extra_contents_rank (CpMesh   *mesh,
+                     gpointer  user_data)
+{
+  const gint64 padded = 16; /* 13 rounded up to a multiple of 2·C, C = 2 or 4 */
+  int c = cp_mesh_get_world_size (mesh);
+  int r = cp_mesh_get_rank (mesh);
+  const gint64 ids_shape[] = { 2, EXTRA_S };
+  g_autoptr(CpBatch) batch = cp_batch_new ();
+  g_autoptr(CpBatchOptions) options = cp_batch_options_new ();
+  g_autoptr(CpContext) context = NULL;
+  CpTensor *extras[G_N_ELEMENTS (extra_specs)];
+
+  cp_test_batch_take (batch, "input_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, ids_shape, 2, 1));
+  cp_test_batch_take (batch, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, ids_shape, 2, 2));
+  for (guint e = 0; e < G_N_ELEMENTS (extra_specs); e++)
+    {
+      const ExtraSpec *spec = &extra_specs[e];
+
+      extras[e] = cp_tensor_new (spec->dtype, spec->shape, spec->n_dims, NULL);
+      for (gint64 i = 0; i < cp_tensor_get_numel (extras[e]); i++)
+        cp_tensor_set_value (extras[e], i, (double) (i + 1));
+      cp_test_batch_take (batch, spec->key, extras[e]);
+      if (spec->in_options)
+        cp_batch_options_add_extra_buffer (options, spec->key, spec->seq_dim);
+      else
+        cp_batch_set_seq_dim (batch, spec->key, spec->seq_dim);
+    }
+  context = prepare_ok (batch, mesh, options);
+  cp_test_enter_ok (context);
+  for (guint e = 0; e < G_N_ELEMENTS (extra_specs); e++)
+    assert_extra_piece (extras[e], &extra_specs[e], padded, c, r);
+  cp_test_exit_ok (context);
+  for (guint e = 0; e < G_N_ELEMENTS (extra_specs); e++)
+    assert_extra_piece (extras[e], &extra_specs[e], padded, c, r);
+}
+
+static void
+test_extra_contents (void)
+{
+  cp_test_run_group ("cp", 2, extra_contents_rank, NULL);
+  cp_test_run_group ("cp", 4, extra_contents_rank, NULL);
+}
+
 /* test_padding_no_op_when_seq_already_aligned and
  * _pad_tensor_seq_dim_(t, 1, 0) is t: an aligned batch keeps its objects
  * and their memory. */
@@ -1205,6 +1319,7 @@ main (int   argc,
   g_test_add_data_func ("/Cp/Batch/prepare/registration-order", order_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Batch/prepare/pad-values", pad_values_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Batch/prepare/extra-buffers", extra_rank, test_on_two_ranks);
+  g_test_add_func ("/Cp/Batch/enter/extra-buffer-contents", test_extra_contents);
   g_test_add_data_func ("/Cp/Batch/prepare/aligned-identity", aligned_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Batch/prepare/attention-mask", attention_mask_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Batch/prepare/loss-mask-padded", loss_mask_rank, test_on_two_ranks);

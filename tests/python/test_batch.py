@@ -199,6 +199,38 @@ class PrepareTests(unittest.TestCase):
                 self.assertEqual(batch['mm_token_type_ids'].shape, (1, 6))
         run_ranks([2], rank)
 
+    def test_extra_buffer_contents(self):
+        # Extras along dimensions 1, 2 (not the last) and -1, every element
+        # distinct: inside the context each rank holds exactly the padded
+        # original taken at its head-tail positions, computed here.
+        s = 13
+        specs = [('along_1', (2, s, 3), 1, np.float32), ('along_2', (2, 3, s, 2), 2, np.int32),
+                 ('along_last', (3, 2, 2, s), -1, np.int64)]
+
+        def rank(mesh):
+            c, r = mesh.get_world_size(), mesh.get_rank()
+            padded = -(-s // (2 * c)) * 2 * c
+            k = padded // (2 * c)
+            index = np.r_[r * k:(r + 1) * k, (2 * c - 1 - r) * k:(2 * c - r) * k]
+            batch = Cp.Batch()
+            batch['input_ids'] = T(np.arange(2 * s).reshape(2, s))
+            batch['labels'] = T(np.arange(2 * s).reshape(2, s))
+            originals = {}
+            for key, shape, dim, dtype in specs:
+                originals[key] = np.arange(1, np.prod(shape) + 1).reshape(shape).astype(dtype)
+                batch[key] = T(originals[key], dtype)
+                batch.set_seq_dim(key, dim)
+            ctx = batch.prepare(mesh)
+            with ctx:
+                for key, shape, dim, dtype in specs:
+                    axis = dim % len(shape)
+                    pad = [(0, 0)] * len(shape)
+                    pad[axis] = (0, padded - s)
+                    want = np.take(np.pad(originals[key], pad), index, axis=axis)
+                    np.testing.assert_array_equal(batch[key].numpy(), want, err_msg=key)
+        for size in (2, 4):
+            run_ranks([size], rank)
+
     def test_pad_values_and_identity(self):
         def rank(mesh):
             batch = Cp.Batch()
