@@ -922,10 +922,10 @@ enter_group (CpContext  *self,
       commit_enter (self, steps);
       if (layout != NULL)
         _cp_context_set_layout (self, layout);
+      self->holds_buffers = TRUE;
     }
   else if (claimed)
     release_buffers (self, n);
-  self->holds_buffers = agreed;
   steps_free (steps, n);
   return agreed;
 }

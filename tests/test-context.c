@@ -339,6 +339,7 @@ state_rank (CpMesh   *mesh,
 {
   const gint64 shape[] = { 1, 8 };
   g_autoptr(CpContext) context = cp_context_new (mesh, CP_ROTATE_METHOD_ALLGATHER);
+  g_autoptr(CpContext) next = cp_context_new (mesh, CP_ROTATE_METHOD_ALLGATHER);
   g_autoptr(CpTensor) ids = cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 2, 0);
   g_autoptr(CpTensor) other = cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 2, 1);
   g_autoptr(CpTensor) full = cp_tensor_copy (ids, NULL);
@@ -375,6 +376,13 @@ state_rank (CpMesh   *mesh,
   g_assert_true (cp_tensor_equal (ids, full));
   g_assert_false (cp_context_exit (context, &error));
   g_assert_error (error, CP_BATCH_ERROR, CP_BATCH_ERROR_CONTEXT_STATE);
+
+  /* The failed second enter left the buffer held by the first only: once
+   * that exited, another context may shard it. */
+  register_ok (next, ids, 1, TRUE);
+  cp_test_enter_ok (next);
+  g_assert_true (cp_tensor_equal (ids, local));
+  cp_test_exit_ok (next);
 }
 
 static void
