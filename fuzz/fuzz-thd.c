@@ -21,7 +21,8 @@
  *   - for an accepted conversion, in every chunk: the union of the ranks'
  *     indices covers every position of the chunk exactly once; every
  *     document is split head-tail (the layout equals cp_layout_new_thd of
- *     the emitted cu_seqlens); each rank's tokens are the input's at its
+ *     the emitted cu_seqlens, or is empty when there are no documents and
+ *     so no tokens); each rank's tokens are the input's at its
  *     indices; with seq_lens, the ranks' local_cu_seqlens add up to the
  *     real token count, and the layout-rule padding_mask marks exactly the
  *     positions between a document's real and padded end;
@@ -303,7 +304,10 @@ check_chunk (Check *check)
 {
   int cp = check->input->cp_size;
   g_autoptr(GArray) bounds = emitted_bounds (check->outs[0], check->input, check->chunk);
-  g_autoptr(CpLayout) expected = cp_layout_new_thd ((gint64 *) bounds->data, bounds->len, cp, NULL);
+  /* No documents (no tokens either): every rank's share is empty. */
+  g_autoptr(CpLayout) expected = bounds->len > 1
+    ? cp_layout_new_thd ((gint64 *) bounds->data, bounds->len, cp, NULL)
+    : cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, 0, cp, NULL);
   CpLayout *layout = cp_batch_get_layout (check->outs[0], (guint) check->chunk);
   g_autofree guint8 *seen = g_malloc0 ((gsize) check->chunk_tokens + 1);
 
