@@ -639,10 +639,10 @@ rotate_method_of (CpBatchOptions *options)
  * checked first, on each rank alone, and enter compares the lengths and
  * layouts of the ranks.)
  *
- * While it runs, prepare holds every buffer it pads: one tensor in the
- * batches of two ranks, or a loss mask in options every rank shares,
- * fails with %CP_TENSOR_ERROR_IN_USE on every rank; give each rank its
- * own tensors.
+ * While it runs, prepare holds every buffer it reads or pads: one tensor
+ * in the batches of two ranks, or a loss mask in options every rank
+ * shares, fails with %CP_TENSOR_ERROR_IN_USE on every rank; give each rank
+ * its own tensors.
  *
  * Returns: (transfer full): the context, or %NULL with
  *   %CP_BATCH_ERROR_MISSING_KEY or %CP_BATCH_ERROR_CONFLICTING_KEYS (naming
