@@ -408,11 +408,11 @@ class SharedTensorTests(unittest.TestCase):
 
     RUNS = 20
 
-    def assert_in_use(self, caught, needle, what):
+    def assert_in_use(self, caught, needle, subject, what):
         self.assertTrue(caught.exception.matches(Cp.tensor_error_quark(), Cp.TensorError.IN_USE),
                         caught.exception)
         self.assertIn(needle, caught.exception.message)
-        record_error(self, 'CpBatch', what, caught.exception)
+        record_error(self, subject, what, caught.exception)
 
     def test_one_tensor_in_every_rank_batch(self):
         for size in (2, 4):
@@ -427,8 +427,8 @@ class SharedTensorTests(unittest.TestCase):
                     ids = batch['input_ids']
                     with self.assertRaises(GLib.Error) as caught:
                         batch.prepare(mesh)
-                    self.assert_in_use(caught, "prepare: 'labels' is being changed in place",
-                                       'Batch.prepare on every rank with one labels tensor in every '
+                    self.assert_in_use(caught, "prepare: 'labels' is being changed in place", 'CpBatch',
+                                       'cp_batch_prepare on every rank with one labels tensor in every '
                                        "rank's batch (every rank fails)")
                     self.assertEqual(batch.keys(), ['input_ids', 'labels'])
                     np.testing.assert_array_equal(ids.numpy(), [[11, 12, 13, 14, 15, 16]])
@@ -443,8 +443,8 @@ class SharedTensorTests(unittest.TestCase):
         def rank(mesh):
             with self.assertRaises(GLib.Error) as caught:
                 e2_batch().prepare(mesh, options)
-            self.assert_in_use(caught, "'loss_mask'", 'Batch.prepare on every rank with one options '
-                               'object carrying a loss mask (every rank fails)')
+            self.assert_in_use(caught, "'loss_mask'", 'CpBatch', 'cp_batch_prepare on every rank with '
+                               'one options object carrying a loss mask (every rank fails)')
         for _ in range(self.RUNS):
             run_ranks([2], rank)
         np.testing.assert_array_equal(mask.numpy(), [[1, 1, 1, 0, 0, 0]])
@@ -458,13 +458,33 @@ class SharedTensorTests(unittest.TestCase):
             with self.assertRaises(GLib.Error) as caught:
                 with ctx:
                     self.fail('no rank may enter')
-            self.assert_in_use(caught, 'enter: buffer 0 is being changed in place',
-                               'Context enter on every rank with one tensor registered by every '
+            self.assert_in_use(caught, 'enter: buffer 0 is being changed in place', 'CpContext',
+                               'cp_context_enter on every rank with one tensor registered by every '
                                'rank (every rank fails)')
             self.assertFalse(ctx.is_entered())
         for _ in range(self.RUNS):
             run_ranks([2], rank)
         np.testing.assert_array_equal(shared.numpy(), [np.arange(8)])
+
+    def test_one_array_wrapped_by_every_rank(self):
+        # Separate tensor objects may view one memory: prepare and enter give
+        # a tensor new memory instead of writing into the memory it views.
+        ids = np.arange(6)[None] + 10
+        labels = np.arange(6)[None]
+
+        def rank(mesh):
+            batch = Cp.Batch()
+            batch['input_ids'] = Cp.Tensor.from_numpy(ids)
+            batch['labels'] = Cp.Tensor.from_numpy(labels)
+            index = [0, 1, 6, 7] if mesh.get_rank() == 0 else [2, 3, 4, 5]
+            with batch.prepare(mesh):
+                np.testing.assert_array_equal(batch['labels'].numpy(),
+                                              np.pad(labels, ((0, 0), (0, 2)), constant_values=-100)[:, index])
+                np.testing.assert_array_equal(batch['input_ids'].numpy(), np.pad(ids, ((0, 0), (0, 2)))[:, index])
+        for _ in range(self.RUNS):
+            run_ranks([2], rank)
+        np.testing.assert_array_equal(ids, np.arange(6)[None] + 10)
+        np.testing.assert_array_equal(labels, np.arange(6)[None])
 
     def test_every_rank_reads_one_tensor(self):
         # The reads of the issue: shard, copy, narrow, numpy views, bytes
