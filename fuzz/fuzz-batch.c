@@ -8,14 +8,15 @@
  * sequence length differs from the others', and the options (a loss
  * mask, a rotate method name, extra buffers).  Missing bytes read as 0.
  *
- * Every rank prepares its own copy of the batch; then, if every rank
- * accepted, all ranks enter together on threads.
+ * Every rank prepares its own copy of the batch, all ranks together on
+ * threads; then, if every rank accepted, all ranks enter together.  The
+ * rows may be 0, the last batch of a dataset.
  *
  * Invariant: no crash, no sanitizer report, no critical, and:
- *   - prepare agrees on every rank; a rejection is a GError with a
- *     non-empty message that leaves the batch as it was: the same keys,
- *     the same tensor objects, over the same storage, with the same
- *     contents;
+ *   - prepare reaches the same verdict on every rank, with the same error
+ *     code; a rejection is a GError with a non-empty message that leaves
+ *     the batch as it was: the same keys, the same tensor objects, over
+ *     the same storage, with the same contents;
  *   - an accepted batch has every registered buffer padded to a multiple
  *     of 2·C along its sequence dimension, starting with the original
  *     contents;
@@ -67,7 +68,7 @@ read_shape (FuzzInput *in,
   guint8 dims = fuzz_take_u8 (in);
 
   shape->cp_size = 1 + fuzz_take_u8 (in) % MAX_RANKS;
-  shape->rows = 1 + dims % 3;
+  shape->rows = dims & 0x80 ? 0 : 1 + dims % 3;
   shape->hidden = 1 + (dims >> 2) % 3;
   shape->seq_len = fuzz_take_u8 (in) % 40;
   shape->keys = fuzz_take_u8 (in) ^ KEY_LABELS;
@@ -322,6 +323,39 @@ check_entered_or_untouched (CpContext **contexts,
     g_ptr_array_unref (prepared[r]);
 }
 
+typedef struct
+{
+  const Shape *shape;
+  int rank;
+  CpMesh *mesh;
+  CpBatch *batch;
+  CpContext *context;
+  GError *error;
+} PrepareJob;
+
+/* One rank's prepare: prepare is collective, so every rank runs on its
+ * own thread. */
+static gpointer
+prepare_rank (gpointer data)
+{
+  PrepareJob *job = data;
+  g_autoptr(GPtrArray) before = NULL;
+  g_autoptr(CpBatchOptions) options = NULL;
+
+  job->batch = make_batch (job->shape, job->rank);
+  options = make_options (job->shape, job->batch, job->rank);
+  before = cp_test_snapshot_batch (job->batch);
+  job->context = cp_batch_prepare (job->batch, job->mesh, options, &job->error);
+  if (job->context == NULL)
+    {
+      fuzz_assert_rejected (job->error);
+      cp_test_assert_batch_unchanged (job->batch, before);
+    }
+  else
+    check_padded (job->context, before, cp_context_get_cp_size (job->context));
+  return NULL;
+}
+
 int LLVMFuzzerTestOneInput (const uint8_t *data, size_t size);
 
 int
@@ -330,9 +364,9 @@ LLVMFuzzerTestOneInput (const uint8_t *data,
 {
   FuzzInput in = { data, size };
   Shape shape = { 0 };
-  CpBatch *batches[MAX_RANKS];
+  PrepareJob jobs[MAX_RANKS];
+  GThread *threads[MAX_RANKS];
   CpContext *contexts[MAX_RANKS] = { NULL };
-  GError *errors[MAX_RANKS] = { NULL };
   GList *group;
   int rejected = 0;
 
@@ -341,32 +375,29 @@ LLVMFuzzerTestOneInput (const uint8_t *data,
   group = fuzz_local_group (shape.cp_size);
   for (int r = 0; r < shape.cp_size; r++)
     {
-      g_autoptr(GPtrArray) before = NULL;
-      g_autoptr(CpBatchOptions) options = NULL;
-
-      batches[r] = make_batch (&shape, r);
-      options = make_options (&shape, batches[r], r);
-      before = cp_test_snapshot_batch (batches[r]);
-      contexts[r] = cp_batch_prepare (batches[r], g_list_nth_data (group, (guint) r), options, &errors[r]);
-      if (contexts[r] == NULL)
-        {
-          fuzz_assert_rejected (errors[r]);
-          cp_test_assert_batch_unchanged (batches[r], before);
-          rejected++;
-        }
-      else
-        check_padded (contexts[r], before, cp_context_get_cp_size (contexts[r]));
+      jobs[r] = (PrepareJob) { &shape, r, g_list_nth_data (group, (guint) r) };
+      threads[r] = g_thread_new ("fuzz-rank", prepare_rank, &jobs[r]);
     }
-  /* Prepare does not communicate; it reaches the same verdict everywhere
-   * when only the lengths differ between ranks. */
-  g_assert_true (rejected == 0 || rejected == shape.cp_size || shape.disagree != 0);
+  for (int r = 0; r < shape.cp_size; r++)
+    {
+      g_thread_join (threads[r]);
+      contexts[r] = jobs[r].context;
+      if (jobs[r].error == NULL)
+        continue;
+      g_assert_nonnull (jobs[0].error);
+      g_assert_cmpuint (jobs[r].error->domain, ==, jobs[0].error->domain);
+      g_assert_cmpint (jobs[r].error->code, ==, jobs[0].error->code);
+      rejected++;
+    }
+  /* The ranks agree on the verdict, even when their lengths differ. */
+  g_assert_true (rejected == 0 || rejected == shape.cp_size);
   if (rejected == 0 && shape.cp_size > 1)
     check_entered_or_untouched (contexts, shape.cp_size);
   for (int r = 0; r < shape.cp_size; r++)
     {
-      g_clear_object (&contexts[r]);
-      g_clear_error (&errors[r]);
-      g_object_unref (batches[r]);
+      g_clear_object (&jobs[r].context);
+      g_clear_error (&jobs[r].error);
+      g_object_unref (jobs[r].batch);
     }
   return 0;
 }

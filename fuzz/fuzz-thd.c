@@ -21,10 +21,14 @@
  *   - for an accepted conversion, in every chunk: the union of the ranks'
  *     indices covers every position of the chunk exactly once; every
  *     document is split head-tail (the layout equals cp_layout_new_thd of
- *     the emitted cu_seqlens); each rank's tokens are the input's at its
+ *     the emitted cu_seqlens, or is empty when there are no documents and
+ *     so no tokens); each rank's tokens are the input's at its
  *     indices; with seq_lens, the ranks' local_cu_seqlens add up to the
  *     real token count, and the layout-rule padding_mask marks exactly the
- *     positions between a document's real and padded end.
+ *     positions between a document's real and padded end;
+ *   - a packed batch's sentinel entries stay where they were: sharded, its
+ *     cu_seqlens is the given cu_seqlens_padded (or cu_seqlens), bit for
+ *     bit, as the reference passes it through.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -127,7 +131,8 @@ lengths (const Input *input,
   return tensor;
 }
 
-/* Bounds from the first row's lengths, as a packed batch carries them. */
+/* Bounds from the first row's lengths, as a packed batch carries them;
+ * a document whose length is the sentinel leaves a sentinel entry. */
 static CpTensor *
 packed_bounds (const Input *input,
                gint64     (*values)[MAX_DOCS])
@@ -138,8 +143,10 @@ packed_bounds (const Input *input,
 
   for (int i = 0; i < input->n_docs; i++)
     {
-      total += values[0][i];
-      cp_tensor_set_value (tensor, i + 1, (double) (gint32) total);
+      gboolean sentinel = i > 0 && values[0][i] == input->sentinel;
+
+      total += sentinel ? 0 : values[0][i];
+      cp_tensor_set_value (tensor, i + 1, (double) (sentinel ? input->sentinel : (gint32) total));
     }
   return tensor;
 }
@@ -239,7 +246,7 @@ emitted_bounds (CpBatch     *out,
       gint64 value = (gint64) cp_tensor_get_value (cu, c * width + i);
 
       if (value == input->sentinel && i > 0)
-        break;
+        continue;
       g_array_append_val (bounds, value);
     }
   return bounds;
@@ -297,7 +304,10 @@ check_chunk (Check *check)
 {
   int cp = check->input->cp_size;
   g_autoptr(GArray) bounds = emitted_bounds (check->outs[0], check->input, check->chunk);
-  g_autoptr(CpLayout) expected = cp_layout_new_thd ((gint64 *) bounds->data, bounds->len, cp, NULL);
+  /* No documents (no tokens either): every rank's share is empty. */
+  g_autoptr(CpLayout) expected = bounds->len > 1
+    ? cp_layout_new_thd ((gint64 *) bounds->data, bounds->len, cp, NULL)
+    : cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, 0, cp, NULL);
   CpLayout *layout = cp_batch_get_layout (check->outs[0], (guint) check->chunk);
   g_autofree guint8 *seen = g_malloc0 ((gsize) check->chunk_tokens + 1);
 
@@ -352,6 +362,19 @@ check_real_count (Check *check)
   g_assert_cmpint (total, ==, real_tokens (input, check->chunk * rows, rows));
 }
 
+/* Sharded, a packed batch's cu_seqlens is its padded bounds as given,
+ * sentinel entries in place, as the reference passes them through. */
+static void
+check_packed_bounds (Check *check)
+{
+  CpTensor *given = cp_batch_get (check->in, "cu_seqlens_padded");
+
+  if (given == NULL)
+    given = cp_batch_get (check->in, "cu_seqlens");
+  for (int r = 0; r < check->input->cp_size; r++)
+    g_assert_true (cp_tensor_equal (cp_batch_get (check->outs[r], "cu_seqlens"), given));
+}
+
 static void
 check_accepted (Check *check)
 {
@@ -361,6 +384,8 @@ check_accepted (Check *check)
 
   if (input->cp_size == 1)
     return; /* unsharded: views of the input, checked by the unit tests */
+  if (input->form & FORM_PACKED)
+    check_packed_bounds (check);
   check->chunk_tokens = tokens / input->num_chunks;
   for (check->chunk = 0; check->chunk < input->num_chunks; check->chunk++)
     {

@@ -12,11 +12,15 @@
 #include "cp-context-private.h"
 #include "cp-dtype-private.h"
 #include "cp-error.h"
+#include "cp-mesh-private.h"
 #include "cp-tensor-private.h"
 
-/* Prepare runs in three phases so that a bad batch is never half
- * modified: collect (validate and choose the buffers), materialize
- * (allocate every padded tensor), commit (swap them in; cannot fail). */
+/* Prepare runs in phases so that a bad batch is never half modified:
+ * claim (hold every tensor prepare may read or change, so that no other
+ * rank's prepare or context changes it meanwhile), collect (validate and
+ * choose the buffers), materialize (allocate every padded tensor), agree
+ * (every rank learns whether all could), commit (swap them in; cannot
+ * fail). */
 
 typedef struct
 {
@@ -41,6 +45,7 @@ typedef struct
   gint64 padded_len;     /* S rounded up to a multiple of 2·C */
   const char *primary_key;
   CpLayout *layout;
+  GPtrArray *claimed;    /* of CpTensor*, held by this plan until it is cleared */
 } Plan;
 
 static void
@@ -57,8 +62,66 @@ item_free (gpointer data)
 static void
 plan_clear (Plan *plan)
 {
+  for (guint i = 0; plan->claimed != NULL && i < plan->claimed->len; i++)
+    _cp_tensor_release (plan->claimed->pdata[i], plan);
+  g_clear_pointer (&plan->claimed, g_ptr_array_unref);
   g_clear_pointer (&plan->items, g_ptr_array_unref);
   g_clear_pointer (&plan->layout, cp_layout_unref);
+}
+
+/* Holds @tensor (which may be NULL) for this plan; the plan may name one
+ * tensor several times (collect refuses that later, by key). */
+static gboolean
+claim_tensor (Plan        *plan,
+              CpTensor    *tensor,
+              const char  *key,
+              GError     **error)
+{
+  g_autofree char *label = NULL;
+
+  if (tensor == NULL || g_ptr_array_find (plan->claimed, tensor, NULL))
+    return TRUE;
+  if (_cp_tensor_claim (tensor, plan))
+    {
+      g_ptr_array_add (plan->claimed, g_object_ref (tensor));
+      return TRUE;
+    }
+  label = g_strdup_printf ("'%s'", key);
+  _cp_tensor_set_in_use_error (error, "prepare", label);
+  return FALSE;
+}
+
+/* Every tensor prepare may read or pad, found by key alone: reading one
+ * that another holder is changing would race with it. */
+static gboolean
+plan_claim (Plan            *plan,
+            CpBatch         *batch,
+            CpBatchOptions  *options,
+            GError         **error)
+{
+  static const char * const standard[] = {
+    "input_ids", "inputs_embeds", "labels", "position_ids", "loss_mask", "padding_mask",
+  };
+  g_autoptr(GPtrArray) marked = _cp_batch_dup_marked_keys (batch);
+  guint n_extras = options != NULL ? cp_batch_options_get_n_extra_buffers (options) : 0;
+
+  for (guint i = 0; i < G_N_ELEMENTS (standard); i++)
+    if (!claim_tensor (plan, cp_batch_get (batch, standard[i]), standard[i], error))
+      return FALSE;
+  if (options != NULL &&
+      !claim_tensor (plan, cp_batch_options_get_loss_mask (options), "loss_mask", error))
+    return FALSE;
+  for (guint i = 0; i < n_extras; i++)
+    {
+      const char *key = cp_batch_options_get_extra_buffer (options, i, NULL);
+
+      if (!claim_tensor (plan, cp_batch_get (batch, key), key, error))
+        return FALSE;
+    }
+  for (guint i = 0; i < marked->len; i++)
+    if (!claim_tensor (plan, cp_batch_get (batch, marked->pdata[i]), marked->pdata[i], error))
+      return FALSE;
+  return TRUE;
 }
 
 G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (Plan, plan_clear)
@@ -399,6 +462,10 @@ synthesize_positions (Plan     *plan,
 
   if (positions == NULL)
     return NULL;
+  /* A batch of no rows (the last, empty batch of a dataset) has no first
+   * row to write the positions to. */
+  if (plan->rows == 0)
+    return positions;
   data = cp_tensor_get_data (positions);
   for (gint64 p = 0; p < plan->seq_len; p++)
     data[p] = p;
@@ -512,7 +579,7 @@ plan_commit (Plan           *plan,
           item->tensor = g_object_ref (item->prepared);
         }
       else if (item->prepared != NULL)
-        _cp_tensor_assign (item->tensor, item->prepared);
+        _cp_tensor_assign (item->tensor, plan, item->prepared);
       _cp_context_register_named (context, item->key, item->tensor, (int) item->dim, item->restore);
     }
   _cp_context_set_layout (context, plan->layout);
@@ -565,14 +632,24 @@ rotate_method_of (CpBatchOptions *options)
  * whether or not padding was needed.
  *
  * Everything is checked before anything changes: on error the batch and
- * its tensors are as they were. Prepare does not communicate; enter
- * checks that all ranks agree.
+ * its tensors are as they were. Every rank of the group calls prepare
+ * together: after its own checks each rank tells the others, in one small
+ * all-gather, whether it can go on, so an error on any rank is the same
+ * error on every rank, and no rank changes anything. (The options are
+ * checked first, on each rank alone, and enter compares the lengths and
+ * layouts of the ranks.)
+ *
+ * While it runs, prepare holds every buffer it reads or pads: one tensor
+ * in the batches of two ranks, or a loss mask in options every rank
+ * shares, fails with %CP_TENSOR_ERROR_IN_USE on every rank; give each rank
+ * its own tensors.
  *
  * Returns: (transfer full): the context, or %NULL with
  *   %CP_BATCH_ERROR_MISSING_KEY or %CP_BATCH_ERROR_CONFLICTING_KEYS (naming
  *   the keys), %CP_TENSOR_ERROR_SHAPE (naming the key, the dimension and
- *   the lengths), %CP_BATCH_ERROR_INVALID_OPTION, or
- *   %CP_MESH_ERROR_INVALID_TOPOLOGY for a mesh without a `cp` dimension
+ *   the lengths), %CP_TENSOR_ERROR_IN_USE (naming the key),
+ *   %CP_BATCH_ERROR_INVALID_OPTION, or %CP_MESH_ERROR_INVALID_TOPOLOGY for
+ *   a mesh without a `cp` dimension
  *
  * Since: 1.0
  */
@@ -582,8 +659,11 @@ cp_batch_prepare (CpBatch         *self,
                   CpBatchOptions  *options,
                   GError         **error)
 {
+  static const char * const agreed_on[] = { "context-parallel size" };
   g_auto(Plan) plan = { 0 };
   CpMesh *group = NULL;
+  GError *invalid = NULL;
+  gint64 cp_size;
 
   g_return_val_if_fail (CP_IS_BATCH (self), NULL);
   g_return_val_if_fail (mesh == NULL || CP_IS_MESH (mesh), NULL);
@@ -598,9 +678,15 @@ cp_batch_prepare (CpBatch         *self,
     return cp_context_new (group, rotate_method_of (options));
 
   plan.items = g_ptr_array_new_with_free_func (item_free);
+  plan.claimed = g_ptr_array_new_with_free_func (g_object_unref);
   plan.cp_size = cp_mesh_get_world_size (group);
   plan.cp_rank = cp_mesh_get_rank (group);
-  if (!plan_collect (&plan, self, options, error) || !plan_materialize (&plan, error))
+  cp_size = plan.cp_size;
+  if (plan_claim (&plan, self, options, &invalid) && plan_collect (&plan, self, options, &invalid))
+    plan_materialize (&plan, &invalid);
+  /* One collective whatever happened here: a rank that cannot prepare
+   * makes every rank fail, before any rank has changed anything. */
+  if (!_cp_mesh_agree (group, "prepare", agreed_on, &cp_size, 1, invalid, error))
     return NULL;
   return plan_commit (&plan, self, group, rotate_method_of (options));
 }

@@ -544,7 +544,12 @@ plan_partition (Thd      *thd,
           return FALSE;
         }
     }
-  chunk->layout = cp_layout_new_thd ((const gint64 *) chunk->cu_padded->data, n, thd->cp_size, error);
+  /* A chunk without documents (a batch of no rows) holds no tokens: every
+   * rank's share is empty, which the plain layout of length 0 says. */
+  if (n == 1)
+    chunk->layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, 0, thd->cp_size, error);
+  else
+    chunk->layout = cp_layout_new_thd ((const gint64 *) chunk->cu_padded->data, n, thd->cp_size, error);
   return chunk->layout != NULL;
 }
 
@@ -673,11 +678,38 @@ add_tokens (Thd         *thd,
 
 typedef GArray *(*BoundsOf) (Chunk *chunk, Thd *thd);
 
+/* An already packed batch keeps its sentinel entries where its input had
+ * them, as the reference passes the packed cu_seqlens_padded through:
+ * takes @bounds, the entries that are not the sentinel, and puts them
+ * back between the sentinels of @given. */
+static GArray *
+restore_sentinels (Thd      *thd,
+                   GArray   *bounds,
+                   CpTensor *given)
+{
+  const gint32 *data = cp_tensor_get_data (given);
+  gint64 n = cp_tensor_get_numel (given);
+  GArray *out = g_array_sized_new (FALSE, FALSE, sizeof (gint64), (guint) n);
+  guint next = 0;
+
+  for (gint64 i = 0; i < n; i++)
+    {
+      gint64 value = data[i] == thd->sentinel ? thd->sentinel : BOUND (bounds, next++);
+
+      g_array_append_val (out, value);
+    }
+  g_assert (next == bounds->len);
+  g_array_unref (bounds);
+  return out;
+}
+
 /* Per-chunk bounds as an int32 tensor: [n] for one chunk, [chunks, n]
- * right-padded with the sentinel otherwise. */
+ * right-padded with the sentinel otherwise.  @given is the packed input
+ * whose sentinel positions the bounds keep, or NULL. */
 static CpTensor *
 bounds_tensor (Thd       *thd,
                BoundsOf   bounds_of,
+               CpTensor  *given,
                GError   **error)
 {
   g_autoptr(GPtrArray) arrays = g_ptr_array_new_with_free_func ((GDestroyNotify) g_array_unref);
@@ -689,6 +721,8 @@ bounds_tensor (Thd       *thd,
     {
       GArray *bounds = bounds_of (&thd->chunks[c], thd);
 
+      if (given != NULL)
+        bounds = restore_sentinels (thd, bounds, given);
       shape[1] = MAX (shape[1], (gint64) bounds->len);
       g_ptr_array_add (arrays, bounds);
     }
@@ -779,9 +813,10 @@ add_bounds (Thd         *thd,
             CpBatch     *out,
             const char  *key,
             BoundsOf     bounds_of,
+            CpTensor    *given,
             GError     **error)
 {
-  return add_tensor (out, key, bounds_tensor (thd, bounds_of, error));
+  return add_tensor (out, key, bounds_tensor (thd, bounds_of, given, error));
 }
 
 /* The widest document of each chunk, int32: 0-d for one chunk. */
@@ -917,6 +952,9 @@ build_output (Thd      *thd,
   g_autoptr(CpBatch) out = cp_batch_new ();
   gboolean sharded = thd->cp_size > 1;
   gboolean any_padded = FALSE;
+  /* The packed input's bounds, whose sentinel entries the output keeps. */
+  CpTensor *given_real = thd->packed ? thd->cu_seqlens : NULL;
+  CpTensor *given_padded = thd->cu_seqlens_padded != NULL ? thd->cu_seqlens_padded : given_real;
 
   _cp_batch_set_qkv_format (out, "thd");
   if (!add_tokens (thd, out, thd->primary_key, thd->primary, error) ||
@@ -927,16 +965,18 @@ build_output (Thd      *thd,
     any_padded |= thd->chunks[c].emit_padded;
   /* Sharded, `cu_seqlens` is the global padded bounds, as Transformer
    * Engine's context-parallel attention expects. */
-  if (!add_bounds (thd, out, "cu_seqlens", sharded ? padded_bounds : real_bounds, error) ||
-      (!sharded && any_padded && !add_bounds (thd, out, "cu_seqlens_padded", padded_bounds, error)) ||
+  if (!add_bounds (thd, out, "cu_seqlens", sharded ? padded_bounds : real_bounds,
+                   sharded ? given_padded : given_real, error) ||
+      (!sharded && any_padded &&
+       !add_bounds (thd, out, "cu_seqlens_padded", padded_bounds, given_padded, error)) ||
       !add_max_seqlen (thd, out, sharded, error) ||
       !add_padding_mask (thd, out, cp_batch_get (out, thd->primary_key), error))
     return NULL;
   if (!sharded)
     return g_steal_pointer (&out);
   if (!add_rank_info (thd, out, error) ||
-      !add_bounds (thd, out, "local_cu_seqlens", local_real_bounds, error) ||
-      !add_bounds (thd, out, "local_cu_seqlens_padded", local_padded_bounds, error))
+      !add_bounds (thd, out, "local_cu_seqlens", local_real_bounds, given_padded, error) ||
+      !add_bounds (thd, out, "local_cu_seqlens_padded", local_padded_bounds, given_padded, error))
     return NULL;
   return g_steal_pointer (&out);
 }
@@ -976,6 +1016,11 @@ build_output (Thd      *thd,
  * bounds of the real tokens this rank holds of each document, and
  * `local_cu_seqlens_padded`, its padded share. [method@Cp.Batch.get_layout]
  * gives the layout of each chunk.
+ *
+ * An already packed batch is only partitioned, with the bounds that are
+ * not the sentinel; its sentinel entries stay where they were in every
+ * bounds output, as the reference passes a packed `cu_seqlens_padded`
+ * through (sharded, `cu_seqlens` is that tensor's values exactly).
  *
  * `padding_mask` marks the positions between each document's real and
  * padded end ([enum@Cp.PaddingMaskRule]). Unsharded outputs view the input

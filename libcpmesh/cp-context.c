@@ -50,6 +50,17 @@
  * context manager (`with ctx:`); gjs and Vala use [method@Cp.Context.run]
  * or enter and exit.
  *
+ * While it is entered a context holds its buffers: no other context (of
+ * another rank, or another one entered on this rank) and no
+ * [method@Cp.Batch.prepare] may change them in place, and such an enter or
+ * prepare fails with %CP_TENSOR_ERROR_IN_USE on every rank of its call.
+ * Give every rank its own tensors; only reading a tensor from several
+ * ranks at once is safe, and then not while a context holds it.
+ *
+ * Misuse is an error, not a warning: entering an entered context, exiting
+ * one that is not entered, or registering a buffer while entered fail with
+ * %CP_BATCH_ERROR_CONTEXT_STATE and change nothing.
+ *
  * A context is used by the thread of its rank.
  *
  * Since: 1.0
@@ -83,6 +94,7 @@ struct _CpContext
   CpLayout *layout;
   gint64 unpadded_len;   /* the batch's length before prepare padded it, or -1 */
   gboolean entered;
+  gboolean holds_buffers; /* entered with a group: the buffers are claimed */
 };
 
 G_DEFINE_FINAL_TYPE (CpContext, cp_context, G_TYPE_OBJECT)
@@ -109,11 +121,19 @@ buffer_free (gpointer data)
   g_free (buffer);
 }
 
+static void release_buffers (CpContext *self,
+                             guint      n);
+
 static void
 cp_context_dispose (GObject *object)
 {
   CpContext *self = (CpContext *) object;
 
+  /* A context dropped while entered leaves its buffers local, and free
+   * for others to use. */
+  if (self->holds_buffers)
+    release_buffers (self, self->buffers->len);
+  self->holds_buffers = FALSE;
   g_clear_object (&self->mesh);
   g_ptr_array_set_size (self->buffers, 0);
 
@@ -466,6 +486,15 @@ _cp_context_register_named (CpContext  *self,
   g_ptr_array_add (self->buffers, buffer);
 }
 
+static gboolean
+set_state_error (GError     **error,
+                 const char  *what,
+                 const char  *problem)
+{
+  g_set_error (error, CP_BATCH_ERROR, CP_BATCH_ERROR_CONTEXT_STATE, "%s: %s", what, problem);
+  return FALSE;
+}
+
 /**
  * cp_context_register_buffer:
  * @self: a context that is not entered
@@ -473,25 +502,42 @@ _cp_context_register_named (CpContext  *self,
  * @seq_dim: its sequence dimension; negative values count from the last
  * @restore: whether exit puts the full buffer back (otherwise it stays
  *   local after exit)
+ * @error: return location for a #GError
  *
  * Adds a buffer that enter shards in place. Buffers are kept in
  * registration order; all of them must have the same padded length
  * along their sequence dimensions when the context is entered.
  *
+ * Returns: %TRUE when @tensor was added, or %FALSE with
+ *   %CP_BATCH_ERROR_CONTEXT_STATE while the context is entered, or
+ *   %CP_BATCH_ERROR_CONFLICTING_KEYS when @tensor is registered already
+ *   (sharding it twice in place would corrupt it)
+ *
  * Since: 1.0
  */
-void
-cp_context_register_buffer (CpContext *self,
-                            CpTensor  *tensor,
-                            int        seq_dim,
-                            gboolean   restore)
+gboolean
+cp_context_register_buffer (CpContext  *self,
+                            CpTensor   *tensor,
+                            int         seq_dim,
+                            gboolean    restore,
+                            GError    **error)
 {
-  g_return_if_fail (CP_IS_CONTEXT (self));
-  g_return_if_fail (CP_IS_TENSOR (tensor));
-  g_return_if_fail (!self->entered);
-  g_return_if_fail (!is_registered (self, tensor));
+  g_return_val_if_fail (CP_IS_CONTEXT (self), FALSE);
+  g_return_val_if_fail (CP_IS_TENSOR (tensor), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
+  if (self->entered)
+    return set_state_error (error, "register_buffer",
+                            "the context is entered; register buffers before enter or after exit");
+  if (is_registered (self, tensor))
+    {
+      g_set_error (error, CP_BATCH_ERROR, CP_BATCH_ERROR_CONFLICTING_KEYS,
+                   "register_buffer: the tensor is registered already; sharding it twice in "
+                   "place would corrupt it");
+      return FALSE;
+    }
   _cp_context_register_named (self, NULL, tensor, seq_dim, restore);
+  return TRUE;
 }
 
 /**
@@ -605,16 +651,54 @@ cp_context_get_buffer_name (CpContext *self,
   return get_buffer (self, index)->name;
 }
 
+/* "'labels'" or "buffer 2": no shape, which another thread may be
+ * changing when a claim fails. */
+static char *
+name_buffer (Buffer *buffer,
+             guint   index)
+{
+  if (buffer->name != NULL)
+    return g_strdup_printf ("'%s'", buffer->name);
+  return g_strdup_printf ("buffer %u", index);
+}
+
 /* "'labels' (int64[1, 6] on host)" or "buffer 2 (…)" */
 static char *
 describe_buffer (Buffer *buffer,
                  guint   index)
 {
+  g_autofree char *name = name_buffer (buffer, index);
   g_autofree char *tensor = cp_tensor_describe (buffer->tensor);
 
-  if (buffer->name != NULL)
-    return g_strdup_printf ("'%s' (%s)", buffer->name, tensor);
-  return g_strdup_printf ("buffer %u (%s)", index, tensor);
+  return g_strdup_printf ("%s (%s)", name, tensor);
+}
+
+static void
+release_buffers (CpContext *self,
+                 guint      n)
+{
+  for (guint i = 0; i < n; i++)
+    _cp_tensor_release (get_buffer (self, i)->tensor, self);
+}
+
+/* Claims every buffer for this context, or none. */
+static gboolean
+claim_buffers (CpContext  *self,
+               GError    **error)
+{
+  for (guint i = 0; i < self->buffers->len; i++)
+    {
+      Buffer *buffer = get_buffer (self, i);
+      g_autofree char *label = NULL;
+
+      if (_cp_tensor_claim (buffer->tensor, self))
+        continue;
+      release_buffers (self, i);
+      label = name_buffer (buffer, i);
+      _cp_tensor_set_in_use_error (error, "enter", label);
+      return FALSE;
+    }
+  return TRUE;
 }
 
 /* A buffer left local by an earlier enter still holds the storage that
@@ -791,7 +875,7 @@ commit_enter (CpContext *self,
         continue;
       if (buffer->restore)
         save_full_view (buffer);
-      _cp_tensor_assign (buffer->tensor, steps[i].piece);
+      _cp_tensor_assign (buffer->tensor, self, steps[i].piece);
       buffer->local = cp_tensor_get_storage (buffer->tensor);
     }
 }
@@ -816,9 +900,15 @@ enter_group (CpContext  *self,
   g_autoptr(CpLayout) layout = NULL;
   GError *invalid = NULL;
   gint64 values[3] = { 0, 0, self->unpadded_len };
+  gboolean claimed = FALSE;
   gboolean agreed;
 
-  layout = plan_enter (self, steps, &invalid);
+  /* Entered already, or a buffer held elsewhere: this rank's error goes
+   * to the all-gather like any other, so every rank fails alike. */
+  if (self->entered)
+    set_state_error (&invalid, "enter", "the context is entered already; exit it first");
+  else if ((claimed = claim_buffers (self, &invalid)))
+    layout = plan_enter (self, steps, &invalid);
   if (layout != NULL)
     {
       values[0] = cp_layout_get_seq_len (layout);
@@ -832,7 +922,10 @@ enter_group (CpContext  *self,
       commit_enter (self, steps);
       if (layout != NULL)
         _cp_context_set_layout (self, layout);
+      self->holds_buffers = TRUE;
     }
+  else if (claimed)
+    release_buffers (self, n);
   steps_free (steps, n);
   return agreed;
 }
@@ -848,12 +941,18 @@ enter_group (CpContext  *self,
  * batches before prepare padded them; on any error, on any rank, every
  * rank fails and no buffer is modified.
  *
+ * From here to [method@Cp.Context.exit] the context holds its buffers:
+ * a buffer that another context or a prepare holds at the same time makes
+ * every rank fail with %CP_TENSOR_ERROR_IN_USE.
+ *
  * Returns: %TRUE on success, or %FALSE with %CP_TENSOR_ERROR_SHAPE
  *   (buffers disagree on the length, or a dimension does not exist),
  *   %CP_BATCH_ERROR_INDIVISIBLE (the length is not a multiple of 2·C),
- *   %CP_TENSOR_ERROR_DEVICE, or %CP_MESH_ERROR_INVALID_TOPOLOGY (ranks
- *   disagree on the layout or the batch length); each names the buffer
- *   and the values
+ *   %CP_TENSOR_ERROR_DEVICE, %CP_TENSOR_ERROR_IN_USE (a buffer is held by
+ *   another context or prepare), %CP_BATCH_ERROR_CONTEXT_STATE (the
+ *   context is entered already: it stays entered), or
+ *   %CP_MESH_ERROR_INVALID_TOPOLOGY (ranks disagree on the layout or the
+ *   batch length); each names the buffer and the values
  *
  * Since: 1.0
  */
@@ -862,21 +961,26 @@ cp_context_enter (CpContext  *self,
                   GError    **error)
 {
   g_return_val_if_fail (CP_IS_CONTEXT (self), FALSE);
-  g_return_val_if_fail (!self->entered, FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
-  if (cp_context_get_cp_size (self) > 1 && !enter_group (self, error))
-    return FALSE;
+  if (cp_context_get_cp_size (self) > 1)
+    {
+      if (!enter_group (self, error))
+        return FALSE;
+    }
+  else if (self->entered)
+    return set_state_error (error, "enter", "the context is entered already; exit it first");
   set_entered (self, TRUE);
   return TRUE;
 }
 
 static void
-restore_full_view (Buffer *buffer)
+restore_full_view (CpContext *self,
+                   Buffer    *buffer)
 {
   if (buffer->saved_storage == NULL)
     return;
-  _cp_tensor_replace (buffer->tensor, buffer->saved_storage, buffer->saved_offset,
+  _cp_tensor_replace (buffer->tensor, self, buffer->saved_storage, buffer->saved_offset,
                       buffer->saved_shape, buffer->saved_n_dims);
   g_clear_pointer (&buffer->saved_storage, cp_storage_unref);
   buffer->local = NULL;
@@ -888,9 +992,11 @@ restore_full_view (Buffer *buffer)
  * @error: return location for a #GError
  *
  * Puts back the full contents of every restorable buffer; the others
- * keep their local pieces. Needs no communication.
+ * keep their local pieces. Needs no communication. The context no longer
+ * holds its buffers afterwards.
  *
- * Returns: %TRUE on success
+ * Returns: %TRUE on success, or %FALSE with %CP_BATCH_ERROR_CONTEXT_STATE
+ *   when the context is not entered
  *
  * Since: 1.0
  */
@@ -899,11 +1005,15 @@ cp_context_exit (CpContext  *self,
                  GError    **error)
 {
   g_return_val_if_fail (CP_IS_CONTEXT (self), FALSE);
-  g_return_val_if_fail (self->entered, FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
+  if (!self->entered)
+    return set_state_error (error, "exit", "the context is not entered");
   for (guint i = 0; i < self->buffers->len; i++)
-    restore_full_view (get_buffer (self, i));
+    restore_full_view (self, get_buffer (self, i));
+  if (self->holds_buffers)
+    release_buffers (self, self->buffers->len);
+  self->holds_buffers = FALSE;
   set_entered (self, FALSE);
   return TRUE;
 }

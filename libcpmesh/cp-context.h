@@ -53,10 +53,11 @@ CP_AVAILABLE_IN_ALL
 CpLayout       *cp_context_get_layout           (CpContext       *self);
 
 CP_AVAILABLE_IN_ALL
-void            cp_context_register_buffer      (CpContext       *self,
+gboolean        cp_context_register_buffer      (CpContext       *self,
                                                  CpTensor        *tensor,
                                                  int              seq_dim,
-                                                 gboolean         restore);
+                                                 gboolean         restore,
+                                                 GError         **error);
 CP_AVAILABLE_IN_ALL
 guint           cp_context_get_n_buffers        (CpContext       *self);
 CP_AVAILABLE_IN_ALL

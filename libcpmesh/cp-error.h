@@ -38,6 +38,12 @@ G_BEGIN_DECLS
  *   valid range
  * @CP_TENSOR_ERROR_MISALIGNED: foreign memory is not aligned to the element
  *   size
+ * @CP_TENSOR_ERROR_IN_USE: the tensor is being changed in place by another
+ *   batch preparation or context (another rank's, or a context entered on
+ *   this rank), so this one may not change it
+ * @CP_TENSOR_ERROR_UNSEALED: a file descriptor to map could shrink under
+ *   the mapping: it is neither a memfd sealed against shrinking nor a
+ *   dma-buf
  *
  * Errors of the [error@Cp.TensorError] domain.
  *
@@ -52,6 +58,8 @@ typedef enum
   CP_TENSOR_ERROR_OUT_OF_MEMORY,
   CP_TENSOR_ERROR_OUT_OF_RANGE,
   CP_TENSOR_ERROR_MISALIGNED,
+  CP_TENSOR_ERROR_IN_USE,
+  CP_TENSOR_ERROR_UNSEALED,
 } CpTensorError;
 
 /**
@@ -113,6 +121,9 @@ typedef enum
  * @CP_BATCH_ERROR_UNSUPPORTED_FORMAT: the requested format is not supported
  * @CP_BATCH_ERROR_INVALID_OPTION: an option holds a value outside its range,
  *   for example an unknown rotate method
+ * @CP_BATCH_ERROR_CONTEXT_STATE: the context is not in the state the call
+ *   needs: entered twice, exited without being entered, or given a buffer
+ *   while entered
  *
  * Errors of the [error@Cp.BatchError] domain.
  *
@@ -127,6 +138,7 @@ typedef enum
   CP_BATCH_ERROR_INVALID_SEQ_LENS,
   CP_BATCH_ERROR_UNSUPPORTED_FORMAT,
   CP_BATCH_ERROR_INVALID_OPTION,
+  CP_BATCH_ERROR_CONTEXT_STATE,
 } CpBatchError;
 
 /**

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <glib/gstdio.h>
@@ -16,6 +17,11 @@
 #include "cp-error.h"
 #include "cp-host-memory-private.h"
 #include "cp-storage-private.h"
+
+/* The file system magic of dma-bufs (linux/magic.h). */
+#ifndef DMA_BUF_MAGIC
+# define DMA_BUF_MAGIC 0x444d4142
+#endif
 
 /**
  * CpStorage:
@@ -57,6 +63,8 @@ struct _CpStorage
   gpointer user_data;
   GDestroyNotify destroy;
 
+  GObject *owner;
+
   int fd;
   gpointer map_base;
   gsize map_length;
@@ -86,6 +94,12 @@ release_borrowed (CpStorage *self)
 }
 
 static void
+release_owner (CpStorage *self)
+{
+  g_object_unref (self->owner);
+}
+
+static void
 release_fd (CpStorage *self)
 {
   munmap (self->map_base, self->map_length);
@@ -95,6 +109,7 @@ release_fd (CpStorage *self)
 static const StorageOps owned_ops = { release_owned };
 static const StorageOps bytes_ops = { release_bytes };
 static const StorageOps borrowed_ops = { release_borrowed };
+static const StorageOps owner_ops = { release_owner };
 static const StorageOps fd_ops = { release_fd };
 
 static CpStorage *
@@ -146,6 +161,10 @@ cp_storage_new (gsize    size,
   return _cp_storage_new_host (size, TRUE, error);
 }
 
+/* A memfd of @size bytes sealed so that its size never changes again:
+ * every process that maps it touches only pages that exist, since a page
+ * past the end of a shrunk file kills the process with SIGBUS.  F_SEAL_SEAL
+ * keeps anyone from adding seals (a write seal would break importers). */
 static int
 create_memfd (gsize    size,
               GError **error)
@@ -153,7 +172,7 @@ create_memfd (gsize    size,
   int fd;
 
 #ifdef HAVE_MEMFD_CREATE
-  fd = memfd_create ("cpmesh-tensor", MFD_CLOEXEC);
+  fd = memfd_create ("cpmesh-tensor", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 #else
   fd = -1;
   errno = ENOSYS;
@@ -172,6 +191,16 @@ create_memfd (gsize    size,
       g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_MEMORY,
                    "cannot size a shared memory file to %" G_GSIZE_FORMAT " bytes: %s",
                    size, g_strerror (saved_errno));
+      return -1;
+    }
+  if (fcntl (fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    {
+      int saved_errno = errno;
+
+      g_close (fd, NULL);
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_FAILED,
+                   "cannot seal a shared memory file against resizing: %s",
+                   g_strerror (saved_errno));
       return -1;
     }
   return fd;
@@ -218,6 +247,10 @@ map_fd (int      fd,
  * so that another process given [method@Cp.Storage.get_fd] can map the same
  * bytes with [ctor@Cp.Storage.new_from_fd] and see every write without a
  * copy.
+ *
+ * The file is sealed (`F_SEAL_SHRINK`, `F_SEAL_GROW`, `F_SEAL_SEAL`): no
+ * holder of the descriptor can change its size, so no process that maps
+ * it can be killed by a `SIGBUS` because another one truncated it.
  *
  * Returns: (transfer full): a new storage, or %NULL with an error
  *
@@ -321,11 +354,82 @@ _cp_storage_get_device_id (CpStorage *self)
   return self->device_id;
 }
 
+/**
+ * cp_storage_new_with_owner:
+ * @address: the address of the first byte
+ * @size: the number of bytes
+ * @owner: an object that keeps the memory valid for as long as it lives
+ *
+ * Wraps memory that belongs to @owner without copying it. The storage
+ * holds a reference on @owner and drops it when no tensor uses the memory
+ * any more; nothing else runs then.
+ *
+ * This is [ctor@Cp.Storage.new_borrowed] without a callback, for bindings
+ * where a callback may not run at every moment the last tensor goes away.
+ * A PyGObject callback, for one, prints and drops any Python exception
+ * already on its way up when it runs, so a temporary tensor freed while a
+ * call raises would turn that error into `SystemError`; the Python
+ * override's `Cp.Tensor.from_numpy()` therefore keeps the array alive
+ * through an owner object, whose last reference PyGObject drops from C.
+ *
+ * Returns: (transfer full): a new storage of kind
+ *   %CP_STORAGE_KIND_BORROWED
+ *
+ * Since: 1.0
+ */
+CpStorage *
+cp_storage_new_with_owner (guintptr  address,
+                           gsize     size,
+                           GObject  *owner)
+{
+  CpStorage *self;
+
+  g_return_val_if_fail (address != 0 || size == 0, NULL);
+  g_return_val_if_fail (G_IS_OBJECT (owner), NULL);
+
+  self = storage_alloc (CP_STORAGE_KIND_BORROWED, &owner_ops, GSIZE_TO_POINTER (address), size);
+  self->owner = g_object_ref (owner);
+  return self;
+}
+
+/* Every access past the end of a mapped file raises SIGBUS, so only a
+ * file whose size cannot drop below the mapping is mapped: a memfd sealed
+ * against shrinking, or a dma-buf, whose size is fixed for its life. */
 static gboolean
-check_fd_range (int      fd,
-                goffset  offset,
-                gsize    size,
-                GError **error)
+check_fd_cannot_shrink (int                fd,
+                        const struct stat *st,
+                        GError           **error)
+{
+  struct statfs fs;
+  int seals;
+
+  if (S_ISREG (st->st_mode))
+    {
+      seals = fcntl (fd, F_GET_SEALS);
+      if (seals >= 0 && (seals & F_SEAL_SHRINK) != 0)
+        return TRUE;
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_UNSEALED,
+                   "fd %d is a file that another holder could shrink under the mapping (%s), "
+                   "killing this process with SIGBUS; pass a memfd sealed with F_SEAL_SHRINK "
+                   "(memfd_create with MFD_ALLOW_SEALING, then F_ADD_SEALS), as "
+                   "cp_storage_new_shared() makes", fd,
+                   seals < 0 ? "it is not a memfd, so it cannot be sealed"
+                             : "it has no F_SEAL_SHRINK seal");
+      return FALSE;
+    }
+  if (fstatfs (fd, &fs) == 0 && fs.f_type == DMA_BUF_MAGIC)
+    return TRUE;
+  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_UNSEALED,
+               "fd %d is neither a memfd nor a dma-buf (file type %#o); only those can be "
+               "mapped without the risk of a SIGBUS", fd, (guint) (st->st_mode & S_IFMT));
+  return FALSE;
+}
+
+static gboolean
+check_fd (int      fd,
+          goffset  offset,
+          gsize    size,
+          GError **error)
 {
   struct stat st;
 
@@ -335,6 +439,8 @@ check_fd_range (int      fd,
                    "cannot stat fd %d: %s", fd, g_strerror (errno));
       return FALSE;
     }
+  if (!check_fd_cannot_shrink (fd, &st, error))
+    return FALSE;
   /* Written so that nothing wraps; dma-bufs report no size through
    * fstat, so for them the range only has to fit in a file offset (their
    * mmap checks the rest), which also keeps map_fd's length from
@@ -354,7 +460,7 @@ check_fd_range (int      fd,
 
 /**
  * cp_storage_new_from_fd:
- * @fd: a memfd, dma-buf or other mappable file descriptor
+ * @fd: a memfd sealed against shrinking, or a dma-buf
  * @offset: where the bytes start in the file
  * @size: the number of bytes
  * @error: return location for a #GError
@@ -363,11 +469,18 @@ check_fd_range (int      fd,
  * the same file: what another process writes there is visible here without
  * a copy. The storage duplicates @fd; the caller keeps its own.
  *
- * For a dma-buf, bracketing CPU access with `DMA_BUF_IOCTL_SYNC` is the
- * exporter's contract and the caller's job.
+ * A process that touches a mapped page past the end of its file is killed
+ * with `SIGBUS`, so @fd must be a file no one can shrink: a memfd with the
+ * `F_SEAL_SHRINK` seal (every [ctor@Cp.Storage.new_shared] memfd has it),
+ * or a dma-buf, whose size is fixed. Plain files, unsealed memfds and
+ * POSIX shared memory (`shm_open`) are refused; seal a memfd made with
+ * `MFD_ALLOW_SEALING` before passing it. For a dma-buf, bracketing CPU
+ * access with `DMA_BUF_IOCTL_SYNC` is the exporter's contract and the
+ * caller's job.
  *
  * Returns: (transfer full): a new storage, or %NULL with
- *   %CP_TENSOR_ERROR_OUT_OF_RANGE when the file is too short
+ *   %CP_TENSOR_ERROR_OUT_OF_RANGE when the file is too short, or
+ *   %CP_TENSOR_ERROR_UNSEALED when it could shrink
  *
  * Since: 1.0
  */
@@ -382,7 +495,7 @@ cp_storage_new_from_fd (int      fd,
   g_return_val_if_fail (fd >= 0, NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  if (!check_fd_range (fd, offset, size, error))
+  if (!check_fd (fd, offset, size, error))
     return NULL;
   own_fd = fcntl (fd, F_DUPFD_CLOEXEC, 3);
   if (own_fd < 0)

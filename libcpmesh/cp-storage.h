@@ -21,7 +21,8 @@ G_BEGIN_DECLS
  * CpStorageKind:
  * @CP_STORAGE_KIND_OWNED: 64-byte aligned memory the library allocated
  * @CP_STORAGE_KIND_BYTES: the contents of a #GBytes, not copied
- * @CP_STORAGE_KIND_BORROWED: foreign memory, released through a callback
+ * @CP_STORAGE_KIND_BORROWED: foreign memory, released through a callback or
+ *   kept alive by an owner object
  * @CP_STORAGE_KIND_FD: a mapping of a memfd or dma-buf that other processes
  *   can map too
  * @CP_STORAGE_KIND_DLPACK: memory another framework exported through DLPack,
@@ -68,6 +69,10 @@ CpStorage     *cp_storage_new_borrowed     (guintptr       address,
                                             CpReleaseFunc  release,
                                             gpointer       user_data,
                                             GDestroyNotify destroy) G_GNUC_WARN_UNUSED_RESULT;
+CP_AVAILABLE_IN_ALL
+CpStorage     *cp_storage_new_with_owner   (guintptr       address,
+                                            gsize          size,
+                                            GObject       *owner) G_GNUC_WARN_UNUSED_RESULT;
 CP_AVAILABLE_IN_ALL
 CpStorage     *cp_storage_new_from_fd      (int            fd,
                                             goffset        offset,

@@ -29,10 +29,29 @@ CpTensor *_cp_tensor_new_uninit      (CpDType        dtype,
                                       guint          n_dims,
                                       GError       **error);
 
+/* In-place changes of a tensor object (prepare's padding, enter's
+ * sharding, exit's restoring) are reserved to one holder at a time — a
+ * prepare under way or an entered context, given as any unique pointer.
+ * claim() makes @holder the holder and returns TRUE when nobody held the
+ * tensor, and returns FALSE otherwise (another rank's batch or context
+ * got it first: CP_TENSOR_ERROR_IN_USE for the caller).  release() gives
+ * it back; only the holder may. */
+gboolean  _cp_tensor_claim           (CpTensor      *self,
+                                      gconstpointer  holder);
+void      _cp_tensor_release         (CpTensor      *self,
+                                      gconstpointer  holder);
+
+/* Sets CP_TENSOR_ERROR_IN_USE for a failed claim: "@what: @label is being
+ * changed in place by another batch or context…". */
+void      _cp_tensor_set_in_use_error (GError      **error,
+                                       const char   *what,
+                                       const char   *label);
+
 /* Makes @self view @storage at @offset with a new shape, in place: the
  * same object now holds other bytes, as PyTorch's resize_() + copy_() do
- * when a context shards a registered buffer. */
+ * when a context shards a registered buffer.  @holder must hold @self. */
 void      _cp_tensor_replace         (CpTensor      *self,
+                                      gconstpointer  holder,
                                       CpStorage     *storage,
                                       gsize          offset,
                                       const gint64  *shape,
@@ -41,6 +60,7 @@ void      _cp_tensor_replace         (CpTensor      *self,
 /* Moves the bytes and shape of @source into @self and leaves @source
  * untouched; equivalent to replace() with @source's storage. */
 void      _cp_tensor_assign          (CpTensor      *self,
+                                      gconstpointer  holder,
                                       CpTensor      *source);
 
 /* The sizes around @dim: @outer elements before it, its own length, and

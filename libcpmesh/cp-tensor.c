@@ -29,8 +29,20 @@
  * the same tensor object is made to view the smaller local layout, like
  * PyTorch's `resize_()`; code holding the object sees the new shape.
  *
- * A tensor is not locked: use one from one thread at a time, or only read
- * it from several.
+ * Reading a tensor — its shape, its bytes, a copy, a narrowed view, a
+ * shard or a numpy view of it — changes nothing in it, so any number of
+ * threads may read one tensor at once (the ranks of an in-process mesh
+ * sharding one shared input, for example). Writing its bytes from several
+ * threads at once is the caller's business.
+ *
+ * Changing the object itself is reserved to whoever holds the tensor: a
+ * [method@Cp.Batch.prepare] while it pads, and a [class@Cp.Context] from
+ * [method@Cp.Context.enter] to [method@Cp.Context.exit]. A second holder
+ * is refused with %CP_TENSOR_ERROR_IN_USE, naming the key, on every rank
+ * of the call, before anything changes: one tensor put in the batches of
+ * two ranks, or given in one [class@Cp.BatchOptions] shared by all ranks,
+ * cannot be padded or sharded by both. While a context holds a tensor, no
+ * other thread may read it either: its storage changes under the reader.
  *
  * Since: 1.0
  */
@@ -45,6 +57,11 @@ struct _CpTensor
   CpStorage *storage;
   gsize offset;
   gboolean requires_grad;
+
+  /* Who may change the object in place (see _cp_tensor_claim()); NULL
+   * when nobody does.  Set and cleared atomically: holders on different
+   * threads race for it. */
+  gpointer holder;
 };
 
 G_DEFINE_FINAL_TYPE (CpTensor, cp_tensor, G_TYPE_OBJECT)
@@ -469,7 +486,9 @@ cp_tensor_new_from_bytes (CpDType        dtype,
  *
  * Creates a tensor over foreign memory without copying it. Reads and
  * writes through the tensor go straight to that memory. On error, @release
- * has already been called.
+ * has already been called. From Python, where a release callback may not
+ * run while an exception is pending, use `Cp.Tensor.from_numpy()`, built on
+ * [ctor@Cp.Storage.new_with_owner], instead.
  *
  * Returns: (transfer full): a new tensor, or %NULL with
  *   %CP_TENSOR_ERROR_SHAPE when @size does not match the shape or
@@ -509,7 +528,9 @@ cp_tensor_new_borrowed (CpDType         dtype,
  *
  * Creates a zero-filled tensor in a memory file another process can map:
  * pass [method@Cp.Tensor.get_fd] to it and have it call
- * [ctor@Cp.Tensor.new_from_fd]; both then see the same bytes.
+ * [ctor@Cp.Tensor.new_from_fd]; both then see the same bytes. The file is
+ * sealed against resizing ([ctor@Cp.Storage.new_shared]), so no holder of
+ * the descriptor can shrink it under another's mapping.
  *
  * Returns: (transfer full): a new tensor, or %NULL with an error
  *
@@ -541,15 +562,18 @@ cp_tensor_new_shared (CpDType        dtype,
  * @dtype: the element type
  * @shape: (array length=n_dims): the size of each dimension
  * @n_dims: the number of dimensions
- * @fd: a memfd or dma-buf file descriptor; it is duplicated, not taken
+ * @fd: a memfd sealed against shrinking, or a dma-buf; it is duplicated,
+ *   not taken
  * @offset: where the tensor starts in the file, in bytes
  * @error: return location for a #GError
  *
  * Creates a tensor over a mapping of @fd, sharing its bytes with every
- * other process that maps the same file.
+ * other process that maps the same file. A file another holder could
+ * shrink is refused (see [ctor@Cp.Storage.new_from_fd]).
  *
  * Returns: (transfer full): a new tensor, or %NULL with
- *   %CP_TENSOR_ERROR_OUT_OF_RANGE when the file is too short
+ *   %CP_TENSOR_ERROR_OUT_OF_RANGE when the file is too short or
+ *   %CP_TENSOR_ERROR_UNSEALED when it could shrink
  *
  * Since: 1.0
  */
@@ -1331,14 +1355,48 @@ cp_tensor_to_device (CpTensor      *self,
 }
 
 void
-_cp_tensor_replace (CpTensor     *self,
-                    CpStorage    *storage,
-                    gsize         offset,
-                    const gint64 *shape,
-                    guint         n_dims)
+_cp_tensor_set_in_use_error (GError     **error,
+                             const char  *what,
+                             const char  *label)
+{
+  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_IN_USE,
+               "%s: %s is being changed in place by another batch or context (another rank's "
+               "prepare or context, or another context entered on this rank); a tensor may be "
+               "padded or sharded by one of them at a time: give each rank its own tensor",
+               what, label);
+}
+
+gboolean
+_cp_tensor_claim (CpTensor      *self,
+                  gconstpointer  holder)
+{
+  g_assert (holder != NULL);
+
+  return g_atomic_pointer_compare_and_exchange (&self->holder, NULL, (gpointer) holder);
+}
+
+void
+_cp_tensor_release (CpTensor      *self,
+                    gconstpointer  holder)
+{
+  gboolean released = g_atomic_pointer_compare_and_exchange (&self->holder, (gpointer) holder, NULL);
+
+  g_assert (released);
+}
+
+void
+_cp_tensor_replace (CpTensor      *self,
+                    gconstpointer  holder,
+                    CpStorage     *storage,
+                    gsize          offset,
+                    const gint64  *shape,
+                    guint          n_dims)
 {
   gint64 numel = 1;
 
+  /* Another thread swapping the storage at the same time would unref the
+   * old one twice: only the holder may. */
+  g_assert (g_atomic_pointer_get (&self->holder) == holder);
   g_assert (n_dims <= CP_TENSOR_MAX_DIMS);
   for (guint i = 0; i < n_dims; i++)
     numel *= shape[i];
@@ -1358,10 +1416,11 @@ _cp_tensor_replace (CpTensor     *self,
 }
 
 void
-_cp_tensor_assign (CpTensor *self,
-                   CpTensor *source)
+_cp_tensor_assign (CpTensor      *self,
+                   gconstpointer  holder,
+                   CpTensor      *source)
 {
   g_assert (self->dtype == source->dtype);
 
-  _cp_tensor_replace (self, source->storage, source->offset, source->shape, source->n_dims);
+  _cp_tensor_replace (self, holder, source->storage, source->offset, source->shape, source->n_dims);
 }

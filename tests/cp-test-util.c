@@ -77,6 +77,24 @@ cp_test_run_ranks (GList          *meshes,
     g_thread_join (threads[i]);
 }
 
+void
+cp_test_enter_ok (CpContext *context)
+{
+  g_autoptr(GError) error = NULL;
+
+  g_assert_true (cp_context_enter (context, &error));
+  g_assert_no_error (error);
+}
+
+void
+cp_test_exit_ok (CpContext *context)
+{
+  g_autoptr(GError) error = NULL;
+
+  g_assert_true (cp_context_exit (context, &error));
+  g_assert_no_error (error);
+}
+
 GList *
 cp_test_local_group (const char *dim_name,
                      int         size)

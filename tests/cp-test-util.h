@@ -38,6 +38,10 @@ void       cp_test_batch_take         (CpBatch        *batch,
                                        const char     *key,
                                        CpTensor       *tensor);
 
+/* Enter and exit @context, asserting that they succeed. */
+void       cp_test_enter_ok           (CpContext      *context);
+void       cp_test_exit_ok            (CpContext      *context);
+
 /* A local group with one dimension named @dim_name of @size ranks. */
 GList     *cp_test_local_group        (const char     *dim_name,
                                        int             size);

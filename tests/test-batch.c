@@ -40,24 +40,6 @@ prepare_ok (CpBatch        *batch,
 }
 
 static void
-enter_ok (CpContext *context)
-{
-  g_autoptr(GError) error = NULL;
-
-  g_assert_true (cp_context_enter (context, &error));
-  g_assert_no_error (error);
-}
-
-static void
-exit_ok (CpContext *context)
-{
-  g_autoptr(GError) error = NULL;
-
-  g_assert_true (cp_context_exit (context, &error));
-  g_assert_no_error (error);
-}
-
-static void
 test_container (void)
 {
   g_autoptr(CpBatch) batch = cp_batch_new ();
@@ -114,9 +96,9 @@ test_no_mesh (void)
   g_assert_cmpint (cp_context_get_cp_size (context), ==, 1);
   g_assert_cmpuint (cp_context_get_n_buffers (context), ==, 0);
   g_assert_cmpstrv (cp_batch_get_keys (batch), keys);
-  enter_ok (context);
+  cp_test_enter_ok (context);
   g_assert_true (cp_context_is_entered (context));
-  exit_ok (context);
+  cp_test_exit_ok (context);
   g_assert_true (cp_tensor_get_storage (ids) == storage);
   CP_TEST_ASSERT_VALUES (ids, 11, 12, 13, 14, 15, 16);
 }
@@ -139,8 +121,8 @@ cp_one_rank (CpMesh   *mesh,
   g_assert_cmpuint (cp_context_get_n_buffers (context), ==, 0);
   g_assert_cmpstrv (cp_batch_get_keys (batch), keys);
   CP_TEST_ASSERT_SHAPE (cp_batch_get (batch, "inputs_embeds"), 1, 6, 4);
-  enter_ok (context);
-  exit_ok (context);
+  cp_test_enter_ok (context);
+  cp_test_exit_ok (context);
 }
 
 static void
@@ -194,7 +176,7 @@ e2_rank (CpMesh   *mesh,
   CP_TEST_ASSERT_VALUES (mask, 0, 0, 0, 0, 1, 1, 1, 1);
   g_assert_cmpint (cp_tensor_get_dtype (positions), ==, CP_DTYPE_INT64);
 
-  enter_ok (context);
+  cp_test_enter_ok (context);
   CP_TEST_ASSERT_SHAPE (ids, 1, 4);
   if (rank == 0)
     {
@@ -210,11 +192,60 @@ e2_rank (CpMesh   *mesh,
       CP_TEST_ASSERT_VALUES (positions, 2, 3, 4, 5);
       CP_TEST_ASSERT_VALUES (mask, 0, 0, 1, 1);
     }
-  exit_ok (context);
+  cp_test_exit_ok (context);
   CP_TEST_ASSERT_VALUES (positions, 0, 1, 2, 3, 4, 5, 0, 0);
   CP_TEST_ASSERT_SHAPE (ids, 1, 4);
   CP_TEST_ASSERT_SHAPE (labels, 1, 4);
   g_assert_true (cp_batch_get (batch, "position_ids") == positions);
+}
+
+/* The last batch of a dataset may have no rows: [0, S] ids or [0, S, H]
+ * embeddings go through prepare, enter and exit like any other batch,
+ * every buffer empty at each step.  S is long so that writing the
+ * synthesized positions of a row that does not exist reaches far past
+ * the empty allocation. */
+#define EMPTY_S ((G_GINT64_CONSTANT (1) << 22) + 1)
+
+static void
+empty_rank (CpMesh   *mesh,
+            gpointer  user_data)
+{
+  gboolean embeds = GPOINTER_TO_INT (user_data);
+  const gint64 ids_shape[] = { 0, EMPTY_S, 3 };
+  const gint64 labels_shape[] = { 0, EMPTY_S };
+  const gint64 padded = EMPTY_S + 3; /* the next multiple of 2·C = 4 */
+  g_autoptr(CpBatch) batch = cp_batch_new ();
+  g_autoptr(CpContext) context = NULL;
+  const char *primary = embeds ? "inputs_embeds" : "input_ids";
+  CpTensor *positions;
+
+  cp_test_batch_take (batch, primary,
+                      cp_tensor_new (embeds ? CP_DTYPE_FLOAT32 : CP_DTYPE_INT64, ids_shape,
+                                     embeds ? 3 : 2, NULL));
+  cp_test_batch_take (batch, "labels", cp_tensor_new (CP_DTYPE_INT64, labels_shape, 2, NULL));
+  cp_test_batch_take (batch, "odd", cp_tensor_new (CP_DTYPE_INT64, labels_shape, 2, NULL));
+  cp_batch_set_seq_dim (batch, "odd", -1);
+  context = prepare_ok (batch, mesh, NULL);
+  positions = cp_batch_get (batch, "position_ids");
+  CP_TEST_ASSERT_SHAPE (positions, 0, padded);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (batch, "labels"), 0, padded);
+  g_assert_cmpuint (cp_context_get_n_buffers (context), ==, 4);
+  cp_test_enter_ok (context);
+  if (embeds)
+    CP_TEST_ASSERT_SHAPE (cp_batch_get (batch, primary), 0, padded / 2, 3);
+  else
+    CP_TEST_ASSERT_SHAPE (cp_batch_get (batch, primary), 0, padded / 2);
+  CP_TEST_ASSERT_SHAPE (positions, 0, padded / 2);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (batch, "odd"), 0, padded / 2);
+  cp_test_exit_ok (context);
+  CP_TEST_ASSERT_SHAPE (positions, 0, padded);
+  CP_TEST_ASSERT_SHAPE (cp_batch_get (batch, "labels"), 0, padded / 2);
+}
+
+static void
+test_empty_batch (gconstpointer embeds)
+{
+  cp_test_run_group ("cp", 2, empty_rank, (gpointer) embeds);
 }
 
 /* E1: rank r holds chunks r and 2·C−1−r, for C ∈ {2, 3, 4, 8}. */
@@ -234,10 +265,10 @@ e1_rank (CpMesh   *mesh,
     cp_tensor_set_value (cp_batch_get (batch, "input_ids"), i, (double) i);
   cp_test_batch_take (batch, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 2, 3));
   context = prepare_ok (batch, mesh, NULL);
-  enter_ok (context);
+  cp_test_enter_ok (context);
   ids = cp_batch_get (batch, "input_ids");
   CP_TEST_ASSERT_VALUES (ids, 2 * r, 2 * r + 1, 2 * (2 * c - 1 - r), 2 * (2 * c - 1 - r) + 1);
-  exit_ok (context);
+  cp_test_exit_ok (context);
 }
 
 static void
@@ -272,13 +303,13 @@ mrope_rank (CpMesh   *mesh,
   g_assert_cmpint (cp_context_get_buffer_seq_dim (context, 1), ==, 1);
   g_assert_cmpint (cp_context_get_buffer_seq_dim (context, 2), ==, 2);
   g_assert_true (cp_context_get_buffer (context, 2) == positions);
-  enter_ok (context);
+  cp_test_enter_ok (context);
   CP_TEST_ASSERT_SHAPE (positions, 3, 1, 4);
   if (cp_mesh_get_rank (mesh) == 0)
     CP_TEST_ASSERT_VALUES (positions, 0, 1, 6, 7, 8, 9, 14, 15, 16, 17, 22, 23);
   else
     CP_TEST_ASSERT_VALUES (positions, 2, 3, 4, 5, 10, 11, 12, 13, 18, 19, 20, 21);
-  exit_ok (context);
+  cp_test_exit_ok (context);
   CP_TEST_ASSERT_SHAPE (positions, 3, 1, 8);
   CP_TEST_ASSERT_VALUES (positions, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
                          16, 17, 18, 19, 20, 21, 22, 23);
@@ -388,11 +419,11 @@ order_rank (CpMesh   *mesh,
       g_assert_cmpint (cp_tensor_get_dim (expected, dims[i]), ==, 8);
     }
   mm = cp_batch_get (batch, "mm_token_type_ids");
-  enter_ok (context);
+  cp_test_enter_ok (context);
   CP_TEST_ASSERT_VALUES (mm, 0, 1, 1, 0, 0, 0);
   CP_TEST_ASSERT_SHAPE (cp_batch_get (batch, "student_hidden"), 1, 2, 4);
   CP_TEST_ASSERT_SHAPE (cp_batch_get (batch, "teacher_logits"), 1, 4, 5);
-  exit_ok (context);
+  cp_test_exit_ok (context);
 }
 
 /* test_padding_labels_use_negative_100_int_buffers_use_zero,
@@ -457,6 +488,120 @@ extra_rank (CpMesh   *mesh,
     g_assert_cmpfloat (cp_tensor_get_value (logits, i), ==, 0.0);
 }
 
+/* Extra buffers along dimensions 1, 2 (not the last) and −1 (the fourth
+ * of four), every element distinct (flat index + 1), on 2 and 4 ranks
+ * with a length that needs padding: inside the context each rank holds,
+ * element for element, the original at the head-tail positions computed
+ * here, and zeros where those positions are padding; exit leaves them so
+ * (extras are not restored). */
+#define EXTRA_S 13
+
+typedef struct
+{
+  const char *key;
+  CpDType dtype;
+  gint64 shape[4];
+  guint n_dims;
+  int seq_dim;           /* as given to prepare */
+  guint dim;             /* normalized */
+  gboolean in_options;   /* an options extra, else marked on the batch */
+} ExtraSpec;
+
+static const ExtraSpec extra_specs[] = {
+  { "along_1", CP_DTYPE_FLOAT32, { 2, EXTRA_S, 3 }, 3, 1, 1, TRUE },
+  { "along_2", CP_DTYPE_INT32, { 2, 3, EXTRA_S, 2 }, 4, 2, 2, FALSE },
+  { "along_last", CP_DTYPE_INT64, { 3, 2, 2, EXTRA_S }, 4, -1, 3, TRUE },
+  { "along_2_of_3", CP_DTYPE_BFLOAT16, { 2, 2, EXTRA_S }, 3, 2, 2, FALSE },
+};
+
+/* Position @j of rank @r's piece in the head-tail layout of @padded
+ * positions over @c ranks: chunk r, then chunk 2·C−1−r. */
+static gint64
+head_tail_global (gint64 padded,
+                  int    c,
+                  int    r,
+                  gint64 j)
+{
+  gint64 k = padded / (2 * c);
+
+  return j < k ? r * k + j : (2 * (gint64) c - 1 - r) * k + (j - k);
+}
+
+static void
+assert_extra_piece (CpTensor        *local,
+                    const ExtraSpec *spec,
+                    gint64           padded,
+                    int              c,
+                    int              r)
+{
+  gint64 outer = 1, inner = 1;
+  gint64 length = padded / c;
+
+  for (guint d = 0; d < spec->n_dims; d++)
+    {
+      gint64 size = d == spec->dim ? length : spec->shape[d];
+
+      g_assert_cmpint (cp_tensor_get_dim (local, (int) d), ==, size);
+      if (d < spec->dim)
+        outer *= size;
+      else if (d > spec->dim)
+        inner *= size;
+    }
+  for (gint64 o = 0; o < outer; o++)
+    for (gint64 j = 0; j < length; j++)
+      for (gint64 i = 0; i < inner; i++)
+        {
+          gint64 p = head_tail_global (padded, c, r, j);
+          double want = p < EXTRA_S ? (double) ((o * EXTRA_S + p) * inner + i + 1) : 0.0;
+
+          g_assert_cmpfloat (cp_tensor_get_value (local, (o * length + j) * inner + i), ==, want);
+        }
+}
+
+static void
+extra_contents_rank (CpMesh   *mesh,
+                     gpointer  user_data)
+{
+  const gint64 padded = 16; /* 13 rounded up to a multiple of 2·C, C = 2 or 4 */
+  int c = cp_mesh_get_world_size (mesh);
+  int r = cp_mesh_get_rank (mesh);
+  const gint64 ids_shape[] = { 2, EXTRA_S };
+  g_autoptr(CpBatch) batch = cp_batch_new ();
+  g_autoptr(CpBatchOptions) options = cp_batch_options_new ();
+  g_autoptr(CpContext) context = NULL;
+  CpTensor *extras[G_N_ELEMENTS (extra_specs)];
+
+  cp_test_batch_take (batch, "input_ids", cp_test_tensor_pattern (CP_DTYPE_INT64, ids_shape, 2, 1));
+  cp_test_batch_take (batch, "labels", cp_test_tensor_pattern (CP_DTYPE_INT64, ids_shape, 2, 2));
+  for (guint e = 0; e < G_N_ELEMENTS (extra_specs); e++)
+    {
+      const ExtraSpec *spec = &extra_specs[e];
+
+      extras[e] = cp_tensor_new (spec->dtype, spec->shape, spec->n_dims, NULL);
+      for (gint64 i = 0; i < cp_tensor_get_numel (extras[e]); i++)
+        cp_tensor_set_value (extras[e], i, (double) (i + 1));
+      cp_test_batch_take (batch, spec->key, extras[e]);
+      if (spec->in_options)
+        cp_batch_options_add_extra_buffer (options, spec->key, spec->seq_dim);
+      else
+        cp_batch_set_seq_dim (batch, spec->key, spec->seq_dim);
+    }
+  context = prepare_ok (batch, mesh, options);
+  cp_test_enter_ok (context);
+  for (guint e = 0; e < G_N_ELEMENTS (extra_specs); e++)
+    assert_extra_piece (extras[e], &extra_specs[e], padded, c, r);
+  cp_test_exit_ok (context);
+  for (guint e = 0; e < G_N_ELEMENTS (extra_specs); e++)
+    assert_extra_piece (extras[e], &extra_specs[e], padded, c, r);
+}
+
+static void
+test_extra_contents (void)
+{
+  cp_test_run_group ("cp", 2, extra_contents_rank, NULL);
+  cp_test_run_group ("cp", 4, extra_contents_rank, NULL);
+}
+
 /* test_padding_no_op_when_seq_already_aligned and
  * _pad_tensor_seq_dim_(t, 1, 0) is t: an aligned batch keeps its objects
  * and their memory. */
@@ -512,12 +657,12 @@ loss_mask_rank (CpMesh   *mesh,
   context = prepare_ok (batch, mesh, options);
   g_assert_false (cp_batch_contains (batch, "loss_mask"));
   CP_TEST_ASSERT_VALUES (loss_mask, 1, 1, 0, 1, 1, 1, 0, 0);
-  enter_ok (context);
+  cp_test_enter_ok (context);
   if (cp_mesh_get_rank (mesh) == 0)
     CP_TEST_ASSERT_VALUES (loss_mask, 1, 1, 0, 0);
   else
     CP_TEST_ASSERT_VALUES (loss_mask, 0, 1, 1, 1);
-  exit_ok (context);
+  cp_test_exit_ok (context);
   CP_TEST_ASSERT_SHAPE (loss_mask, 1, 4);
 }
 
@@ -566,10 +711,10 @@ grad_rank (CpMesh   *mesh,
     CP_TEST_ASSERT_VALUES (grad, 1, 1, 0, 0, 0, 0, 1, 1);
   else
     CP_TEST_ASSERT_VALUES (grad, 0, 0, 1, 1, 1, 1, 0, 0);
-  enter_ok (context);
+  cp_test_enter_ok (context);
   CP_TEST_ASSERT_SHAPE (cp_batch_get (batch, "labels"), 1, 4);
   CP_TEST_ASSERT_VALUES (embeds, 0, 1, 2, 3, 4, 5, 6, 7);
-  exit_ok (context);
+  cp_test_exit_ok (context);
 }
 
 static void
@@ -635,7 +780,7 @@ mean_rank (CpMesh   *mesh,
     g_assert_cmpfloat (cp_tensor_get_value (labels, i), ==, -100);
   local = cp_batch_get (batch, "inputs_embeds");
   CP_TEST_ASSERT_SHAPE (local, 1, 2, MEAN_H);
-  enter_ok (context);
+  cp_test_enter_ok (context);
   CP_TEST_ASSERT_SHAPE (labels, 1, 2);
 
   local_grad = cp_tensor_new (CP_DTYPE_FLOAT64, local_shape, 3, &error);
@@ -655,7 +800,7 @@ mean_rank (CpMesh   *mesh,
   g_assert_no_error (error);
   for (gint64 i = 0; i < MEAN_S * MEAN_H; i++)
     results->grad[rank][i] = cp_tensor_get_value (full_grad, i);
-  exit_ok (context);
+  cp_test_exit_ok (context);
 }
 
 static void
@@ -698,7 +843,7 @@ unshard_rank (CpMesh   *mesh,
   g_autoptr(GError) error = NULL;
   CpTensor *positions = cp_batch_get (batch, "position_ids");
 
-  enter_ok (context);
+  cp_test_enter_ok (context);
   /* Each local position p carries logits (p, 10 p) — the labels say which
    * global position every local one is. */
   for (gint64 t = 0; t < 4; t++)
@@ -715,7 +860,7 @@ unshard_rank (CpMesh   *mesh,
   trimmed = cp_tensor_narrow (full, 1, 0, 6, &error);
   CP_TEST_ASSERT_VALUES (trimmed, 1, 10, 2, 20, 3, 30, 4, 40, 5, 50, 6, 60);
   CP_TEST_ASSERT_VALUES (full, 1, 10, 2, 20, 3, 30, 4, 40, 5, 50, 6, 60, -100, -1000, -100, -1000);
-  exit_ok (context);
+  cp_test_exit_ok (context);
 }
 
 /* The property: for random B, S, C and buffer sets, the padded buffers
@@ -797,7 +942,7 @@ property_rank (CpMesh   *mesh,
 
   for (guint i = 0; i < n; i++)
     g_ptr_array_add (padded, cp_tensor_copy (cp_context_get_buffer (context, i), NULL));
-  enter_ok (context);
+  cp_test_enter_ok (context);
   for (guint i = 0; i < n; i++)
     {
       CpTensor *buffer = cp_context_get_buffer (context, i);
@@ -810,7 +955,7 @@ property_rank (CpMesh   *mesh,
                        cp_tensor_get_dim (padded->pdata[i], dim));
       g_assert_true (cp_tensor_equal (full, padded->pdata[i]));
     }
-  exit_ok (context);
+  cp_test_exit_ok (context);
   for (guint i = 0; i < n; i++)
     if (cp_context_get_buffer_restores (context, i))
       g_assert_true (cp_tensor_equal (cp_context_get_buffer (context, i), padded->pdata[i]));
@@ -1049,6 +1194,104 @@ test_errors (gconstpointer data)
   cp_test_run_group ("cp", 2, error_rank, (gpointer) data);
 }
 
+/* One tensor in the batches of all ranks, or in the one options object
+ * they all pass, cannot be padded in place by every rank: every rank
+ * fails with CP_TENSOR_ERROR_IN_USE naming the key, and no batch and no
+ * tensor changes.  Which rank claims the tensor first varies from run to
+ * run; the verdict must not, so each case runs many times on 2 and 4
+ * ranks. */
+typedef enum
+{
+  SHARE_LABELS,
+  SHARE_OPTIONS_LOSS_MASK,
+  SHARE_EXTRA,
+} Share;
+
+typedef struct
+{
+  Share share;
+  const char *needle;
+  const char *what;
+  CpTensor *shared;        /* [1, 6], made for each run */
+  CpBatchOptions *options; /* one for all ranks */
+} ShareCase;
+
+static const ShareCase share_cases[] = {
+  { SHARE_LABELS, "prepare: 'labels' is being changed in place by another batch or context",
+    "cp_batch_prepare on every rank with one labels tensor in every rank's batch (every rank fails)" },
+  { SHARE_OPTIONS_LOSS_MASK, "prepare: 'loss_mask' is being changed in place",
+    "cp_batch_prepare on every rank with one options object carrying a loss mask (every rank fails)" },
+  { SHARE_EXTRA, "prepare: 'teacher' is being changed in place",
+    "cp_batch_prepare on every rank with one extra buffer in every rank's batch (every rank fails)" },
+};
+
+static void
+shared_rank (CpMesh   *mesh,
+             gpointer  user_data)
+{
+  const ShareCase *c = user_data;
+  g_autoptr(CpBatch) batch = e2_batch ();
+  g_autoptr(GPtrArray) snapshots = NULL;
+  g_autoptr(GError) error = NULL;
+
+  if (c->share == SHARE_LABELS)
+    cp_batch_set (batch, "labels", c->shared);
+  else if (c->share == SHARE_EXTRA)
+    {
+      cp_batch_set (batch, "teacher", c->shared);
+      cp_batch_set_seq_dim (batch, "teacher", 1);
+    }
+  snapshots = cp_test_snapshot_batch (batch);
+  g_assert_null (cp_batch_prepare (batch, mesh, c->options, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_IN_USE, "CpBatch", c->what);
+  if (strstr (error->message, c->needle) == NULL)
+    g_error ("\"%s\" does not contain \"%s\"", error->message, c->needle);
+  cp_test_assert_batch_unchanged (batch, snapshots);
+}
+
+static void
+test_shared_tensor (gconstpointer data)
+{
+  const int sizes[] = { 2, 4 };
+
+  for (guint i = 0; i < G_N_ELEMENTS (sizes); i++)
+    for (int run = 0; run < 25; run++)
+      {
+        ShareCase c = *(const ShareCase *) data;
+        g_autoptr(CpTensor) shared = CP_TEST_TENSOR (CP_DTYPE_INT64, row6, 1, 1, 0, 1, 1, 0);
+        g_autoptr(CpBatchOptions) options = cp_batch_options_new ();
+        CpStorage *storage = cp_tensor_get_storage (shared);
+
+        c.shared = shared;
+        c.options = options;
+        if (c.share == SHARE_OPTIONS_LOSS_MASK)
+          g_object_set (options, "loss-mask", shared, NULL);
+        cp_test_run_group ("cp", sizes[i], shared_rank, &c);
+        g_assert_true (cp_tensor_get_storage (shared) == storage);
+        CP_TEST_ASSERT_VALUES (shared, 1, 1, 0, 1, 1, 0);
+      }
+}
+
+/* A rank whose prepare fails makes every rank's prepare fail with its
+ * error, and no rank's batch changes: rank 1's batch lacks labels. */
+static void
+one_rank_fails_rank (CpMesh   *mesh,
+                     gpointer  user_data)
+{
+  g_autoptr(CpBatch) batch = e2_batch ();
+  g_autoptr(GPtrArray) snapshots = NULL;
+  g_autoptr(GError) error = NULL;
+
+  if (cp_mesh_get_rank (mesh) == 1)
+    cp_batch_remove (batch, "labels");
+  snapshots = cp_test_snapshot_batch (batch);
+  g_assert_null (cp_batch_prepare (batch, mesh, NULL, &error));
+  CP_TEST_ASSERT_CASE (error, CP_BATCH_ERROR, CP_BATCH_ERROR_MISSING_KEY, "CpBatch",
+                       "cp_batch_prepare where one rank's batch has no labels (every rank fails)");
+  g_assert_nonnull (strstr (error->message, "communicator rank 1: prepare: the batch has no 'labels'"));
+  cp_test_assert_batch_unchanged (batch, snapshots);
+}
+
 /* Runs the rank function given as test data on a group of two ranks. */
 static void
 test_on_two_ranks (gconstpointer rank_func)
@@ -1068,12 +1311,15 @@ main (int   argc,
   g_test_add_func ("/Cp/Batch/prepare/mesh-without-cp", test_mesh_without_cp);
   g_test_add_func ("/Cp/Batch/prepare/example-e1", test_example_e1);
   g_test_add_data_func ("/Cp/Batch/prepare/example-e2", e2_rank, test_on_two_ranks);
+  g_test_add_data_func ("/Cp/Batch/prepare/no-rows/input-ids", GINT_TO_POINTER (FALSE), test_empty_batch);
+  g_test_add_data_func ("/Cp/Batch/prepare/no-rows/inputs-embeds", GINT_TO_POINTER (TRUE), test_empty_batch);
   g_test_add_data_func ("/Cp/Batch/prepare/mrope-e3", mrope_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Batch/prepare/position-ids", positions_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Batch/prepare/existing-position-ids", existing_positions_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Batch/prepare/registration-order", order_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Batch/prepare/pad-values", pad_values_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Batch/prepare/extra-buffers", extra_rank, test_on_two_ranks);
+  g_test_add_func ("/Cp/Batch/enter/extra-buffer-contents", test_extra_contents);
   g_test_add_data_func ("/Cp/Batch/prepare/aligned-identity", aligned_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Batch/prepare/attention-mask", attention_mask_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Batch/prepare/loss-mask-padded", loss_mask_rank, test_on_two_ranks);
@@ -1082,6 +1328,10 @@ main (int   argc,
   g_test_add_data_func ("/Cp/Batch/prepare/unshard-e5", unshard_rank, test_on_two_ranks);
   g_test_add_func ("/Cp/Batch/prepare/property", test_property);
   g_test_add_data_func ("/Cp/Batch/enter/unpadded-lengths-disagree", unpadded_disagree_rank, test_on_two_ranks);
+  g_test_add_data_func ("/Cp/Batch/errors/one-rank", one_rank_fails_rank, test_on_two_ranks);
+  g_test_add_data_func ("/Cp/Batch/shared/labels", &share_cases[0], test_shared_tensor);
+  g_test_add_data_func ("/Cp/Batch/shared/options-loss-mask", &share_cases[1], test_shared_tensor);
+  g_test_add_data_func ("/Cp/Batch/shared/extra-buffer", &share_cases[2], test_shared_tensor);
   for (guint i = 0; i < G_N_ELEMENTS (error_cases); i++)
     {
       g_autofree char *path = g_strdup_printf ("/Cp/Batch/errors/%s", error_cases[i].name);

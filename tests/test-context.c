@@ -16,6 +16,18 @@ count_notify (GObject    *object,
 }
 
 static void
+register_ok (CpContext *context,
+             CpTensor  *tensor,
+             int        seq_dim,
+             gboolean   restore)
+{
+  g_autoptr(GError) error = NULL;
+
+  g_assert_true (cp_context_register_buffer (context, tensor, seq_dim, restore, &error));
+  g_assert_no_error (error);
+}
+
+static void
 test_no_mesh (void)
 {
   const gint64 shape[] = { 1, 6 };
@@ -33,7 +45,7 @@ test_no_mesh (void)
   g_assert_cmpint (cp_context_get_cp_size (context), ==, 1);
   g_assert_cmpint (cp_context_get_cp_rank (context), ==, 0);
   g_assert_null (cp_context_get_layout (context));
-  cp_context_register_buffer (context, ids, 1, FALSE);
+  register_ok (context, ids, 1, FALSE);
   g_assert_true (cp_context_enter (context, &error));
   g_assert_true (cp_context_is_entered (context));
   CP_TEST_ASSERT_VALUES (ids, 1, 2, 3, 4, 5, 6);
@@ -69,8 +81,8 @@ manual_rank (CpMesh   *mesh,
     cp_tensor_set_value (a, i, (double) (i % 12));
   a_full = cp_tensor_copy (a, NULL);
   b_full = cp_tensor_copy (b, NULL);
-  cp_context_register_buffer (context, a, -1, TRUE);
-  cp_context_register_buffer (context, b, 1, FALSE);
+  register_ok (context, a, -1, TRUE);
+  register_ok (context, b, 1, FALSE);
   g_assert_true (cp_context_enter (context, &error));
   g_assert_no_error (error);
   g_assert_true (cp_layout_equal (cp_context_get_layout (context), layout));
@@ -142,8 +154,8 @@ failure_rank (CpMesh   *mesh,
   CpStorage *a_storage = cp_tensor_get_storage (a);
   g_autoptr(GError) error = NULL;
 
-  cp_context_register_buffer (context, a, 1, FALSE);
-  cp_context_register_buffer (context, b, c->failure == ONE_RANK_BAD_DIM && rank == 1 ? 5 : 1, TRUE);
+  register_ok (context, a, 1, FALSE);
+  register_ok (context, b, c->failure == ONE_RANK_BAD_DIM && rank == 1 ? 5 : 1, TRUE);
   g_assert_false (cp_context_enter (context, &error));
   CP_TEST_ASSERT_CASE (error, c->domain, c->code, "CpContext", failure_names[c->failure]);
   if (strstr (error->message, c->needle) == NULL)
@@ -217,7 +229,7 @@ run_rank (CpMesh   *mesh,
 
   RunState state = { ids, 0 };
 
-  cp_context_register_buffer (context, ids, 1, TRUE);
+  register_ok (context, ids, 1, TRUE);
   g_assert_true (cp_context_run (context, run_func, &state, &error));
   g_assert_no_error (error);
   g_assert_cmpint (state.calls, ==, 1);
@@ -229,6 +241,201 @@ static void
 test_run (void)
 {
   cp_test_run_group ("cp", 4, run_rank, NULL);
+}
+
+/* One tensor registered in the contexts of every rank cannot be sharded
+ * in place by all of them: every rank's enter fails with
+ * CP_TENSOR_ERROR_IN_USE naming the buffer, no rank is entered and the
+ * tensor keeps its full contents.  Which rank claims it first varies;
+ * the verdict must not, so it runs many times on 2 and 4 ranks. */
+static void
+shared_buffer_rank (CpMesh   *mesh,
+                    gpointer  user_data)
+{
+  const gint64 shape[] = { 1, 8 };
+  CpTensor *shared = user_data;
+  g_autoptr(CpContext) context = cp_context_new (mesh, CP_ROTATE_METHOD_ALLGATHER);
+  g_autoptr(CpTensor) own = cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 2, 3);
+  g_autoptr(CpTensor) own_copy = cp_tensor_copy (own, NULL);
+  g_autoptr(GError) error = NULL;
+
+  register_ok (context, own, 1, FALSE);
+  register_ok (context, shared, 1, TRUE);
+  g_assert_false (cp_context_enter (context, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_IN_USE, "CpContext",
+                       "cp_context_enter on every rank with one tensor registered by every rank "
+                       "(every rank fails)");
+  g_assert_nonnull (strstr (error->message, "enter: buffer 1 is being changed in place"));
+  g_assert_false (cp_context_is_entered (context));
+  g_assert_true (cp_tensor_equal (own, own_copy));
+}
+
+static void
+test_shared_buffer (void)
+{
+  const gint64 shape[] = { 1, 8 };
+  const int sizes[] = { 2, 4 };
+
+  for (guint i = 0; i < G_N_ELEMENTS (sizes); i++)
+    for (int run = 0; run < 25; run++)
+      {
+        g_autoptr(CpTensor) shared = cp_test_tensor_pattern (CP_DTYPE_FLOAT32, shape, 2, 1);
+        g_autoptr(CpTensor) copy = cp_tensor_copy (shared, NULL);
+        CpStorage *storage = cp_tensor_get_storage (shared);
+
+        cp_test_run_group ("cp", sizes[i], shared_buffer_rank, shared);
+        g_assert_true (cp_tensor_get_storage (shared) == storage);
+        g_assert_true (cp_tensor_equal (shared, copy));
+      }
+}
+
+/* Two contexts of one rank with a buffer in common: while the first is
+ * entered, the second cannot enter (on every rank); once the first has
+ * exited, or was dropped while entered, it can. */
+static void
+nested_rank (CpMesh   *mesh,
+             gpointer  user_data)
+{
+  const gint64 shape[] = { 2, 8 };
+  g_autoptr(CpContext) outer = cp_context_new (mesh, CP_ROTATE_METHOD_ALLGATHER);
+  g_autoptr(CpContext) inner = cp_context_new (mesh, CP_ROTATE_METHOD_ALLGATHER);
+  g_autoptr(CpContext) dropped = cp_context_new (mesh, CP_ROTATE_METHOD_ALLGATHER);
+  g_autoptr(CpTensor) common = cp_test_tensor_pattern (CP_DTYPE_INT32, shape, 2, 4);
+  g_autoptr(CpTensor) full = cp_tensor_copy (common, NULL);
+  g_autoptr(CpLayout) layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, 8, 2, NULL);
+  g_autoptr(CpTensor) local = cp_layout_shard (layout, full, 1, cp_mesh_get_rank (mesh), NULL);
+  g_autoptr(GError) error = NULL;
+
+  register_ok (outer, common, 1, TRUE);
+  register_ok (inner, common, 1, TRUE);
+  cp_test_enter_ok (outer);
+  g_assert_false (cp_context_enter (inner, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_IN_USE, "CpContext",
+                       "cp_context_enter of a context whose buffer another entered context of "
+                       "the rank holds (every rank fails)");
+  g_assert_false (cp_context_is_entered (inner));
+  g_assert_true (cp_tensor_equal (common, local));
+  cp_test_exit_ok (outer);
+  g_assert_true (cp_tensor_equal (common, full));
+
+  cp_test_enter_ok (inner);
+  g_assert_true (cp_tensor_equal (common, local));
+  cp_test_exit_ok (inner);
+
+  register_ok (dropped, common, 1, TRUE);
+  cp_test_enter_ok (dropped);
+  g_clear_object (&dropped);
+  cp_test_enter_ok (outer);
+  cp_test_exit_ok (outer);
+}
+
+/* Misuse is a GError with CP_BATCH_ERROR_CONTEXT_STATE that changes
+ * nothing: entering twice (every rank fails, the context stays entered
+ * with its local pieces), exiting when not entered, registering while
+ * entered, and registering one tensor twice. */
+static void
+state_rank (CpMesh   *mesh,
+            gpointer  user_data)
+{
+  const gint64 shape[] = { 1, 8 };
+  g_autoptr(CpContext) context = cp_context_new (mesh, CP_ROTATE_METHOD_ALLGATHER);
+  g_autoptr(CpContext) next = cp_context_new (mesh, CP_ROTATE_METHOD_ALLGATHER);
+  g_autoptr(CpTensor) ids = cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 2, 0);
+  g_autoptr(CpTensor) other = cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 2, 1);
+  g_autoptr(CpTensor) full = cp_tensor_copy (ids, NULL);
+  g_autoptr(CpTensor) local = NULL;
+  g_autoptr(GError) error = NULL;
+
+  g_assert_false (cp_context_exit (context, &error));
+  CP_TEST_ASSERT_CASE (error, CP_BATCH_ERROR, CP_BATCH_ERROR_CONTEXT_STATE, "CpContext",
+                       "cp_context_exit of a context that is not entered");
+  g_clear_error (&error);
+  register_ok (context, ids, 1, TRUE);
+  g_assert_false (cp_context_register_buffer (context, ids, 1, FALSE, &error));
+  CP_TEST_ASSERT_CASE (error, CP_BATCH_ERROR, CP_BATCH_ERROR_CONFLICTING_KEYS, "CpContext",
+                       "cp_context_register_buffer of a tensor registered already");
+  g_clear_error (&error);
+  cp_test_enter_ok (context);
+  local = cp_tensor_copy (ids, NULL);
+
+  g_assert_false (cp_context_enter (context, &error));
+  CP_TEST_ASSERT_CASE (error, CP_BATCH_ERROR, CP_BATCH_ERROR_CONTEXT_STATE, "CpContext",
+                       "cp_context_enter of an entered context (every rank fails)");
+  g_assert_nonnull (strstr (error->message, "enter: the context is entered already"));
+  g_clear_error (&error);
+  g_assert_true (cp_context_is_entered (context));
+  g_assert_true (cp_tensor_equal (ids, local));
+
+  g_assert_false (cp_context_register_buffer (context, other, 1, FALSE, &error));
+  CP_TEST_ASSERT_CASE (error, CP_BATCH_ERROR, CP_BATCH_ERROR_CONTEXT_STATE, "CpContext",
+                       "cp_context_register_buffer on an entered context");
+  g_clear_error (&error);
+  g_assert_cmpuint (cp_context_get_n_buffers (context), ==, 1);
+
+  cp_test_exit_ok (context);
+  g_assert_true (cp_tensor_equal (ids, full));
+  g_assert_false (cp_context_exit (context, &error));
+  g_assert_error (error, CP_BATCH_ERROR, CP_BATCH_ERROR_CONTEXT_STATE);
+
+  /* The failed second enter left the buffer held by the first only: once
+   * that exited, another context may shard it. */
+  register_ok (next, ids, 1, TRUE);
+  cp_test_enter_ok (next);
+  g_assert_true (cp_tensor_equal (ids, local));
+  cp_test_exit_ok (next);
+}
+
+static void
+test_state (void)
+{
+  g_autoptr(CpContext) alone = cp_context_new (NULL, CP_ROTATE_METHOD_ALLGATHER);
+  g_autoptr(GError) error = NULL;
+
+  cp_test_run_group ("cp", 2, state_rank, NULL);
+  cp_test_enter_ok (alone);
+  g_assert_false (cp_context_enter (alone, &error));
+  CP_TEST_ASSERT_CASE (error, CP_BATCH_ERROR, CP_BATCH_ERROR_CONTEXT_STATE, "CpContext",
+                       "cp_context_enter of an entered context without a mesh");
+  g_assert_true (cp_context_is_entered (alone));
+  g_clear_error (&error);
+  g_assert_false (cp_context_run (alone, run_func, NULL, &error));
+  g_assert_error (error, CP_BATCH_ERROR, CP_BATCH_ERROR_CONTEXT_STATE);
+  cp_test_exit_ok (alone);
+}
+
+/* A rank whose context is entered makes every rank's enter fail, and the
+ * ranks whose contexts were not entered stay as they were. */
+static void
+one_rank_entered_rank (CpMesh   *mesh,
+                       gpointer  user_data)
+{
+  const gint64 shape[] = { 1, 8 };
+  g_autoptr(CpContext) context = cp_context_new (mesh, CP_ROTATE_METHOD_ALLGATHER);
+  g_autoptr(CpTensor) ids = cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 2, 0);
+  g_autoptr(CpTensor) full = cp_tensor_copy (ids, NULL);
+  g_autoptr(GError) error = NULL;
+  int rank = cp_mesh_get_rank (mesh);
+
+  register_ok (context, ids, 1, TRUE);
+  cp_test_enter_ok (context);
+  if (rank == 0)
+    cp_test_exit_ok (context);
+  g_assert_false (cp_context_enter (context, &error));
+  CP_TEST_ASSERT_CASE (error, CP_BATCH_ERROR, CP_BATCH_ERROR_CONTEXT_STATE, "CpContext",
+                       "cp_context_enter where one rank's context is entered (every rank fails)");
+  g_assert_nonnull (strstr (error->message, "communicator rank 1: enter: the context is entered already"));
+  g_assert_cmpint (cp_context_is_entered (context), ==, rank == 1);
+  if (rank == 0)
+    g_assert_true (cp_tensor_equal (ids, full));
+  else
+    cp_test_exit_ok (context);
+}
+
+/* Runs the rank function given as test data on a group of two ranks. */
+static void
+test_on_two_ranks (gconstpointer rank_func)
+{
+  cp_test_run_group ("cp", 2, (CpTestRankFunc) rank_func, NULL);
 }
 
 /* A dp × cp mesh gives the context its cp dimension. */
@@ -273,6 +480,10 @@ main (int   argc,
                CP_MESH_ERROR_INVALID_TOPOLOGY);
   add_failure ("/Cp/Context/enter/one-rank-bad-dim", &cases[3], CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
   g_test_add_func ("/Cp/Context/run/callback", test_run);
+  g_test_add_func ("/Cp/Context/shared/buffer-of-every-rank", test_shared_buffer);
+  g_test_add_data_func ("/Cp/Context/shared/nested-contexts", nested_rank, test_on_two_ranks);
+  g_test_add_func ("/Cp/Context/state/misuse", test_state);
+  g_test_add_data_func ("/Cp/Context/state/one-rank-entered", one_rank_entered_rank, test_on_two_ranks);
   g_test_add_func ("/Cp/Context/mesh/cp-dimension", test_mesh_resolution);
 
   return g_test_run ();

@@ -96,8 +96,8 @@ step_enter (CpMesh    *mesh,
 {
   g_autoptr(CpContext) context = cp_context_new (mesh, CP_ROTATE_METHOD_ALLGATHER);
 
-  cp_context_register_buffer (context, tensor, 0, TRUE);
-  return cp_context_enter (context, error) && cp_context_exit (context, error);
+  return cp_context_register_buffer (context, tensor, 0, TRUE, error) &&
+         cp_context_enter (context, error) && cp_context_exit (context, error);
 }
 
 static Step step_func;
@@ -265,14 +265,12 @@ test_alloc_enter (void)
   case_clear (&c);
 }
 
-/* A batch whose padding cannot be allocated is left as it was. */
+/* A batch whose padding cannot be allocated on rank 1 fails on every
+ * rank, and every rank's batch is left as it was. */
 static void
-test_alloc_prepare (void)
+alloc_prepare_rank (CpMesh   *mesh,
+                    gpointer  user_data)
 {
-  const char *names[] = { "cp", NULL };
-  int sizes[] = { 2 };
-  g_autoptr(GError) error = NULL;
-  GList *group = cp_mesh_new_local_group (names, sizes, 1, &error);
   g_autoptr(CpBatch) batch = cp_batch_new ();
   const gint64 shape[] = { 2, 7 };
   g_autoptr(CpTensor) ids = cp_test_tensor_pattern (CP_DTYPE_INT64, shape, 2, 1);
@@ -280,21 +278,28 @@ test_alloc_prepare (void)
   g_autoptr(CpTensor) ids_before = cp_tensor_copy (ids, NULL);
   g_autoptr(CpTensor) labels_before = cp_tensor_copy (labels, NULL);
   g_autoptr(CpContext) context = NULL;
+  g_autoptr(GError) error = NULL;
 
-  g_assert_no_error (error);
   cp_batch_set (batch, "input_ids", ids);
   cp_batch_set (batch, "labels", labels);
   /* The first allocation is input_ids' padding; the second, labels'. */
-  _cp_fault_fail_allocation (1);
-  context = cp_batch_prepare (batch, group->data, NULL, &error);
+  if (cp_mesh_get_rank (mesh) == 1)
+    _cp_fault_fail_allocation (1);
+  context = cp_batch_prepare (batch, mesh, NULL, &error);
   g_assert_null (context);
   CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_MEMORY, "CpBatch",
-                       "fault: an allocation fails while cp_batch_prepare pads (batch unchanged)");
+                       "fault: an allocation fails on one rank while cp_batch_prepare pads "
+                       "(every rank; batches unchanged)");
   g_assert_true (cp_tensor_equal (ids, ids_before));
   g_assert_true (cp_tensor_equal (labels, labels_before));
   g_assert_cmpuint (cp_batch_get_n_keys (batch), ==, 2);
   g_assert_false (cp_batch_contains (batch, "position_ids"));
-  cp_test_free_group (group);
+}
+
+static void
+test_alloc_prepare (void)
+{
+  cp_test_run_group ("cp", 2, alloc_prepare_rank, NULL);
 }
 
 /* A 1×8 batch of two documents of 3 real and 4 padded tokens. */

@@ -3,8 +3,13 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <errno.h>
+#include <fcntl.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
+
+#include <glib/gstdio.h>
 
 #include <gio/gunixfdlist.h>
 
@@ -54,18 +59,74 @@ test_borrowed_without_release (void)
   cp_storage_unref (storage);
 }
 
+/* The owner lives exactly as long as some tensor uses the memory: the
+ * storage holds one reference on it and drops it with the last view. */
+static void
+test_owner (void)
+{
+  static gint32 memory[6] = { 1, 2, 3, 4, 5, 6 };
+  const gint64 shape[] = { 2, 3 };
+  GObject *owner = g_object_new (G_TYPE_OBJECT, NULL);
+  CpStorage *storage = cp_storage_new_with_owner ((guintptr) memory, sizeof memory, owner);
+  g_autoptr(CpTensor) tensor = cp_tensor_new_from_storage (CP_DTYPE_INT32, shape, 2, storage, 0, NULL);
+  g_autoptr(CpTensor) row = cp_tensor_narrow (tensor, 0, 1, 1, NULL);
+
+  g_object_add_weak_pointer (owner, (gpointer *) &owner);
+  cp_storage_unref (storage);
+  g_object_unref (owner);
+  g_assert_nonnull (owner);
+  g_assert_cmpint (cp_storage_get_kind (cp_tensor_get_storage (tensor)), ==, CP_STORAGE_KIND_BORROWED);
+  g_assert_true (cp_tensor_get_data (tensor) == memory);
+  CP_TEST_ASSERT_VALUES (row, 4, 5, 6);
+  g_clear_object (&tensor);
+  g_assert_nonnull (owner);
+  g_clear_object (&row);
+  g_assert_null (owner);
+}
+
+/* Starts cp-test-fd-child with a duplicate of @fd as its descriptor 3 and
+ * returns the first line it prints; the child then waits until its stdin
+ * is closed (close_child). */
+static GSubprocess *
+spawn_fd_child (int          fd,
+                gint64       n,
+                const char  *mode,
+                char       **line)
+{
+  g_autoptr(GSubprocessLauncher) launcher =
+    g_subprocess_launcher_new (G_SUBPROCESS_FLAGS_STDIN_PIPE | G_SUBPROCESS_FLAGS_STDOUT_PIPE);
+  g_autoptr(GDataInputStream) out = NULL;
+  g_autofree char *child_path = g_test_build_filename (G_TEST_BUILT, "cp-test-fd-child", NULL);
+  g_autofree char *n_arg = g_strdup_printf ("%" G_GINT64_FORMAT, n);
+  g_autoptr(GError) error = NULL;
+  GSubprocess *child;
+
+  g_subprocess_launcher_take_fd (launcher, dup (fd), 3);
+  child = g_subprocess_launcher_spawn (launcher, &error, child_path, "3", n_arg, mode, NULL);
+  g_assert_no_error (error);
+  out = g_data_input_stream_new (g_subprocess_get_stdout_pipe (child));
+  *line = g_data_input_stream_read_line (out, NULL, NULL, &error);
+  g_assert_no_error (error);
+  return child;
+}
+
+static void
+close_child (GSubprocess *child)
+{
+  g_autoptr(GError) error = NULL;
+
+  g_output_stream_close (g_subprocess_get_stdin_pipe (child), NULL, NULL);
+  g_subprocess_wait_check (child, NULL, &error);
+  g_assert_no_error (error);
+}
+
 static void
 test_memfd_shared_with_child (void)
 {
   const gint64 n = 4096;
   g_autoptr(GError) error = NULL;
   g_autoptr(CpTensor) shared = cp_tensor_new_shared (CP_DTYPE_INT32, &n, 1, &error);
-  g_autoptr(GSubprocessLauncher) launcher = NULL;
   g_autoptr(GSubprocess) child = NULL;
-  g_autoptr(GDataInputStream) out = NULL;
-  g_autofree char *child_path = NULL;
-  g_autofree char *fd_arg = NULL;
-  g_autofree char *n_arg = NULL;
   g_autofree char *line = NULL;
   gint32 *data;
 
@@ -75,26 +136,101 @@ test_memfd_shared_with_child (void)
   data = cp_tensor_get_data (shared);
   data[0] = 1234;
 
-  child_path = g_test_build_filename (G_TEST_BUILT, "cp-test-fd-child", NULL);
-  launcher = g_subprocess_launcher_new (G_SUBPROCESS_FLAGS_STDIN_PIPE | G_SUBPROCESS_FLAGS_STDOUT_PIPE);
-  g_subprocess_launcher_take_fd (launcher, dup (cp_tensor_get_fd (shared)), 3);
-  fd_arg = g_strdup ("3");
-  n_arg = g_strdup_printf ("%" G_GINT64_FORMAT, n);
-  child = g_subprocess_launcher_spawn (launcher, &error, child_path, fd_arg, n_arg, NULL);
-  g_assert_no_error (error);
-
-  out = g_data_input_stream_new (g_subprocess_get_stdout_pipe (child));
-  line = g_data_input_stream_read_line (out, NULL, NULL, &error);
-  g_assert_no_error (error);
+  child = spawn_fd_child (cp_tensor_get_fd (shared), n, NULL, &line);
   g_assert_cmpstr (line, ==, "written");
 
   /* The child is still alive, holding its mapping: its writes are ours. */
   for (gint64 i = 0; i < n; i++)
     g_assert_cmpint (data[i], ==, (gint32) (i * 3 + 1));
+  close_child (child);
+}
 
-  g_output_stream_close (g_subprocess_get_stdin_pipe (child), NULL, NULL);
-  g_subprocess_wait_check (child, NULL, &error);
+/* Another holder of a shared tensor's descriptor cannot shrink the file
+ * under our mapping (which would kill this process with SIGBUS at the
+ * next read), nor grow it, nor add seals of its own. */
+static void
+test_memfd_sealed (void)
+{
+  const gint64 n = 4096;
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) shared = cp_tensor_new_shared (CP_DTYPE_INT32, &n, 1, &error);
+  g_autoptr(GSubprocess) child = NULL;
+  g_autofree char *line = NULL;
+  int fd = cp_tensor_get_fd (shared);
+  gint32 *data = cp_tensor_get_data (shared);
+
   g_assert_no_error (error);
+  for (gint64 i = 0; i < n; i++)
+    data[i] = (gint32) (7 * i);
+  child = spawn_fd_child (fd, n, "truncate", &line);
+  /* Had the child shrunk the file, this read would end the test. */
+  for (gint64 i = 0; i < n; i++)
+    g_assert_cmpint (data[i], ==, (gint32) (7 * i));
+  g_assert_cmpstr (line, ==, "refused: EPERM");
+  g_assert_cmpint (ftruncate (fd, 16), ==, -1);
+  g_assert_cmpint (errno, ==, EPERM);
+  g_assert_cmpint (ftruncate (fd, 1 << 20), ==, -1);
+  g_assert_cmpint (fcntl (fd, F_ADD_SEALS, F_SEAL_WRITE), ==, -1);
+  g_assert_cmpint (fcntl (fd, F_GET_SEALS), ==, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  close_child (child);
+}
+
+/* Descriptors whose file could shrink under the mapping are refused with
+ * CP_TENSOR_ERROR_UNSEALED; sealing a memfd against shrinking makes it
+ * acceptable. */
+static void
+assert_unsealed (int         fd,
+                 const char *needle,
+                 const char *what)
+{
+  const gint64 n = 4;
+  g_autoptr(GError) error = NULL;
+
+  g_assert_null (cp_tensor_new_from_fd (CP_DTYPE_INT32, &n, 1, fd, 0, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_UNSEALED, "CpStorage", what);
+  if (strstr (error->message, needle) == NULL)
+    g_error ("\"%s\" does not contain \"%s\"", error->message, needle);
+}
+
+static void
+test_from_fd_refuses_unsealed (void)
+{
+  const gint64 n = 4;
+  int plain = memfd_create ("plain", MFD_CLOEXEC);
+  int sealable = memfd_create ("sealable", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  int pipe_fds[2];
+  g_autofree char *path = NULL;
+  int file = g_file_open_tmp ("cp-test-storage-XXXXXX", &path, NULL);
+  g_autoptr(CpTensor) mapped = NULL;
+  g_autoptr(GError) error = NULL;
+  gint32 value = 0;
+
+  g_assert_cmpint (ftruncate (plain, 16), ==, 0);
+  g_assert_cmpint (ftruncate (sealable, 16), ==, 0);
+  g_assert_cmpint (ftruncate (file, 16), ==, 0);
+  g_assert_cmpint (pipe (pipe_fds), ==, 0);
+  assert_unsealed (plain, "no F_SEAL_SHRINK seal",
+                   "cp_tensor_new_from_fd of a memfd that does not allow sealing");
+  assert_unsealed (sealable, "no F_SEAL_SHRINK seal",
+                   "cp_tensor_new_from_fd of a memfd not sealed against shrinking");
+  assert_unsealed (file, "not a memfd, so it cannot be sealed",
+                   "cp_tensor_new_from_fd of a regular file");
+  assert_unsealed (pipe_fds[0], "neither a memfd nor a dma-buf",
+                   "cp_tensor_new_from_fd of a pipe");
+
+  g_assert_cmpint (fcntl (sealable, F_ADD_SEALS, F_SEAL_SHRINK), ==, 0);
+  mapped = cp_tensor_new_from_fd (CP_DTYPE_INT32, &n, 1, sealable, 0, &error);
+  g_assert_no_error (error);
+  cp_tensor_set_value (mapped, 3, 42);
+  g_assert_cmpint (pread (sealable, &value, sizeof value, 12), ==, sizeof value);
+  g_assert_cmpint (value, ==, 42);
+
+  g_unlink (path);
+  for (int i = 0; i < 2; i++)
+    close (pipe_fds[i]);
+  close (file);
+  close (sealable);
+  close (plain);
 }
 
 static void
@@ -155,7 +291,10 @@ main (int   argc,
   g_test_add_func ("/Cp/Storage/owned/aligned-zeroed", test_owned);
   g_test_add_func ("/Cp/Storage/views/shared", test_shared_between_tensors);
   g_test_add_func ("/Cp/Storage/borrowed/no-release", test_borrowed_without_release);
+  g_test_add_func ("/Cp/Storage/borrowed/owner", test_owner);
   g_test_add_func ("/Cp/Storage/fd/child-process", test_memfd_shared_with_child);
+  g_test_add_func ("/Cp/Storage/fd/sealed", test_memfd_sealed);
+  g_test_add_func ("/Cp/Storage/fd/unsealed", test_from_fd_refuses_unsealed);
   g_test_add_func ("/Cp/Storage/fd/range", test_from_fd_checks_range);
   g_test_add_func ("/Cp/Storage/fd/offset", test_from_fd_offset);
 

@@ -450,6 +450,139 @@ test_bad_index_is_critical (void)
   g_test_trap_assert_stderr ("*CRITICAL*index >= 0 && index < self->numel*");
 }
 
+/* Any number of threads may read one tensor at once, since reading
+ * changes nothing in it: the four ranks of a group shard it, copy it,
+ * narrow it (to a view and to a copy), take its bytes, gather it over the
+ * mesh, unshard it and rebuild it from shared pieces, over and over, and
+ * every result is exact against values computed here.  Run under
+ * ThreadSanitizer in the multi-rank suite. */
+#define READ_C 4
+#define READ_S 16
+
+typedef struct
+{
+  CpTensor *shared;             /* [2, READ_S, 3], element (b, s, h) = 1000b + 10s + h */
+  CpLayout *layout;
+  CpTensor *pieces[READ_C];     /* every rank's piece, read by every rank */
+} ReadCase;
+
+static double
+read_value (gint64 b,
+            gint64 s,
+            gint64 h)
+{
+  return (double) (1000 * b + 10 * s + h);
+}
+
+/* Where the head-tail layout of @length positions over READ_C ranks puts
+ * the @j-th position of rank @rank: chunk rank, then chunk 2·C−1−rank. */
+static gint64
+head_tail_position (gint64 length,
+                    int    rank,
+                    gint64 j)
+{
+  gint64 k = length / (2 * READ_C);
+
+  return j < k ? rank * k + j : (2 * READ_C - 1 - rank) * k + (j - k);
+}
+
+/* Asserts that @tensor [B, n, 3] holds read_value (b, @position (s), h). */
+static void
+assert_read_values (CpTensor *tensor,
+                    gint64    n,
+                    gint64  (*position) (gint64 s, gpointer data),
+                    gpointer  data)
+{
+  gint64 rows = cp_tensor_get_dim (tensor, 0);
+
+  g_assert_cmpint (cp_tensor_get_dim (tensor, 1), ==, n);
+  for (gint64 b = 0; b < rows; b++)
+    for (gint64 s = 0; s < n; s++)
+      for (gint64 h = 0; h < 3; h++)
+        g_assert_cmpfloat (cp_tensor_get_value (tensor, (b * n + s) * 3 + h), ==,
+                           read_value (b % 2, position (s, data), h));
+}
+
+static gint64
+piece_position (gint64   s,
+                gpointer data)
+{
+  return head_tail_position (READ_S, GPOINTER_TO_INT (data), s);
+}
+
+static gint64
+offset_position (gint64   s,
+                 gpointer data)
+{
+  return s + GPOINTER_TO_INT (data);
+}
+
+/* Every rank's piece is the whole shared tensor: position p of the
+ * unsharded sequence is position j of a piece. */
+static gint64
+unsharded_position (gint64   p,
+                    gpointer data)
+{
+  gint64 k = READ_C * READ_S / (2 * READ_C);
+
+  return p / k < READ_C ? p % k : k + p % k;
+}
+
+static void
+reader_rank (CpMesh   *mesh,
+             gpointer  user_data)
+{
+  const ReadCase *c = user_data;
+  int rank = cp_mesh_get_rank (mesh);
+
+  for (int i = 0; i < 50; i++)
+    {
+      g_autoptr(GError) error = NULL;
+      g_autoptr(CpTensor) piece = cp_layout_shard (c->layout, c->shared, 1, rank, &error);
+      g_autoptr(CpTensor) copy = cp_tensor_copy (c->shared, &error);
+      g_autoptr(CpTensor) view = cp_tensor_narrow (c->shared, 0, 1, 1, &error);
+      g_autoptr(CpTensor) cut = cp_tensor_narrow (c->shared, 1, 3, 5, &error);
+      g_autoptr(GBytes) bytes = cp_tensor_dup_bytes (c->shared);
+      g_autoptr(CpTensor) gathered = cp_mesh_all_gather (mesh, c->shared, 0, &error);
+      g_autoptr(CpTensor) unsharded = cp_mesh_unshard (mesh, c->shared, 1, &error);
+      g_autoptr(CpTensor) rebuilt = cp_layout_unshard_pieces (c->layout, (CpTensor **) c->pieces,
+                                                              READ_C, 1, &error);
+
+      g_assert_no_error (error);
+      assert_read_values (piece, READ_S / READ_C, piece_position, GINT_TO_POINTER (rank));
+      g_assert_true (cp_tensor_equal (copy, c->shared));
+      g_assert_true (cp_tensor_get_storage (view) == cp_tensor_get_storage (c->shared));
+      g_assert_cmpfloat (cp_tensor_get_value (view, 0), ==, read_value (1, 0, 0));
+      assert_read_values (cut, 5, offset_position, GINT_TO_POINTER (3));
+      g_assert_cmpmem (g_bytes_get_data (bytes, NULL), g_bytes_get_size (bytes),
+                       cp_tensor_get_data (c->shared), cp_tensor_get_nbytes (c->shared));
+      CP_TEST_ASSERT_SHAPE (gathered, 2 * READ_C, READ_S, 3);
+      assert_read_values (gathered, READ_S, offset_position, GINT_TO_POINTER (0));
+      assert_read_values (unsharded, READ_C * READ_S, unsharded_position, NULL);
+      g_assert_true (cp_tensor_equal (rebuilt, c->shared));
+    }
+}
+
+static void
+test_concurrent_reads (void)
+{
+  const gint64 shape[] = { 2, READ_S, 3 };
+  g_autoptr(CpTensor) shared = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 3, NULL);
+  g_autoptr(CpTensor) before = NULL;
+  ReadCase c = { shared, cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, READ_S, READ_C, NULL) };
+
+  for (gint64 i = 0; i < 2 * READ_S * 3; i++)
+    cp_tensor_set_value (shared, i, read_value (i / (READ_S * 3), i / 3 % READ_S, i % 3));
+  before = cp_tensor_copy (shared, NULL);
+  for (int r = 0; r < READ_C; r++)
+    c.pieces[r] = cp_layout_shard (c.layout, shared, 1, r, NULL);
+  cp_test_run_group ("cp", READ_C, reader_rank, &c);
+  g_assert_true (cp_tensor_equal (shared, before));
+  for (int r = 0; r < READ_C; r++)
+    g_object_unref (c.pieces[r]);
+  cp_layout_unref (c.layout);
+}
+
 int
 main (int   argc,
       char *argv[])
@@ -478,6 +611,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Tensor/dup-bytes/view", test_dup_bytes_is_view);
   g_test_add_func ("/Cp/Tensor/describe/text", test_describe);
   cp_test_add_func_in_process ("/Cp/Tensor/value/bad-index", test_bad_index_is_critical);
+  g_test_add_func ("/Cp/Tensor/threads/concurrent-reads", test_concurrent_reads);
 
   return g_test_run ();
 }

@@ -459,6 +459,67 @@ packed_input_rank (CpMesh *mesh,
     CP_TEST_ASSERT_VALUES (cp_batch_get (out, "labels"), 20, 30);
 }
 
+/* An already packed batch whose bounds carry sentinel entries keeps
+ * them, in place, in every bounds output, as the reference passes the
+ * packed cu_seqlens_padded through ([0, 4, 8, -999] stays so); the
+ * partition and max_seqlen ignore them. */
+static CpBatch *
+packed_with_sentinels (void)
+{
+  const gint64 eight[] = { 8 };
+  const gint64 four[] = { 4 };
+  CpBatch *batch = cp_batch_new ();
+
+  cp_test_batch_take (batch, "input_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, eight, 1, 2, 3, 4, 5, 6, 7, 8));
+  cp_test_batch_take (batch, "labels", CP_TEST_TENSOR (CP_DTYPE_INT64, eight, 1, 2, 3, 4, 5, 6, 7, 8));
+  cp_test_batch_take (batch, "position_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, eight, 0, 1, 2, 3, 0, 1, 2, 3));
+  cp_test_batch_take (batch, "cu_seqlens", CP_TEST_TENSOR (CP_DTYPE_INT32, four, 0, 3, 7, -999));
+  cp_test_batch_take (batch, "cu_seqlens_padded", CP_TEST_TENSOR (CP_DTYPE_INT32, four, 0, 4, 8, -999));
+  return batch;
+}
+
+static CpThdOptions *
+sentinel_999 (void)
+{
+  return g_object_new (CP_TYPE_THD_OPTIONS, "seq-lens-padding-value", (gint64) -999, NULL);
+}
+
+static void
+packed_sentinels_rank (CpMesh *mesh,
+                       int     rank)
+{
+  g_autoptr(CpBatch) batch = packed_with_sentinels ();
+  g_autoptr(CpThdOptions) options = sentinel_999 ();
+  g_autoptr(CpBatch) out = convert (batch, mesh, options);
+
+  CP_TEST_ASSERT_VALUES (cp_batch_get (out, "cu_seqlens"), 0, 4, 8, -999);
+  ASSERT_SCALAR (cp_batch_get (out, "max_seqlen"), 4);
+  CP_TEST_ASSERT_VALUES (cp_batch_get (out, "local_cu_seqlens_padded"), 0, 2, 4, -999);
+  if (rank == 0)
+    {
+      CP_TEST_ASSERT_VALUES (cp_batch_get (out, "input_ids"), 1, 4, 5, 8);
+      CP_TEST_ASSERT_VALUES (cp_batch_get (out, "local_cu_seqlens"), 0, 1, 3, -999);
+    }
+  else
+    {
+      CP_TEST_ASSERT_VALUES (cp_batch_get (out, "input_ids"), 2, 3, 6, 7);
+      CP_TEST_ASSERT_VALUES (cp_batch_get (out, "local_cu_seqlens"), 0, 2, 4, -999);
+    }
+}
+
+static void
+test_packed_sentinels (void)
+{
+  g_autoptr(CpBatch) batch = packed_with_sentinels ();
+  g_autoptr(CpThdOptions) options = sentinel_999 ();
+  g_autoptr(CpBatch) out = convert (batch, NULL, options);
+
+  CP_TEST_ASSERT_VALUES (cp_batch_get (out, "cu_seqlens"), 0, 3, 7, -999);
+  CP_TEST_ASSERT_VALUES (cp_batch_get (out, "cu_seqlens_padded"), 0, 4, 8, -999);
+  ASSERT_SCALAR (cp_batch_get (out, "max_seqlen"), 4);
+  run_on (2, packed_sentinels_rank);
+}
+
 /* E6: two documents in one row, C = 2. */
 static void
 e6_rank (CpMesh *mesh,
@@ -527,6 +588,59 @@ test_partitions (void)
 {
   run_on (2, partition_rank);
   run_on (4, partition_rank);
+}
+
+/* A batch of no rows, the last of a dataset, has no tokens and no
+ * documents: converted unsharded or on 2 and 4 ranks, every token buffer
+ * is empty, cu_seqlens is [0] and there is no max_seqlen.  (Chunks of it
+ * are refused: see the no-rows error case.) */
+static CpBatch *
+empty_batch (void)
+{
+  const gint64 tokens[] = { 0, 8 };
+  const gint64 documents[] = { 0, 2 };
+  CpBatch *batch = cp_batch_new ();
+  const char *keys[] = { "input_ids", "labels", "position_ids", "seq_lens", "seq_lens_padded" };
+
+  for (guint i = 0; i < G_N_ELEMENTS (keys); i++)
+    cp_test_batch_take (batch, keys[i], cp_tensor_new (CP_DTYPE_INT64, i < 3 ? tokens : documents, 2, NULL));
+  return batch;
+}
+
+static void
+assert_empty_thd (CpBatch *out)
+{
+  const char *tokens[] = { "input_ids", "labels", "position_ids", "padding_mask" };
+
+  for (guint i = 0; i < G_N_ELEMENTS (tokens); i++)
+    CP_TEST_ASSERT_SHAPE (cp_batch_get (out, tokens[i]), 0);
+  CP_TEST_ASSERT_VALUES (cp_batch_get (out, "cu_seqlens"), 0);
+  g_assert_false (cp_batch_contains (out, "max_seqlen"));
+}
+
+static void
+empty_rank (CpMesh *mesh,
+            int     rank)
+{
+  g_autoptr(CpBatch) batch = empty_batch ();
+  g_autoptr(CpBatch) out = convert (batch, mesh, NULL);
+
+  assert_empty_thd (out);
+  ASSERT_SCALAR (cp_batch_get (out, "cp_rank"), rank);
+  CP_TEST_ASSERT_VALUES (cp_batch_get (out, "local_cu_seqlens"), 0);
+  CP_TEST_ASSERT_VALUES (cp_batch_get (out, "local_cu_seqlens_padded"), 0);
+  g_assert_cmpint (cp_layout_get_local_len (cp_batch_get_layout (out, 0), rank), ==, 0);
+}
+
+static void
+test_empty (void)
+{
+  g_autoptr(CpBatch) batch = empty_batch ();
+  g_autoptr(CpBatch) whole = convert (batch, NULL, NULL);
+
+  assert_empty_thd (whole);
+  run_on (2, empty_rank);
+  run_on (4, empty_rank);
 }
 
 /* E7: two chunks on two ranks. */
@@ -1127,9 +1241,11 @@ main (int   argc,
   g_test_add_func ("/Cp/Thd/absorption/examples", test_absorption);
   g_test_add_data_func ("/Cp/Thd/shard/te-basic", te_basic_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Thd/shard/packed-input", packed_input_rank, test_on_two_ranks);
+  g_test_add_func ("/Cp/Thd/shard/packed-sentinels", test_packed_sentinels);
   g_test_add_data_func ("/Cp/Thd/shard/example-e6", e6_rank, test_on_two_ranks);
   g_test_add_func ("/Cp/Thd/shard/partitions", test_partitions);
   g_test_add_data_func ("/Cp/Thd/shard/example-e7", e7_rank, test_on_two_ranks);
+  g_test_add_func ("/Cp/Thd/shard/no-rows", test_empty);
   g_test_add_data_func ("/Cp/Thd/shard/dtypes", dtypes_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Thd/shard/padding-mask-fix", mask_fix_rank, test_on_two_ranks);
   g_test_add_func ("/Cp/Thd/shard/single-rank", test_single_rank);

@@ -154,6 +154,25 @@ class PrepareTests(unittest.TestCase):
             self.assertIs(ctx.buffers[2], c['position_ids'])
         run_ranks([2], rank)
 
+    def test_no_rows(self):
+        # The last batch of a dataset may be empty: [0, S] ids or [0, S, H]
+        # embeddings are prepared, entered and exited like any other.
+        for key, shape, dtype in (('input_ids', (0, 6), np.int64), ('inputs_embeds', (0, 6, 3), np.float32)):
+            def rank(mesh):
+                batch = Cp.Batch()
+                batch[key] = T(np.zeros(shape), dtype)
+                batch['labels'] = T(np.zeros((0, 6)))
+                ctx = batch.prepare(mesh)
+                positions = batch['position_ids']
+                self.assertEqual({k: v.shape[:2] for k, v in batch.items()},
+                                 {key: (0, 8), 'labels': (0, 8), 'position_ids': (0, 8)})
+                with ctx:
+                    self.assertEqual(batch[key].shape, (0, 4) + shape[2:])
+                    self.assertEqual(positions.shape, (0, 4))
+                self.assertEqual(positions.shape, (0, 8))
+                self.assertEqual(batch['labels'].shape, (0, 4))
+            run_ranks([2], rank)
+
     def test_registration_order_and_extras(self):
         def rank(mesh):
             batch = e2_batch()
@@ -179,6 +198,38 @@ class PrepareTests(unittest.TestCase):
                 self.assertEqual(loss_mask.shape, (1, 4))
                 self.assertEqual(batch['mm_token_type_ids'].shape, (1, 6))
         run_ranks([2], rank)
+
+    def test_extra_buffer_contents(self):
+        # Extras along dimensions 1, 2 (not the last) and -1, every element
+        # distinct: inside the context each rank holds exactly the padded
+        # original taken at its head-tail positions, computed here.
+        s = 13
+        specs = [('along_1', (2, s, 3), 1, np.float32), ('along_2', (2, 3, s, 2), 2, np.int32),
+                 ('along_last', (3, 2, 2, s), -1, np.int64)]
+
+        def rank(mesh):
+            c, r = mesh.get_world_size(), mesh.get_rank()
+            padded = -(-s // (2 * c)) * 2 * c
+            k = padded // (2 * c)
+            index = np.r_[r * k:(r + 1) * k, (2 * c - 1 - r) * k:(2 * c - r) * k]
+            batch = Cp.Batch()
+            batch['input_ids'] = T(np.arange(2 * s).reshape(2, s))
+            batch['labels'] = T(np.arange(2 * s).reshape(2, s))
+            originals = {}
+            for key, shape, dim, dtype in specs:
+                originals[key] = np.arange(1, np.prod(shape) + 1).reshape(shape).astype(dtype)
+                batch[key] = T(originals[key], dtype)
+                batch.set_seq_dim(key, dim)
+            ctx = batch.prepare(mesh)
+            with ctx:
+                for key, shape, dim, dtype in specs:
+                    axis = dim % len(shape)
+                    pad = [(0, 0)] * len(shape)
+                    pad[axis] = (0, padded - s)
+                    want = np.take(np.pad(originals[key], pad), index, axis=axis)
+                    np.testing.assert_array_equal(batch[key].numpy(), want, err_msg=key)
+        for size in (2, 4):
+            run_ranks([size], rank)
 
     def test_pad_values_and_identity(self):
         def rank(mesh):
@@ -304,6 +355,162 @@ class PrepareTests(unittest.TestCase):
         run_ranks([2], rank)
 
 
+class ContextStateTests(unittest.TestCase):
+    """Misuse of a context raises GLib.Error CONTEXT_STATE and changes nothing."""
+
+    def assert_state_error(self, caught, what):
+        self.assertTrue(caught.exception.matches(Cp.batch_error_quark(), Cp.BatchError.CONTEXT_STATE),
+                        caught.exception)
+        record_error(self, 'CpContext', what, caught.exception)
+
+    def test_nested_with_keeps_the_outer_context(self):
+        def rank(mesh):
+            batch = e2_batch()
+            ctx = batch.prepare(mesh)
+            pos = batch['position_ids']
+            with ctx:
+                local = pos.numpy().copy()
+                with self.assertRaises(GLib.Error) as caught:
+                    with ctx:
+                        self.fail('the inner with must not run')
+                self.assert_state_error(caught, 'with ctx: on an entered context (every rank fails)')
+                self.assertIn('entered already', caught.exception.message)
+                # The outer context is still entered, its buffers still local.
+                self.assertTrue(ctx.is_entered())
+                np.testing.assert_array_equal(pos.numpy(), local)
+            self.assertFalse(ctx.is_entered())
+            np.testing.assert_array_equal(pos.numpy(), [[0, 1, 2, 3, 4, 5, 0, 0]])
+        run_ranks([2], rank)
+
+    def test_exit_and_register_out_of_turn(self):
+        def rank(mesh):
+            ctx = Cp.Context.new(mesh, Cp.RotateMethod.ALLGATHER)
+            ids = T([np.arange(8)])
+            with self.assertRaises(GLib.Error) as caught:
+                ctx.exit()
+            self.assert_state_error(caught, 'cp_context_exit of a context that is not entered')
+            ctx.register_buffer(ids, 1, True)
+            late = T([np.arange(8)])
+            with ctx:
+                with self.assertRaises(GLib.Error) as caught:
+                    ctx.register_buffer(late, 1, True)
+                self.assert_state_error(caught, 'cp_context_register_buffer on an entered context')
+                self.assertEqual(ctx.get_n_buffers(), 1)
+            np.testing.assert_array_equal(ids.numpy(), [np.arange(8)])
+        run_ranks([2], rank)
+
+
+class SharedTensorTests(unittest.TestCase):
+    """One tensor used by several rank threads. Reading it from all of them
+    is safe; padding or sharding it in place from several batches or
+    contexts fails with IN_USE on every rank, and nothing changes. Which
+    rank claims the tensor first varies, so each case runs many times."""
+
+    RUNS = 20
+
+    def assert_in_use(self, caught, needle, subject, what):
+        self.assertTrue(caught.exception.matches(Cp.tensor_error_quark(), Cp.TensorError.IN_USE),
+                        caught.exception)
+        self.assertIn(needle, caught.exception.message)
+        record_error(self, subject, what, caught.exception)
+
+    def test_one_tensor_in_every_rank_batch(self):
+        for size in (2, 4):
+            for _ in range(self.RUNS):
+                full = np.arange(6)[None]
+                shared = T(full)
+                address = shared.get_data_address()
+
+                def rank(mesh):
+                    batch = e2_batch()
+                    batch['labels'] = shared
+                    ids = batch['input_ids']
+                    with self.assertRaises(GLib.Error) as caught:
+                        batch.prepare(mesh)
+                    self.assert_in_use(caught, "prepare: 'labels' is being changed in place", 'CpBatch',
+                                       'cp_batch_prepare on every rank with one labels tensor in every '
+                                       "rank's batch (every rank fails)")
+                    self.assertEqual(batch.keys(), ['input_ids', 'labels'])
+                    np.testing.assert_array_equal(ids.numpy(), [[11, 12, 13, 14, 15, 16]])
+                run_ranks([size], rank)
+                self.assertEqual(shared.get_data_address(), address)
+                np.testing.assert_array_equal(shared.numpy(), full)
+
+    def test_one_loss_mask_in_shared_options(self):
+        mask = T([[1, 1, 1, 0, 0, 0]], np.float32)
+        options = Cp.BatchOptions(loss_mask=mask)
+
+        def rank(mesh):
+            with self.assertRaises(GLib.Error) as caught:
+                e2_batch().prepare(mesh, options)
+            self.assert_in_use(caught, "'loss_mask'", 'CpBatch', 'cp_batch_prepare on every rank with '
+                               'one options object carrying a loss mask (every rank fails)')
+        for _ in range(self.RUNS):
+            run_ranks([2], rank)
+        np.testing.assert_array_equal(mask.numpy(), [[1, 1, 1, 0, 0, 0]])
+
+    def test_one_buffer_in_every_rank_context(self):
+        shared = T([np.arange(8)])
+
+        def rank(mesh):
+            ctx = Cp.Context.new(mesh, Cp.RotateMethod.ALLGATHER)
+            ctx.register_buffer(shared, 1, True)
+            with self.assertRaises(GLib.Error) as caught:
+                with ctx:
+                    self.fail('no rank may enter')
+            self.assert_in_use(caught, 'enter: buffer 0 is being changed in place', 'CpContext',
+                               'cp_context_enter on every rank with one tensor registered by every '
+                               'rank (every rank fails)')
+            self.assertFalse(ctx.is_entered())
+        for _ in range(self.RUNS):
+            run_ranks([2], rank)
+        np.testing.assert_array_equal(shared.numpy(), [np.arange(8)])
+
+    def test_one_array_wrapped_by_every_rank(self):
+        # Separate tensor objects may view one memory: prepare and enter give
+        # a tensor new memory instead of writing into the memory it views.
+        ids = np.arange(6)[None] + 10
+        labels = np.arange(6)[None]
+
+        def rank(mesh):
+            batch = Cp.Batch()
+            batch['input_ids'] = Cp.Tensor.from_numpy(ids)
+            batch['labels'] = Cp.Tensor.from_numpy(labels)
+            index = [0, 1, 6, 7] if mesh.get_rank() == 0 else [2, 3, 4, 5]
+            with batch.prepare(mesh):
+                np.testing.assert_array_equal(batch['labels'].numpy(),
+                                              np.pad(labels, ((0, 0), (0, 2)), constant_values=-100)[:, index])
+                np.testing.assert_array_equal(batch['input_ids'].numpy(), np.pad(ids, ((0, 0), (0, 2)))[:, index])
+        for _ in range(self.RUNS):
+            run_ranks([2], rank)
+        np.testing.assert_array_equal(ids, np.arange(6)[None] + 10)
+        np.testing.assert_array_equal(labels, np.arange(6)[None])
+
+    def test_every_rank_reads_one_tensor(self):
+        # The reads of the issue: shard, copy, narrow, numpy views, bytes
+        # and unshard, from every rank at once, many times, all exact.
+        full = np.arange(2 * 16 * 3, dtype=np.float32).reshape(2, 16, 3)
+        shared = Cp.Tensor.from_numpy(full.copy())
+        layout = Cp.Layout.new(Cp.LoadBalance.HEAD_TAIL, 16, 4)
+
+        def rank(mesh):
+            r = mesh.get_rank()
+            k = 2
+            index = np.r_[r * k:(r + 1) * k, (7 - r) * k:(8 - r) * k]
+            for _ in range(50):
+                np.testing.assert_array_equal(layout.shard(shared, 1, r).numpy(), full[:, index])
+                np.testing.assert_array_equal(shared.copy().numpy(), full)
+                np.testing.assert_array_equal(shared.narrow(1, 3, 5).numpy(), full[:, 3:8])
+                np.testing.assert_array_equal(shared.numpy(), full)
+                self.assertEqual(shared.dup_bytes().get_data(), full.tobytes())
+                gathered = mesh.all_gather(shared, 0).numpy()
+                np.testing.assert_array_equal(gathered, np.concatenate([full] * 4))
+                piece = layout.shard(shared, 1, r)
+                np.testing.assert_array_equal(mesh.unshard(piece, 1).numpy(), full)
+        run_ranks([4], rank)
+        np.testing.assert_array_equal(shared.numpy(), full)
+
+
 class PropertyTests(unittest.TestCase):
     """Random B, S, C and buffer sets against an independent numpy oracle:
     inside the context every buffer is its padded original indexed with
@@ -348,53 +555,60 @@ class PropertyTests(unittest.TestCase):
 
 class ErrorTests(unittest.TestCase):
 
-    def assert_prepare_fails(self, batch, options, code, needle, what):
-        before = {key: (batch[key], batch[key].numpy().copy()) for key in batch.keys()}
-        keys = batch.keys()
-
+    def assert_prepare_fails(self, make_batch, options, code, needle, what):
+        """Every rank prepares its own batch from make_batch(): an error on
+        the ranks' batches is the same error on every rank, and leaves each
+        batch as it was."""
         def rank(mesh):
+            batch = make_batch()
+            keys = batch.keys()
+            before = {key: (batch[key], batch[key].numpy().copy()) for key in keys}
             with self.assertRaises(GLib.Error) as caught:
                 batch.prepare(mesh, options)
             # Codes of different domains share numbers: match both.
             self.assertTrue(caught.exception.matches(type(code).quark(), code), caught.exception)
             self.assertIn(needle, caught.exception.message)
             record_error(self, 'CpBatch', what, caught.exception)
-        meshes = Cp.Mesh.new_local_group(['cp'], [2])
-        # prepare does not communicate, so one rank's call shows the error.
-        rank(meshes[0])
-        self.assertEqual(batch.keys(), keys)
-        for key, (tensor, values) in before.items():
-            self.assertIs(batch[key], tensor)
-            np.testing.assert_array_equal(tensor.numpy(), values)
+            self.assertEqual(batch.keys(), keys)
+            for key, (tensor, values) in before.items():
+                self.assertIs(batch[key], tensor)
+                np.testing.assert_array_equal(tensor.numpy(), values)
+        run_ranks([2], rank)
+
+    @staticmethod
+    def e2_with(**changes):
+        """Builds E2 batches with keys set to make() or removed (None)."""
+        def build():
+            batch = e2_batch()
+            for key, make in changes.items():
+                if make is None:
+                    del batch[key]
+                else:
+                    batch[key] = make()
+            return batch
+        return build
 
     def test_xor_and_missing_keys(self):
-        only_labels = Cp.Batch()
-        only_labels['labels'] = T([[1, 2]])
-        self.assert_prepare_fails(only_labels, None, Cp.BatchError.MISSING_KEY, 'exactly one',
+        self.assert_prepare_fails(self.e2_with(input_ids=None), None, Cp.BatchError.MISSING_KEY, 'exactly one',
                                   'cp_batch_prepare of a batch with neither input_ids nor inputs_embeds')
-        both = e2_batch()
-        both['inputs_embeds'] = T(np.zeros((1, 6, 2)), np.float32)
-        self.assert_prepare_fails(both, None, Cp.BatchError.CONFLICTING_KEYS, 'exactly one',
+        embeds = self.e2_with(inputs_embeds=lambda: T(np.zeros((1, 6, 2)), np.float32))
+        self.assert_prepare_fails(embeds, None, Cp.BatchError.CONFLICTING_KEYS, 'exactly one',
                                   'cp_batch_prepare of a batch with both input_ids and inputs_embeds')
-        no_labels = e2_batch()
-        del no_labels['labels']
-        self.assert_prepare_fails(no_labels, None, Cp.BatchError.MISSING_KEY, "'labels'",
+        self.assert_prepare_fails(self.e2_with(labels=None), None, Cp.BatchError.MISSING_KEY, "'labels'",
                                   'cp_batch_prepare of a batch without labels')
-        self.assert_prepare_fails(e2_batch(), Cp.BatchOptions(extra_buffers={'teacher_logits': 1}),
+        self.assert_prepare_fails(e2_batch, Cp.BatchOptions(extra_buffers={'teacher_logits': 1}),
                                   Cp.BatchError.MISSING_KEY, "'teacher_logits' is missing",
                                   'cp_batch_prepare naming an extra buffer the batch lacks')
 
     def test_shapes_and_options(self):
-        short = e2_batch()
-        short['labels'] = T([[1, 2, 3, 4, 5]])
+        short = self.e2_with(labels=lambda: T([[1, 2, 3, 4, 5]]))
         self.assert_prepare_fails(short, None, Cp.TensorError.SHAPE, "'labels'",
                                   'cp_batch_prepare with labels shorter than input_ids')
-        axis = e2_batch()
-        axis['teacher_logits'] = T(np.zeros((1, 6, 5)), np.float32)
+        axis = self.e2_with(teacher_logits=lambda: T(np.zeros((1, 6, 5)), np.float32))
         self.assert_prepare_fails(axis, Cp.BatchOptions(extra_buffers={'teacher_logits': 3}),
                                   Cp.TensorError.SHAPE, 'dimension 3',
                                   'cp_batch_prepare with an extra buffer along a dimension it does not have')
-        self.assert_prepare_fails(e2_batch(), Cp.BatchOptions(rotate_method='addtoall'),
+        self.assert_prepare_fails(e2_batch, Cp.BatchOptions(rotate_method='addtoall'),
                                   Cp.BatchError.INVALID_OPTION, '"addtoall"',
                                   'cp_batch_prepare with an unknown rotate method name')
 

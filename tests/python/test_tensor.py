@@ -2,6 +2,7 @@
 #
 # SPDX-License-Identifier: LGPL-2.1-or-later
 
+import os
 import unittest
 
 import numpy as np
@@ -219,7 +220,7 @@ class TestErrors(TensorErrorMixin, unittest.TestCase):
         shifted = raw[1:].view(np.float32)  # numpy allows an unaligned view
         self.assertFalse(shifted.flags.aligned)
         self.assertTensorError('Tensor.from_numpy of an array not aligned to its element size',
-                               Cp.TensorError.MISALIGNED, 'not a multiple of its 4-byte element size',
+                               Cp.TensorError.MISALIGNED, 'float32 elements need 4-byte alignment',
                                Cp.Tensor.from_numpy, shifted)
 
     def test_override_rejects_arrays_it_cannot_share(self):
@@ -235,6 +236,67 @@ class TestErrors(TensorErrorMixin, unittest.TestCase):
         self.assertRejected('Tensor.from_numpy of a numpy dtype with no Cp.DType',
                             TypeError, 'int16 has no Cp.DType',
                             Cp.Tensor.from_numpy, np.zeros(2, dtype=np.int16))
+
+
+class TestTemporaries(unittest.TestCase):
+    """A failing call whose arguments are temporaries -- tensors made inside
+    the call expression, which the interpreter frees while the call's
+    GLib.Error is on its way up -- raises that GLib.Error, with its domain
+    and code, every time, and prints nothing."""
+
+    RUNS = 30
+
+    def setUp(self):
+        self.layout = Cp.Layout.new(Cp.LoadBalance.HEAD_TAIL, 8, 2)
+        self.mesh = Cp.Mesh.new_local_group(['cp'], [1])[0]
+        self.entered = Cp.Context.new(None, Cp.RotateMethod.ALLGATHER)
+        self.entered.enter()
+
+    def tearDown(self):
+        self.entered.exit()
+
+    @staticmethod
+    def tmp(shape=(2, 6), dtype=np.float32):
+        return Cp.Tensor.from_numpy(np.zeros(shape, dtype))
+
+    def cases(self):
+        tmp, layout, mesh = self.tmp, self.layout, self.mesh
+        tensor, batch = Cp.tensor_error_quark(), Cp.batch_error_quark()
+        cases = [
+            (lambda: layout.shard(tmp(), 1, 0), tensor, Cp.TensorError.SHAPE),
+            (lambda: layout.shard(tmp(), 4, 0), tensor, Cp.TensorError.SHAPE),
+            (lambda: layout.shard_backward(tmp(), 1, 0), tensor, Cp.TensorError.SHAPE),
+            (lambda: layout.unshard_pieces([tmp((2, 4)), tmp((2, 3))], 1), tensor, Cp.TensorError.SHAPE),
+            (lambda: tmp().narrow(1, 5, 4), tensor, Cp.TensorError.OUT_OF_RANGE),
+            (lambda: tmp().narrow(0, 0, 1).narrow(1, 5, 4), tensor, Cp.TensorError.OUT_OF_RANGE),
+            (lambda: layout.shard(Cp.Tensor.from_numpy(tmp().numpy()), 1, 0), tensor, Cp.TensorError.SHAPE),
+            (lambda: Cp.Tensor.new_from_storage(Cp.DType.FLOAT32, [100], tmp().get_storage(), 0),
+             tensor, Cp.TensorError.OUT_OF_RANGE),
+            (lambda: Cp.Layout.new_thd_from_tensor(tmp((3,)), 2), tensor, Cp.TensorError.DTYPE),
+            (lambda: mesh.all_gather(tmp(), 5), tensor, Cp.TensorError.SHAPE),
+            (lambda: mesh.broadcast(tmp(), 3), tensor, Cp.TensorError.OUT_OF_RANGE),
+            (lambda: self.entered.register_buffer(tmp(), 1, True), batch, Cp.BatchError.CONTEXT_STATE),
+        ]
+        if not Cp.HAS_CUDA:
+            cases.append((lambda: tmp().to_device(Cp.DeviceKind.CUDA), tensor, Cp.TensorError.DEVICE))
+        return cases
+
+    def test_every_failure_is_a_glib_error(self):
+        read_end, write_end = os.pipe()
+        saved = os.dup(2)
+        os.dup2(write_end, 2)
+        try:
+            for call, domain, code in self.cases():
+                for _ in range(self.RUNS):
+                    with self.assertRaises(GLib.Error) as caught:
+                        call()
+                    self.assertTrue(caught.exception.matches(domain, code), caught.exception)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(write_end)
+        with os.fdopen(read_end) as printed:
+            self.assertEqual(printed.read(), '')
 
 
 if __name__ == '__main__':

@@ -170,6 +170,18 @@ class ShardTests(unittest.TestCase):
             self.assertEqual(int(arr(out, 'cp_rank')), mesh.get_rank())
         run_ranks([2], rank)
 
+    def test_no_rows(self):
+        batch = packed(np.zeros((0, 8), np.int64), np.zeros((0, 2)))
+
+        def rank(mesh):
+            out = batch.to_thd(mesh)
+            for key in ('input_ids', 'labels', 'position_ids', 'padding_mask'):
+                self.assertEqual(out[key].shape, (0,))
+            np.testing.assert_array_equal(arr(out, 'cu_seqlens'), [0])
+            np.testing.assert_array_equal(arr(out, 'local_cu_seqlens'), [0])
+            self.assertNotIn('max_seqlen', out)
+        run_ranks([2], rank)
+
     def test_packed_input(self):
         def rank(mesh):
             batch = Cp.Batch()
@@ -183,6 +195,37 @@ class ShardTests(unittest.TestCase):
             self.assertNotIn('attention_mask', out)
             np.testing.assert_array_equal(arr(out, 'labels'), [10, 40] if mesh.get_rank() == 0 else [20, 30])
         run_ranks([2], rank)
+
+    def test_packed_input_keeps_sentinels(self):
+        # The reference's _shard_thd_chunk_for_te: partition with the bounds
+        # that are not the sentinel, hand cu_seqlens_padded back as given.
+        def reference(ids, cu_pad, sentinel, c, r):
+            f = cu_pad[cu_pad != sentinel]
+            index = []
+            for start, end in zip(f[:-1], f[1:]):
+                h = (end - start) // (2 * c)
+                index += list(range(start + r * h, start + (r + 1) * h))
+                index += list(range(start + (2 * c - 1 - r) * h, start + (2 * c - r) * h))
+            return ids[index], cu_pad
+
+        for bounds in ([0, 4, -999], [0, -999, 4, 8], [0, 4, 8, -999, -999]):
+            cu_pad = np.array(bounds, np.int32)
+            tokens = int(cu_pad[cu_pad != -999][-1])
+            ids = np.arange(1, tokens + 1)
+
+            def rank(mesh):
+                batch = Cp.Batch()
+                batch['input_ids'] = T(ids)
+                batch['labels'] = T(ids)
+                batch['position_ids'] = T(np.arange(tokens))
+                batch['cu_seqlens'] = T(cu_pad, np.int32)
+                batch['cu_seqlens_padded'] = T(cu_pad, np.int32)
+                out = batch.to_thd(mesh, Cp.ThdOptions(seq_lens_padding_value=-999))
+                want_ids, want_cu = reference(ids, cu_pad, -999, mesh.get_world_size(), mesh.get_rank())
+                np.testing.assert_array_equal(arr(out, 'input_ids'), want_ids)
+                np.testing.assert_array_equal(arr(out, 'cu_seqlens'), want_cu)
+                self.assertEqual(arr(out, 'cu_seqlens').dtype, np.int32)
+            run_ranks([2], rank)
 
     def test_e6(self):
         def rank(mesh):

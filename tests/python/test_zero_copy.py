@@ -25,7 +25,7 @@ class TestNumpyToTensor(unittest.TestCase):
         self.assertEqual(t.get_data_address(), array.ctypes.data)
         self.assertEqual(t.get_shape(), [2, 3, 4])
         self.assertEqual(t.get_dtype(), Cp.DType.FLOAT32)
-        self.assertEqual(t.get_storage().get_kind(), Cp.StorageKind.DLPACK)
+        self.assertEqual(t.get_storage().get_kind(), Cp.StorageKind.BORROWED)
 
     def test_large_array_is_not_copied(self):
         array = np.zeros(16 << 20, dtype=np.float32)  # 64 MiB

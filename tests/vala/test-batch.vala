@@ -60,17 +60,32 @@ void test_two_ranks () {
     }
 }
 
-void test_errors () {
+/* A batch without a primary buffer: every rank fails with the same
+ * error, since prepare is called by all ranks together. */
+bool error_rank (Cp.Mesh mesh) {
     try {
         var batch = new Cp.Batch ();
         batch.set ("labels", row ({ 1, 2 }));
-        var meshes = Cp.Mesh.new_local_group ({ "cp" }, { 2 });
-        batch.prepare (meshes.data, null);
+        batch.prepare (mesh, null);
         assert_not_reached ();
     } catch (Cp.BatchError.MISSING_KEY e) {
         assert ("exactly one" in e.message);
     } catch (GLib.Error e) {
         error ("unexpected error: %s", e.message);
+    }
+    return true;
+}
+
+void test_errors () {
+    try {
+        var meshes = Cp.Mesh.new_local_group ({ "cp" }, { 2 });
+        Thread<bool>[] threads = {};
+        foreach (var mesh in meshes)
+            threads += new Thread<bool> ("rank", () => error_rank (mesh));
+        foreach (var thread in threads)
+            assert (thread.join ());
+    } catch (GLib.Error e) {
+        error ("%s", e.message);
     }
 }
 

@@ -29,6 +29,8 @@ included:
 
 import ctypes
 
+from gi.repository import GObject
+
 from .._gi import FunctionInfo
 from ..module import get_introspection_module
 from ..overrides import override
@@ -84,14 +86,6 @@ class _DLManagedTensor(ctypes.Structure):
     _fields_ = [('dl_tensor', _DLTensor), ('manager_ctx', ctypes.c_void_p),
                 ('deleter', ctypes.c_void_p)]
 
-
-# numpy exports neither bool nor bfloat16 through DLPack: such arrays go
-# out as unsigned integers of the same size, relabelled with the DLPack
-# (code, bits) of the element type they hold.
-_DLPACK_CARRIERS = {
-    Cp.DType.BOOL: ('uint8', (6, 8)),
-    Cp.DType.BFLOAT16: ('uint16', (4, 16)),
-}
 
 # The capsule functions, as private prototypes (setting argtypes on
 # ctypes.pythonapi's would change them for every other user). PYFUNCTYPE:
@@ -169,6 +163,23 @@ def _take_capsule(capsule):
     return address
 
 
+class _ArrayOwner(GObject.Object):
+    """Keeps a numpy array alive for as long as a storage views its memory.
+
+    The storage holds a reference on this object and drops it from C when
+    the last tensor on the memory goes away; PyGObject then frees the
+    wrapper and the array without running any Python code. A release
+    callback would run Python code instead, through PyGObject's callback
+    trampoline, which prints and clears a pending exception: a temporary
+    tensor freed while a call on it raises (``layout.shard(
+    Cp.Tensor.from_numpy(a), ...)`` with a bad shape) turned that call's
+    GLib.Error into ``SystemError: error return without exception set``."""
+
+    def __init__(self, array):
+        GObject.Object.__init__(self)
+        self.array = array
+
+
 class Tensor(Cp.Tensor):
 
     @classmethod
@@ -184,17 +195,8 @@ class Tensor(Cp.Tensor):
         if not array.flags.writeable:
             raise ValueError('from_numpy() needs a writable array: tensors may be written in place')
         cp_dtype = _dtype_for(array.dtype, dtype)
-        # Through DLPack rather than new_borrowed() with a Python release
-        # callback: numpy's deleter is C, while a Python callback, run as a
-        # tensor dies during the propagation of an exception, turned that
-        # exception into a SystemError.
-        carrier, label = _DLPACK_CARRIERS.get(cp_dtype, (None, None))
-        exported = array if carrier is None else array.view(carrier)
-        address = _take_capsule(exported.__dlpack__())
-        if label is not None:
-            dl_dtype = _DLManagedTensor.from_address(address).dl_tensor.dtype
-            dl_dtype.code, dl_dtype.bits = label
-        return Cp.Tensor.new_from_dlpack(address)
+        storage = Cp.Storage.new_with_owner(array.ctypes.data, array.nbytes, _ArrayOwner(array))
+        return Cp.Tensor.new_from_storage(cp_dtype, list(array.shape), storage, 0)
 
     @classmethod
     def from_dlpack(cls, obj):
@@ -405,9 +407,12 @@ __all__.append('BatchOptions')
 
 class Context(Cp.Context):
     """A context manager: ``with ctx:`` enters (every rank together) and
-    exits, also when the block raises."""
+    exits, also when the block raises. ``with ctx:`` on a context that is
+    entered already raises GLib.Error (``Cp.BatchError.CONTEXT_STATE``)
+    before its block runs, and the outer ``with`` stays entered."""
 
     def __enter__(self):
+        # A failed enter raises here, so __exit__ never runs for it.
         self.enter()
         return self
 
