@@ -604,7 +604,9 @@ test_export_survives_reshape (void)
   gpointer before = cp_tensor_get_data (tensor);
   DLManagedTensor *managed = cp_tensor_to_dlpack (tensor, NULL);
 
-  _cp_tensor_replace (tensor, other, 0, smaller, 1);
+  g_assert_true (_cp_tensor_claim (tensor, &released));
+  _cp_tensor_replace (tensor, &released, other, 0, smaller, 1);
+  _cp_tensor_release (tensor, &released);
   g_assert_cmpuint (released, ==, 0);
   g_assert_cmpint (managed->dl_tensor.ndim, ==, 2);
   g_assert_cmpint (managed->dl_tensor.shape[0], ==, 4);
