@@ -301,12 +301,13 @@ static void
 record (const Case   *c,
         CpTestReport *reports)
 {
-  const char *call = cp_test_call_name (c->strike->call);
+  const char *name = cp_test_call_name (c->strike->call);
+  g_autofree char *call = g_strdup_printf ("%s %s", g_str_has_prefix (name, "all_") ? "an" : "a", name);
   g_autofree char *what = NULL;
 
   if (c->factor == 1)
     {
-      what = g_strdup_printf ("fault: a rank is late by the timeout at the %s step of a %s",
+      what = g_strdup_printf ("fault: a rank is late by the timeout at the %s step of %s",
                               c->strike->name, call);
       cp_test_record_outcome (subject (c), what, "one verdict from the next call on",
                               "either every later call succeeds, or every later call of every rank "
@@ -314,14 +315,14 @@ record (const Case   *c,
     }
   else if (is_late_only (c))
     {
-      what = g_strdup_printf ("fault: a rank is late by twice the timeout between arriving at a %s "
+      what = g_strdup_printf ("fault: a rank is late by twice the timeout between arriving at %s "
                               "and copying", call);
       cp_test_record_outcome (subject (c), what, "succeeds late",
                               "peers that may be reading a rank's memory wait for it without a deadline");
     }
   else
     {
-      what = g_strdup_printf ("fault: a rank is late by twice the timeout at the %s step of a %s "
+      what = g_strdup_printf ("fault: a rank is late by twice the timeout at the %s step of %s "
                               "(every later call of every rank, at once)", c->strike->name, call);
       cp_test_record_error (subject (c), what, reports[0].later[0].error);
     }
