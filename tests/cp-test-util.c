@@ -30,10 +30,8 @@ rank_thread (gpointer data)
   return NULL;
 }
 
-/* How much slower than usual the setup runs the tests (valgrind's sets
- * CP_TEST_TIME_FACTOR). */
-static guint
-time_factor (void)
+guint
+cp_test_time_factor (void)
 {
   const char *factor = g_getenv ("CP_TEST_TIME_FACTOR");
 
@@ -58,7 +56,7 @@ await_ranks (RankJob *jobs,
              guint    n,
              guint    limit_ms)
 {
-  gint64 deadline = g_get_monotonic_time () + (gint64) limit_ms * time_factor () * G_TIME_SPAN_MILLISECOND;
+  gint64 deadline = g_get_monotonic_time () + (gint64) limit_ms * cp_test_time_factor () * G_TIME_SPAN_MILLISECOND;
   GString *running = g_string_new (NULL);
 
   while (!all_done (jobs, n) && g_get_monotonic_time () < deadline)
@@ -68,7 +66,7 @@ await_ranks (RankJob *jobs,
       g_string_append_printf (running, "%s rank %d", running->len ? "," : "", cp_mesh_get_rank (jobs[i].mesh));
   if (running->len > 0)
     g_error ("still running %u ms after they started:%s; a wait that should have ended did not",
-             limit_ms * time_factor (), running->str);
+             limit_ms * cp_test_time_factor (), running->str);
   g_string_free (running, TRUE);
 }
 
