@@ -32,10 +32,16 @@
  * others fail with %CP_MESH_ERROR_TIMED_OUT, never hang. Ranks compare what
  * they were asked to do before any byte moves, so shapes, dtypes or
  * operations that disagree are an error on every rank rather than
- * corrupted memory. After a timeout the mesh (or submesh) stays failed:
- * create a new one. A multi-process mesh also fails, within the timeout,
+ * corrupted memory. A multi-process mesh also fails, within the timeout,
  * with %CP_MESH_ERROR_PEER_LOST when a peer process dies or its link is
  * cut, and emits [signal@Cp.Mesh::rank-lost].
+ *
+ * A failure — a timeout, a lost peer, a message cut short — breaks the
+ * mesh and every submesh of it, on every rank: every later call of every
+ * rank fails at once with the first failure's code and a message naming
+ * it ("mesh broken: rank 1 timed out in all_gather #12: …"). Create a new
+ * mesh to go on. Ranks that are processes may disagree about the one call
+ * during which a peer stalled; [Meshes](mesh.html) tells how.
  *
  * A mesh is used by one thread at a time — normally the thread of its
  * rank. Its properties never change apart from the timeout.

@@ -7,7 +7,8 @@
  *
  *   "KIND STEP RANK OPERATION [DELAY_MS]"  KIND one of drop, delay,
  *                                          truncate, kill; STEP one of
- *                                          descriptor, data, hello
+ *                                          descriptor, data, hello,
+ *                                          result
  *   "alloc RANK"                           rank RANK's all_reduce cannot
  *                                          allocate its scratch
  *
@@ -23,6 +24,19 @@
  *               set), as a program that does not give up at once would.
  *               Then it destroys the mesh: "CLOSED MS".
  *   join        joins, then a barrier
+ *   broken      the scenario of cp-test-broken.h, with CP_TEST_CALL the
+ *               call the fault may strike and CP_TEST_CALL_TIMEOUT_MS its
+ *               timeout: prints the report and "READY", then keeps its
+ *               mesh until its stdin ends, so that no peer loses it
+ *               before every rank is done
+ *   after-failure  an all_gather, which the armed fault may make fail,
+ *               then CP_TEST_CALLS more (each checked), all with the
+ *               timeout CP_TEST_CALL_TIMEOUT_MS: "AFTER OK SUCCEEDED WRONG
+ *               FIRST_WRONG SLOWEST_MS", then the first later error
+ *               ("MESSAGE …"), "READY", and it waits for its stdin to end
+ *   many        CP_TEST_CALLS all_gathers, each checked, starting the
+ *               collective sequence at CP_TEST_SEQUENCE_ORIGIN (0 unless
+ *               set): "MANY CALLS WRONG FIRST_WRONG MS"
  *
  * A rank that cannot join reports "ERROR CODE MESSAGE" and exits 3.
  *
@@ -34,10 +48,11 @@
 #include <string.h>
 
 #include "cp-fault-private.h"
+#include "cp-test-broken.h"
 #include "cp-test-util.h"
 
 static const char *kinds[] = { "none", "drop", "delay", "truncate", "kill" };
-static const char *steps[] = { "descriptor", "data", "hello" };
+static const char *steps[] = { "descriptor", "data", "hello", "result" };
 
 static int
 index_of (const char * const *names,
@@ -126,6 +141,105 @@ play_all_reduce (CpMesh *mesh,
   printf ("CLOSED %" G_GINT64_FORMAT "\n", (g_get_monotonic_time () - started) / 1000);
 }
 
+static guint
+setting (const char *name,
+         guint       fallback)
+{
+  const char *value = g_getenv (name);
+
+  return value != NULL ? (guint) g_ascii_strtoull (value, NULL, 10) : fallback;
+}
+
+/* Keeps the mesh until the test has every rank's report. */
+static void
+wait_for_release (void)
+{
+  char line[16];
+
+  printf ("READY\n");
+  fflush (stdout);
+  while (fgets (line, sizeof line, stdin) != NULL)
+    ;
+}
+
+static void
+play_broken (CpMesh *mesh)
+{
+  int call = cp_test_call_from_name (g_getenv ("CP_TEST_CALL"));
+  CpTestReport report = { 0 };
+
+  g_assert_cmpint (call, >=, 0);
+  cp_test_report_play (mesh, call, setting ("CP_TEST_CALL_TIMEOUT_MS", 200), &report);
+  cp_test_report_print (&report);
+  wait_for_release ();
+  cp_test_report_clear (&report);
+}
+
+typedef struct
+{
+  guint succeeded;
+  guint wrong;
+  guint first_wrong;   /* the index of the first call with wrong data, or 0 */
+  gint64 slowest_ms;
+  GError *first_error;
+} Tally;
+
+/* Runs all_gathers @from … @to − 1, each with the data of its index. */
+static void
+tally_gathers (CpMesh *mesh,
+               guint   from,
+               guint   to,
+               Tally  *tally)
+{
+  for (guint i = from; i < to; i++)
+    {
+      CpTestOutcome outcome = { 0 };
+
+      cp_test_call_run (mesh, CP_TEST_CALL_ALL_GATHER, i, &outcome);
+      tally->succeeded += outcome.ok;
+      if (outcome.ok && !outcome.correct && tally->wrong++ == 0)
+        tally->first_wrong = i;
+      tally->slowest_ms = MAX (tally->slowest_ms, (outcome.ended_us - outcome.started_us) / 1000);
+      if (tally->first_error == NULL)
+        tally->first_error = g_steal_pointer (&outcome.error);
+      g_clear_error (&outcome.error);
+    }
+}
+
+static void
+play_after_failure (CpMesh *mesh)
+{
+  guint calls = setting ("CP_TEST_CALLS", 70000);
+  g_autoptr(GError) error = NULL;
+  CpTestOutcome struck = { 0 };
+  Tally later = { 0 };
+
+  g_assert_true (cp_mesh_barrier (mesh, &error));
+  g_assert_no_error (error);
+  cp_mesh_set_timeout_ms (mesh, setting ("CP_TEST_CALL_TIMEOUT_MS", 200));
+  cp_test_call_run (mesh, CP_TEST_CALL_ALL_GATHER, 0, &struck);
+  tally_gathers (mesh, 1, 1 + calls, &later);
+  printf ("AFTER %d %u %u %u %" G_GINT64_FORMAT "\n", struck.ok, later.succeeded, later.wrong,
+          later.first_wrong, later.slowest_ms);
+  printf ("MESSAGE %s\n", later.first_error ? later.first_error->message : "");
+  wait_for_release ();
+  g_clear_error (&struck.error);
+  g_clear_error (&later.first_error);
+}
+
+static void
+play_many (CpMesh *mesh)
+{
+  guint calls = setting ("CP_TEST_CALLS", 70000);
+  gint64 started = g_get_monotonic_time ();
+  Tally tally = { 0 };
+
+  tally_gathers (mesh, 0, calls, &tally);
+  g_assert_no_error (tally.first_error);
+  printf ("MANY %u %u %u %" G_GINT64_FORMAT "\n", tally.succeeded, tally.wrong, tally.first_wrong,
+          (g_get_monotonic_time () - started) / 1000);
+}
+
 int
 main (int   argc,
       char *argv[])
@@ -138,6 +252,7 @@ main (int   argc,
 
   /* One line at a time, so that a report survives an abnormal exit. */
   setvbuf (stdout, NULL, _IOLBF, 0);
+  _cp_fault_set_sequence_origin (setting ("CP_TEST_SEQUENCE_ORIGIN", 0));
   mesh = cp_mesh_new_from_env (&error);
 
   if (mesh == NULL)
@@ -150,6 +265,17 @@ main (int   argc,
   if (g_str_equal (scenario, "all-reduce"))
     {
       play_all_reduce (mesh, alloc_rank);
+      return 0;
+    }
+  if (g_str_equal (scenario, "broken"))
+    play_broken (mesh);
+  else if (g_str_equal (scenario, "after-failure"))
+    play_after_failure (mesh);
+  else if (g_str_equal (scenario, "many"))
+    play_many (mesh);
+  if (!g_str_equal (scenario, "join"))
+    {
+      g_object_unref (mesh);
       return 0;
     }
   g_assert_true (cp_mesh_barrier (mesh, &error));

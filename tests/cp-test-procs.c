@@ -19,6 +19,7 @@ static void
 rank_free (CpTestRank *rank)
 {
   g_clear_object (&rank->process);
+  g_clear_object (&rank->in);
   g_clear_object (&rank->out);
   g_ptr_array_unref (rank->lines);
   g_free (rank);
@@ -114,7 +115,8 @@ spawn_rank (const char          *program,
             const char * const  *settings,
             const char * const  *extra)
 {
-  g_autoptr(GSubprocessLauncher) launcher = g_subprocess_launcher_new (G_SUBPROCESS_FLAGS_STDOUT_PIPE);
+  g_autoptr(GSubprocessLauncher) launcher = g_subprocess_launcher_new (G_SUBPROCESS_FLAGS_STDOUT_PIPE |
+                                                                      G_SUBPROCESS_FLAGS_STDIN_PIPE);
   g_autofree char *path = g_test_build_filename (G_TEST_BUILT, program, NULL);
   g_autoptr(GError) error = NULL;
   CpTestRank *rank = g_new0 (CpTestRank, 1);
@@ -124,6 +126,7 @@ spawn_rank (const char          *program,
   set_all (launcher, extra);
   rank->process = g_subprocess_launcher_spawn (launcher, &error, path, scenario, NULL);
   g_assert_no_error (error);
+  rank->in = g_object_ref (g_subprocess_get_stdin_pipe (rank->process));
   rank->out = g_data_input_stream_new (g_subprocess_get_stdout_pipe (rank->process));
   rank->lines = g_ptr_array_new_with_free_func (g_free);
   read_next_line (rank);
@@ -160,6 +163,14 @@ cp_test_rank_is_done (CpTestRank *rank)
   return rank->exited && rank->eof;
 }
 
+void
+cp_test_rank_release (CpTestRank *rank)
+{
+  if (rank->in != NULL)
+    g_output_stream_close (rank->in, NULL, NULL);
+  g_clear_object (&rank->in);
+}
+
 const char *
 cp_test_rank_find_line (CpTestRank *rank,
                         const char *prefix)
@@ -181,13 +192,21 @@ cp_test_all_done (CpTestRank **ranks,
 }
 
 gboolean
+cp_test_all_said (CpTestRank **ranks,
+                  guint        n,
+                  const char  *prefix)
+{
+  for (guint i = 0; i < n; i++)
+    if (cp_test_rank_find_line (ranks[i], prefix) == NULL && !cp_test_rank_is_done (ranks[i]))
+      return FALSE;
+  return TRUE;
+}
+
+gboolean
 cp_test_all_ready (CpTestRank **ranks,
                    guint        n)
 {
-  for (guint i = 0; i < n; i++)
-    if (cp_test_rank_find_line (ranks[i], "READY") == NULL && !cp_test_rank_is_done (ranks[i]))
-      return FALSE;
-  return TRUE;
+  return cp_test_all_said (ranks, n, "READY");
 }
 
 gboolean
@@ -205,6 +224,16 @@ time_is_up (gpointer user_data)
 {
   *(gboolean *) user_data = TRUE;
   return G_SOURCE_REMOVE;
+}
+
+void
+cp_test_run_for (guint ms)
+{
+  gboolean up = FALSE;
+
+  g_timeout_add (ms, time_is_up, &up);
+  while (!up)
+    g_main_context_iteration (NULL, TRUE);
 }
 
 void

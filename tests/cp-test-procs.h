@@ -21,6 +21,7 @@ G_BEGIN_DECLS
 typedef struct
 {
   GSubprocess *process;
+  GOutputStream *in;     /* the rank's stdin, until released */
   GDataInputStream *out;
   GPtrArray *lines;
   gboolean exited;
@@ -56,6 +57,10 @@ CpTestRank  *cp_test_group_spawn      (CpTestGroup         *group,
 void         cp_test_group_clear      (CpTestGroup         *group);
 
 gboolean     cp_test_rank_is_done     (CpTestRank          *rank);
+/* Closes the rank's stdin: a rank that waits for the end of its input
+ * (as a rank that must keep its mesh until its peers are done does)
+ * goes on. */
+void         cp_test_rank_release     (CpTestRank          *rank);
 /* The first line the rank reported that starts with @prefix, or NULL. */
 const char  *cp_test_rank_find_line   (CpTestRank          *rank,
                                        const char          *prefix);
@@ -65,11 +70,18 @@ typedef gboolean (*CpTestCondition) (CpTestRank **ranks,
 
 gboolean     cp_test_all_done         (CpTestRank         **ranks,
                                        guint                n);
+/* Every rank reported a line starting with @prefix, or is done. */
+gboolean     cp_test_all_said         (CpTestRank         **ranks,
+                                       guint                n,
+                                       const char          *prefix);
 /* Every rank reported READY, or is done. */
 gboolean     cp_test_all_ready        (CpTestRank         **ranks,
                                        guint                n);
 gboolean     cp_test_any_done         (CpTestRank         **ranks,
                                        guint                n);
+
+/* Runs the main loop for @ms milliseconds. */
+void         cp_test_run_for          (guint                ms);
 
 /* Runs the main loop until @condition holds. */
 void         cp_test_run_until        (CpTestRank         **ranks,

@@ -14,6 +14,13 @@
  *                failing call and the teardown took
  *   wait-lost    rank 0 waits on its main loop for CpMesh::rank-lost;
  *                the other ranks leave after a barrier
+ *   stop-loop    tiny all_gathers, each checked, until one fails ("READY"
+ *                after the first), so that the test can stop a rank
+ *                (SIGSTOP) and continue it; then reports the failure,
+ *                "STOPPED INDEX CODE MS" and "MESSAGE …", makes 100 calls
+ *                of every kind, which must all fail, "LATER CALLS
+ *                SUCCEEDED SLOWEST_MS" and "LATER_MESSAGE …" (the first
+ *                of their errors), and keeps its mesh until its stdin ends
  *   async        joins with cp_mesh_connect_async and runs a barrier with
  *                cp_mesh_barrier_async on a main loop
  *   soak         joins, all_reduces and leaves CP_TEST_CYCLES times
@@ -36,6 +43,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cp-test-broken.h"
 #include "cp-test-util.h"
 
 /* ---- inputs ---- */
@@ -455,6 +463,67 @@ play_gather_loop (CpMesh *mesh)
   printf ("CLOSED %" G_GINT64_FORMAT "\n", (g_get_monotonic_time () - started) / 1000);
 }
 
+static gint64
+duration_ms (const CpTestOutcome *outcome)
+{
+  return (outcome->ended_us - outcome->started_us) / 1000;
+}
+
+/* Runs every kind of call @rounds times from call @index on: how many
+ * succeeded, the slowest, and the first error. */
+static guint
+run_later_calls (CpMesh   *mesh,
+                 guint     index,
+                 guint     rounds,
+                 gint64   *slowest_ms,
+                 GError  **first_error)
+{
+  guint succeeded = 0;
+
+  for (guint i = 0; i < rounds * CP_TEST_N_CALLS; i++)
+    {
+      CpTestOutcome outcome = { 0 };
+
+      cp_test_call_run (mesh, i % CP_TEST_N_CALLS, index + i, &outcome);
+      succeeded += outcome.ok;
+      *slowest_ms = MAX (*slowest_ms, duration_ms (&outcome));
+      if (*first_error == NULL)
+        *first_error = g_steal_pointer (&outcome.error);
+      g_clear_error (&outcome.error);
+    }
+  return succeeded;
+}
+
+static void
+play_stop_loop (CpMesh *mesh)
+{
+  CpTestOutcome outcome = { 0 };
+  g_autoptr(GError) later_error = NULL;
+  gint64 slowest_ms = 0;
+  guint index, succeeded;
+  char line[16];
+
+  for (index = 0;; index++)
+    {
+      cp_test_call_run (mesh, CP_TEST_CALL_ALL_GATHER, index, &outcome);
+      if (!outcome.ok)
+        break;
+      g_assert_true (outcome.correct);
+      if (index == 0)
+        printf ("READY\n");
+      fflush (stdout);
+    }
+  printf ("STOPPED %u %d %" G_GINT64_FORMAT "\n", index, outcome.error->code, duration_ms (&outcome));
+  printf ("MESSAGE %s\n", outcome.error->message);
+  succeeded = run_later_calls (mesh, index + 1, 100, &slowest_ms, &later_error);
+  printf ("LATER %u %u %" G_GINT64_FORMAT "\n", 100 * CP_TEST_N_CALLS, succeeded, slowest_ms);
+  printf ("LATER_MESSAGE %s\n", later_error ? later_error->message : "");
+  fflush (stdout);
+  while (fgets (line, sizeof line, stdin) != NULL)
+    ;
+  g_clear_error (&outcome.error);
+}
+
 typedef struct
 {
   GMainLoop *loop;
@@ -651,6 +720,8 @@ main (int   argc,
     }
   else if (g_str_equal (scenario, "wait-lost"))
     play_wait_lost (mesh);
+  else if (g_str_equal (scenario, "stop-loop"))
+    play_stop_loop (mesh);
   else
     {
       g_assert_true (cp_mesh_barrier (mesh, &error));

@@ -12,11 +12,14 @@
 
 #include "cp-test-util.h"
 
+/* Atomics, not a GMutex: ThreadSanitizer cannot see GLib's futex-based
+ * locks. */
 typedef struct
 {
   CpMesh *mesh;
   CpTestRankFunc func;
   gpointer user_data;
+  gint done;
 } RankJob;
 
 static gpointer
@@ -25,7 +28,48 @@ rank_thread (gpointer data)
   RankJob *job = data;
 
   job->func (job->mesh, job->user_data);
+  g_atomic_int_set (&job->done, TRUE);
   return NULL;
+}
+
+guint
+cp_test_time_factor (void)
+{
+  const char *factor = g_getenv ("CP_TEST_TIME_FACTOR");
+
+  return factor != NULL ? MAX ((guint) g_ascii_strtoull (factor, NULL, 10), 1) : 1;
+}
+
+static gboolean
+all_done (RankJob *jobs,
+          guint    n)
+{
+  for (guint i = 0; i < n; i++)
+    if (!g_atomic_int_get (&jobs[i].done))
+      return FALSE;
+  return TRUE;
+}
+
+/* Fails the test at once, naming the ranks still running, unless all of
+ * @jobs are done within @limit_ms.  The ranks that hang cannot be
+ * stopped, so the process aborts. */
+static void
+await_ranks (RankJob *jobs,
+             guint    n,
+             guint    limit_ms)
+{
+  gint64 deadline = g_get_monotonic_time () + (gint64) limit_ms * cp_test_time_factor () * G_TIME_SPAN_MILLISECOND;
+  GString *running = g_string_new (NULL);
+
+  while (!all_done (jobs, n) && g_get_monotonic_time () < deadline)
+    g_usleep (G_TIME_SPAN_MILLISECOND);
+  for (guint i = 0; i < n; i++)
+    if (!g_atomic_int_get (&jobs[i].done))
+      g_string_append_printf (running, "%s rank %d", running->len ? "," : "", cp_mesh_get_rank (jobs[i].mesh));
+  if (running->len > 0)
+    g_error ("still running %u ms after they started:%s; a wait that should have ended did not",
+             limit_ms * cp_test_time_factor (), running->str);
+  g_string_free (running, TRUE);
 }
 
 /* GLib sets up type classes, its own locks (the type system's, the error
@@ -58,9 +102,10 @@ set_up_glib_once (void)
 }
 
 void
-cp_test_run_ranks (GList          *meshes,
-                   CpTestRankFunc  func,
-                   gpointer        user_data)
+cp_test_run_ranks_within (GList          *meshes,
+                          CpTestRankFunc  func,
+                          gpointer        user_data,
+                          guint           limit_ms)
 {
   guint n = g_list_length (meshes);
   g_autofree RankJob *jobs = g_new0 (RankJob, n);
@@ -70,9 +115,11 @@ cp_test_run_ranks (GList          *meshes,
   set_up_glib_once ();
   for (GList *l = meshes; l != NULL; l = l->next, i++)
     {
-      jobs[i] = (RankJob) { l->data, func, user_data };
+      jobs[i] = (RankJob) { l->data, func, user_data, FALSE };
       threads[i] = g_thread_new ("cp-test-rank", rank_thread, &jobs[i]);
     }
+  if (limit_ms > 0)
+    await_ranks (jobs, n, limit_ms);
   for (i = 0; i < n; i++)
     g_thread_join (threads[i]);
 }
@@ -93,6 +140,14 @@ cp_test_exit_ok (CpContext *context)
 
   g_assert_true (cp_context_exit (context, &error));
   g_assert_no_error (error);
+}
+
+void
+cp_test_run_ranks (GList          *meshes,
+                   CpTestRankFunc  func,
+                   gpointer        user_data)
+{
+  cp_test_run_ranks_within (meshes, func, user_data, 0);
 }
 
 GList *
@@ -163,15 +218,25 @@ cp_test_tensor_new_values (CpDType       dtype,
 }
 
 void
+cp_test_run_group_within (const char     *dim_name,
+                          int             size,
+                          CpTestRankFunc  func,
+                          gpointer        user_data,
+                          guint           limit_ms)
+{
+  GList *meshes = cp_test_local_group (dim_name, size);
+
+  cp_test_run_ranks_within (meshes, func, user_data, limit_ms);
+  cp_test_free_group (meshes);
+}
+
+void
 cp_test_run_group (const char     *dim_name,
                    int             size,
                    CpTestRankFunc  func,
                    gpointer        user_data)
 {
-  GList *meshes = cp_test_local_group (dim_name, size);
-
-  cp_test_run_ranks (meshes, func, user_data);
-  cp_test_free_group (meshes);
+  cp_test_run_group_within (dim_name, size, func, user_data, 0);
 }
 
 void

@@ -26,6 +26,26 @@ void       cp_test_run_group          (const char     *dim_name,
                                        CpTestRankFunc  func,
                                        gpointer        user_data);
 
+/* How much slower than usual the test setup runs the tests: 1, or
+ * $CP_TEST_TIME_FACTOR (valgrind's setup sets 20).  Bounds on times
+ * scale with it. */
+guint      cp_test_time_factor        (void);
+
+/* The same, but the test fails at once, naming the ranks still running,
+ * when they are not all done @limit_ms after they started (times
+ * $CP_TEST_TIME_FACTOR, which slow setups such as valgrind's raise).  For
+ * tests of timeouts: a wait that never ends fails at the test's own
+ * deadline instead of hanging until the harness kills the program. */
+void       cp_test_run_ranks_within   (GList          *meshes,
+                                       CpTestRankFunc  func,
+                                       gpointer        user_data,
+                                       guint           limit_ms);
+void       cp_test_run_group_within   (const char     *dim_name,
+                                       int             size,
+                                       CpTestRankFunc  func,
+                                       gpointer        user_data,
+                                       guint           limit_ms);
+
 /* Like cp_test_run_group() for a local group over several dimensions. */
 void       cp_test_run_mesh           (const char * const *dim_names,
                                        const int      *dim_sizes,

@@ -23,7 +23,13 @@
 
 #define SKIP 77
 #define TIMEOUT_MS 3000
-#define LIMIT_US (60 * G_TIME_SPAN_SECOND)
+/* The whole case, mesh formation included, takes seconds: past this it
+ * has hung, and fails then rather than when Meson kills it. */
+#define LIMIT_US (30 * G_TIME_SPAN_SECOND)
+
+/* Cancelled LIMIT_US after the ranks start: reading their output then
+ * fails, and the namespaces are still torn down. */
+static GCancellable *giving_up;
 
 typedef struct
 {
@@ -162,14 +168,14 @@ rank_free (Rank *rank)
 }
 
 /* Reads lines until @prefix; the process's output is small and its
- * lifetime bounded by the mesh timeout. */
+ * lifetime bounded by the mesh timeout, or reading gives up at LIMIT_US. */
 static char *
 read_until (Rank       *rank,
             const char *prefix)
 {
   char *line;
 
-  while ((line = g_data_input_stream_read_line_utf8 (rank->out, NULL, NULL, NULL)) != NULL)
+  while ((line = g_data_input_stream_read_line_utf8 (rank->out, NULL, giving_up, NULL)) != NULL)
     {
       if (g_str_has_prefix (line, prefix))
         return line;
@@ -221,6 +227,16 @@ stop_pair (Rank         **ranks,
   rank_free (ranks[1]);
 }
 
+static gpointer
+give_up_later (gpointer data)
+{
+  g_usleep (LIMIT_US);
+  g_printerr ("# still running %d s after the ranks started: a wait that should have ended did not\n",
+              (int) (LIMIT_US / G_TIME_SPAN_SECOND));
+  g_cancellable_cancel (giving_up);
+  return NULL;
+}
+
 /* Both ranks all-gather across the link; then the link goes down. */
 static gboolean
 cut_the_link (const Host *hosts)
@@ -231,6 +247,8 @@ cut_the_link (const Host *hosts)
   gboolean ok = spawn_pair (hosts, "gather-loop", ranks, &error);
   gint64 cut;
 
+  giving_up = g_cancellable_new ();
+  g_thread_unref (g_thread_new ("give-up", give_up_later, NULL));
   for (int r = 0; ok && r < 2; r++)
     {
       g_autofree char *ready = read_until (ranks[r], "READY");

@@ -282,6 +282,80 @@ test_sigkill (void)
   cp_test_group_clear (&group);
 }
 
+static gboolean
+all_reported (CpTestRank **ranks,
+              guint        n)
+{
+  return cp_test_all_said (ranks, n, "LATER_MESSAGE");
+}
+
+static const char *
+reported (Rank       *rank,
+          const char *prefix)
+{
+  const char *line = cp_test_rank_find_line (rank, prefix);
+
+  g_assert_nonnull (line);
+  g_test_message ("%s", line);
+  return line + strlen (prefix);
+}
+
+/* Rank 1 is stopped for 1.3 timeouts while both run all_gathers.  Both
+ * fail the same call — rank 0 when its wait times out, rank 1 as it is
+ * continued, on hearing of that — and every later call of both fails at
+ * once, naming rank 0's timeout. */
+static void
+test_sigstop (void)
+{
+  guint16 port = cp_test_free_port ();
+  Group group = { 0 };
+  guint failed_at[2];
+  const char *named[2];
+
+  g_test_summary ("A rank stopped past the timeout in the middle of all_gathers and then "
+                  "continued: both ranks fail the same call, and every later call of both "
+                  "fails at once with the first failure named");
+  for (int r = 0; r < 2; r++)
+    cp_test_group_spawn (&group, "stop-loop", r, 2, port, SETTINGS ("CPMESH_TIMEOUT_MS=1000"));
+  cp_test_run_until (group.ranks, group.n, cp_test_all_ready);
+  cp_test_run_for (50);
+  g_subprocess_send_signal (group.ranks[1]->process, SIGSTOP);
+  cp_test_run_for (1300);
+  g_subprocess_send_signal (group.ranks[1]->process, SIGCONT);
+  cp_test_run_until (group.ranks, group.n, all_reported);
+  for (int r = 0; r < 2; r++)
+    {
+      int code;
+      guint calls, succeeded;
+      gint64 ms, slowest_ms;
+      g_autoptr(GError) error = NULL;
+
+      g_assert_cmpint (sscanf (reported (group.ranks[r], "STOPPED "), "%u %d %" G_GINT64_FORMAT,
+                               &failed_at[r], &code, &ms), ==, 3);
+      g_assert_cmpint (code, ==, CP_MESH_ERROR_TIMED_OUT);
+      g_assert_cmpint (sscanf (reported (group.ranks[r], "LATER "), "%u %u %" G_GINT64_FORMAT,
+                               &calls, &succeeded, &slowest_ms), ==, 3);
+      g_assert_cmpuint (succeeded, ==, 0);
+      g_assert_cmpint (slowest_ms, <=, 100);
+      named[r] = strstr (reported (group.ranks[r], "LATER_MESSAGE "), "mesh broken: ");
+      g_assert_nonnull (named[r]);
+      g_assert_true (g_str_has_prefix (named[r], "mesh broken: rank 0 timed out in all_gather #"));
+      error = g_error_new_literal (CP_MESH_ERROR, code, named[r]);
+      cp_test_record_error ("CpMesh (ucx)", "a rank is stopped (SIGSTOP) past the timeout during "
+                            "all_gathers, then continued (every later call of both ranks, at once)", error);
+    }
+  g_assert_null (strstr (reported (group.ranks[0], "MESSAGE "), "mesh broken"));
+  g_assert_nonnull (strstr (reported (group.ranks[1], "MESSAGE "), "mesh broken: rank 0 timed out in "));
+  g_assert_cmpuint (failed_at[0], ==, failed_at[1]);
+  g_assert_cmpstr (named[0], ==, named[1]);
+  for (int r = 0; r < 2; r++)
+    cp_test_rank_release (group.ranks[r]);
+  cp_test_run_until (group.ranks, group.n, cp_test_all_done);
+  for (int r = 0; r < 2; r++)
+    cp_test_assert_exit (group.ranks[r], 0);
+  cp_test_group_clear (&group);
+}
+
 static void
 test_rank_lost (void)
 {
@@ -644,6 +718,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Ucx/rendezvous/nobody-listens", test_nobody_listens);
   g_test_add_func ("/Cp/Ucx/failure/sigkill", test_sigkill);
   g_test_add_func ("/Cp/Ucx/failure/rank-lost", test_rank_lost);
+  g_test_add_func ("/Cp/Ucx/failure/sigstop", test_sigstop);
   g_test_add_func ("/Cp/Ucx/async/connect-barrier", test_async);
 
   return g_test_run ();

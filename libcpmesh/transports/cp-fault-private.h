@@ -12,16 +12,27 @@
  *   descriptor  the rank's description of the call, which is also its
  *               arrival: the in-process backend's only message, since
  *               its ranks copy straight out of each other's memory
- *   data        the pieces the rank sends to its peers (UCX only)
+ *   data        the pieces the rank sends to its peers (UCX); in-process,
+ *               the moment between arriving and copying
+ *   result      an all_reduce's second exchange, of the reduced slices
+ *               (UCX only)
  *   hello       a joiner's HELLO to rank 0 during the rendezvous (UCX
  *               only; its operation is always 0)
+ *
+ * Each point-to-point request (the send and the receive of a send_recv
+ * are two) counts as an operation too.  A send's descriptor step is its
+ * header and its data step its data; a receive's descriptor step comes
+ * before it waits for the header, its data step before it takes the data
+ * (UCX: and sends the acknowledgement, which the step's fault strikes).
  *
  * What happens there: the message is dropped, sent late, sent with its
  * second half cut off (UCX only: in-process ranks share memory, nothing
  * crosses a wire), or the rank dies — the process kills itself with
- * SIGKILL (UCX) or the rank leaves its group (in-process).  Allocation
- * failures are armed per thread instead: the next host allocation of
- * the calling thread fails.
+ * SIGKILL (UCX) or the rank leaves its group (in-process, at a
+ * descriptor step).  An in-process rank that has arrived can only be
+ * late: its peers may be reading its memory.  Allocation failures are
+ * armed per thread instead: the next host allocation of the calling
+ * thread fails.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -46,6 +57,7 @@ typedef enum
   CP_FAULT_STEP_DESCRIPTOR,
   CP_FAULT_STEP_DATA,
   CP_FAULT_STEP_HELLO,
+  CP_FAULT_STEP_RESULT,
 } CpFaultStep;
 
 typedef struct
@@ -90,6 +102,12 @@ gboolean    _cp_fault_allocation_fails  (void);
 /* A rank told to die: the process ends at once, as SIGKILL ends it. */
 G_NORETURN void _cp_fault_kill_process  (void);
 
+/* Where the collective sequence numbers of UCX communicators created
+ * from now on start, so that a test can cross the wrap of the tag's
+ * sequence field in a few calls. */
+void        _cp_fault_set_sequence_origin (guint32      origin);
+guint32     _cp_fault_get_sequence_origin (void);
+
 #else
 
 static inline guint
@@ -118,6 +136,12 @@ _cp_fault_allocation_fails (void)
 static inline void
 _cp_fault_kill_process (void)
 {
+}
+
+static inline guint32
+_cp_fault_get_sequence_origin (void)
+{
+  return 0;
 }
 
 #endif

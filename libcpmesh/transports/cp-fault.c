@@ -22,6 +22,7 @@ static char armed_backend[16];
 static guint operations[2][MAX_RANKS];
 
 static __thread gint allocations_left = -1;
+static guint32 sequence_origin;
 
 static int
 backend_index (const char *backend)
@@ -103,4 +104,16 @@ _cp_fault_kill_process (void)
 {
   raise (SIGKILL);
   _exit (137);
+}
+
+void
+_cp_fault_set_sequence_origin (guint32 origin)
+{
+  g_atomic_int_set ((gint *) &sequence_origin, (gint) origin);
+}
+
+guint32
+_cp_fault_get_sequence_origin (void)
+{
+  return (guint32) g_atomic_int_get ((gint *) &sequence_origin);
 }

@@ -21,15 +21,20 @@
  * generation and wakes the others.
  *
  * A rank that waits past its deadline at the entry of a collective marks
- * the communicator broken with the timeout error: the late ranks then
- * fail at once with that error instead of waiting for a round that will
- * never complete, as a NCCL communicator is aborted after a timeout.
- * Once every rank has entered, the rest of the round only waits for peers
- * doing bounded copies, so later sync points need no deadline.
+ * the communicator broken with the timeout error, which every rank
+ * waiting there gets too, and records it as the group's first failure
+ * (cp-transport-private.h): from then on every collective and message of
+ * every communicator of the group fails at once, naming it, instead of
+ * waiting for a round that will never complete, as a NCCL communicator
+ * is aborted after a timeout.  The group lock makes the verdict one: a
+ * round either completes for every rank or for none.  Once every rank
+ * has entered, the rest of the round only waits for peers doing bounded
+ * copies, so later sync points need no deadline and nothing breaks them.
  *
  * A rank whose transport goes away (every mesh of that rank was freed)
  * has left the group: peers waiting for it fail at once with PEER_LOST
- * instead of waiting for the timeout. */
+ * instead of waiting for the timeout, and that failure breaks the group
+ * as a timeout does. */
 
 typedef struct
 {
@@ -39,6 +44,7 @@ typedef struct
   GHashTable *comms;  /* label:members → SharedComm, not owned */
   GQueue mailbox;     /* Envelope*, oldest first */
   gboolean *left;     /* per world rank: it left the group */
+  GError *broken;     /* the first failure of any rank */
 } LocalGroup;
 
 typedef struct
@@ -67,6 +73,9 @@ typedef struct
   CpComm parent;
   LocalGroup *group;
   SharedComm *shared;
+  guint64 calls;           /* collectives started */
+  guint fault_operation;   /* the running one, as fault injection counts */
+  char operation[64];      /* the running one, as a first failure names it */
 } LocalComm;
 
 typedef enum { POSTED, TAKEN, DONE } EnvelopeState;
@@ -87,9 +96,11 @@ struct _CpRequest
 {
   gboolean is_send;
   Envelope *envelope;      /* sends */
-  int peer;                /* receives */
+  int peer;
   guint64 tag;
   CpMessage *message;
+  guint fault_operation;
+  GError *killed;          /* an injected fault killed the rank as it posted */
 };
 
 static LocalGroup *
@@ -107,6 +118,7 @@ group_unref (LocalGroup *group)
   g_assert (g_hash_table_size (group->comms) == 0);
   g_hash_table_unref (group->comms);
   g_free (group->left);
+  g_clear_error (&group->broken);
   _cp_mutex_clear (&group->lock);
   _cp_cond_clear (&group->cond);
   g_free (group);
@@ -218,6 +230,34 @@ propagate_broken (SharedComm  *shared,
   g_propagate_error (error, g_error_copy (shared->broken));
 }
 
+/* With the group lock held: records @failure, which this rank suffered in
+ * its running operation, as the group's first failure unless it has one,
+ * and wakes every rank waiting anywhere in the group. */
+static void
+break_group (LocalComm    *self,
+             const GError *failure)
+{
+  LocalGroup *group = self->group;
+
+  if (group->broken == NULL)
+    group->broken = _cp_transport_describe_failure (self->parent.transport->rank, self->operation,
+                                                    failure);
+  _cp_cond_broadcast (&group->cond);
+}
+
+/* With the group lock held: fails @what when an earlier failure broke the
+ * group. */
+static gboolean
+check_unbroken (LocalComm   *self,
+                const char  *what,
+                GError     **error)
+{
+  if (self->group->broken == NULL)
+    return TRUE;
+  _cp_transport_set_broken_error (error, what, self->group->broken);
+  return FALSE;
+}
+
 static char *
 list_missing (SharedComm *shared)
 {
@@ -241,7 +281,7 @@ break_on_timeout (LocalComm  *self,
   g_set_error (&shared->broken, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT,
                "%s: rank %d waited %" G_GINT64_FORMAT " ms for communicator ranks %s, "
                "which never arrived", what, self->parent.index, waited_us / 1000, missing);
-  _cp_cond_broadcast (&self->group->cond);
+  break_group (self, shared->broken);
 }
 
 /* With the group lock held: breaks the communicator when a member that
@@ -258,14 +298,16 @@ break_on_departure (LocalComm  *self,
         g_set_error (&shared->broken, CP_MESH_ERROR, CP_MESH_ERROR_PEER_LOST,
                      "%s: rank %d lost communicator rank %d (mesh rank %d), which left the group",
                      what, self->parent.index, i, shared->members[i]);
-        _cp_cond_broadcast (&self->group->cond);
+        break_group (self, shared->broken);
         return TRUE;
       }
   return FALSE;
 }
 
 /* Waits, with the group lock held, until every rank of the communicator
- * has reached this point.  @deadline 0 waits without limit. */
+ * has reached this point.  @deadline 0 waits without limit, and nothing
+ * breaks such a wait: it follows the arrival, when peers may be reading
+ * this rank's buffers. */
 static gboolean
 sync_point (LocalComm   *self,
             const char  *what,
@@ -277,7 +319,10 @@ sync_point (LocalComm   *self,
   CpCond *cond = &self->group->cond;
   guint64 generation = shared->generation;
   gint64 started = g_get_monotonic_time ();
+  gboolean breakable = deadline != 0;
 
+  if (breakable && !check_unbroken (self, what, error))
+    return FALSE;
   if (shared->broken != NULL)
     {
       propagate_broken (shared, error);
@@ -292,11 +337,12 @@ sync_point (LocalComm   *self,
       _cp_cond_broadcast (cond);
       return TRUE;
     }
-  while (shared->generation == generation && shared->broken == NULL)
+  while (shared->generation == generation && shared->broken == NULL &&
+         !(breakable && self->group->broken != NULL))
     {
       if (break_on_departure (self, what))
         break;
-      if (deadline == 0)
+      if (!breakable)
         _cp_cond_wait (cond, lock);
       else if (!_cp_cond_wait_until (cond, lock, deadline) &&
                shared->generation == generation && shared->broken == NULL)
@@ -304,7 +350,12 @@ sync_point (LocalComm   *self,
     }
   if (shared->generation != generation)
     return TRUE;
-  propagate_broken (shared, error);
+  /* Every rank waiting here gets this round's own failure; a failure
+   * elsewhere in the group is named as the first one. */
+  if (shared->broken != NULL)
+    propagate_broken (shared, error);
+  else
+    check_unbroken (self, what, error);
   return FALSE;
 }
 
@@ -486,14 +537,51 @@ wait_without_arriving (LocalComm   *self,
   gint64 started = g_get_monotonic_time ();
 
   _cp_mutex_lock (&self->group->lock);
-  while (shared->broken == NULL &&
+  while (shared->broken == NULL && self->group->broken == NULL &&
          _cp_cond_wait_until (&self->group->cond, &self->group->lock, deadline))
     ;
-  if (shared->broken == NULL)
+  if (shared->broken == NULL && self->group->broken == NULL)
     break_on_timeout (self, what, g_get_monotonic_time () - started);
-  propagate_broken (shared, error);
+  if (shared->broken != NULL)
+    propagate_broken (shared, error);
+  else
+    check_unbroken (self, what, error);
   _cp_mutex_unlock (&self->group->lock);
   return FALSE;
+}
+
+/* The fault the armed one makes this rank suffer at @step of its running
+ * operation, after waiting out a delay. */
+static CpFaultKind
+strike (LocalComm   *self,
+        guint        operation,
+        CpFaultStep  step)
+{
+  guint delay_ms = 0;
+  CpFaultKind fault = _cp_fault_strike ("local", self->parent.transport->rank, operation, step,
+                                        &delay_ms);
+
+  if (fault == CP_FAULT_DELAY)
+    g_usleep ((gulong) delay_ms * G_TIME_SPAN_MILLISECOND);
+  return fault;
+}
+
+/* Starts an operation as fault injection counts them. */
+static guint
+begin_fault_operation (LocalComm *self)
+{
+  return _cp_fault_begin_operation ("local", self->parent.transport->rank);
+}
+
+/* A rank told to die leaves its group, failing @what. */
+static void
+die (LocalComm   *self,
+     const char  *what,
+     GError     **error)
+{
+  leave_group (self->group, self->parent.transport->rank);
+  g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_PEER_LOST,
+               "%s: rank %d was killed by an injected fault", what, self->parent.index);
 }
 
 /* The faults an in-process rank can suffer at its arrival; FALSE when
@@ -504,24 +592,16 @@ suffer_fault (LocalComm   *self,
               gint64       deadline,
               GError     **error)
 {
-  int rank = self->parent.transport->rank;
-  guint operation = _cp_fault_begin_operation ("local", rank);
-  guint delay_ms = 0;
-
-  switch (_cp_fault_strike ("local", rank, operation, CP_FAULT_STEP_DESCRIPTOR, &delay_ms))
+  switch (strike (self, self->fault_operation, CP_FAULT_STEP_DESCRIPTOR))
     {
     case CP_FAULT_NONE:
-    case CP_FAULT_TRUNCATE: /* nothing crosses a wire here */
-      return TRUE;
     case CP_FAULT_DELAY:
-      g_usleep ((gulong) delay_ms * G_TIME_SPAN_MILLISECOND);
+    case CP_FAULT_TRUNCATE: /* nothing crosses a wire here */
       return TRUE;
     case CP_FAULT_DROP:
       return wait_without_arriving (self, what, deadline, error);
     case CP_FAULT_KILL:
-      leave_group (self->group, rank);
-      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_PEER_LOST,
-                   "%s: rank %d was killed by an injected fault", what, self->parent.index);
+      die (self, what, error);
       return FALSE;
     default:
       g_assert_not_reached ();
@@ -539,6 +619,8 @@ local_collective (CpComm        *comm,
   Scratch scratch = { NULL, 0 };
   gboolean agreed;
 
+  _cp_collective_label (self->operation, sizeof self->operation, coll->kind, ++self->calls);
+  self->fault_operation = begin_fault_operation (self);
   if (!suffer_fault (self, what, deadline, error))
     return FALSE;
   alloc_scratch (self, coll, &scratch);
@@ -555,6 +637,7 @@ local_collective (CpComm        *comm,
   /* Every rank reaches the same verdict from the same descriptors, so all
    * of them take the same path through the sync points below. */
   agreed = _cp_collective_check_agreement (self->shared->posted, comm->size, error);
+  strike (self, self->fault_operation, CP_FAULT_STEP_DATA);
   if (agreed)
     run_agreed (self, coll, &scratch);
   /* Nobody leaves while a peer may still read its buffers. */
@@ -572,6 +655,7 @@ local_isend (CpComm          *comm,
   LocalComm *self = (LocalComm *) comm;
   CpRequest *request = g_new0 (CpRequest, 1);
   Envelope *envelope = g_new0 (Envelope, 1);
+  CpFaultKind fault;
 
   envelope->comm = self->shared;
   envelope->src = comm->index;
@@ -581,7 +665,16 @@ local_isend (CpComm          *comm,
   envelope->state = POSTED;
   request->is_send = TRUE;
   request->envelope = envelope;
+  request->peer = peer;
+  request->tag = tag;
 
+  request->fault_operation = begin_fault_operation (self);
+  fault = strike (self, request->fault_operation, CP_FAULT_STEP_DESCRIPTOR);
+  if (fault == CP_FAULT_KILL)
+    die (self, "send", &request->killed);
+  /* A dropped message is one that never reaches the mailbox. */
+  if (fault == CP_FAULT_KILL || fault == CP_FAULT_DROP)
+    return request;
   _cp_mutex_lock (&self->group->lock);
   g_queue_push_tail (&self->group->mailbox, envelope);
   _cp_cond_broadcast (&self->group->cond);
@@ -595,11 +688,15 @@ local_irecv (CpComm    *comm,
              guint64    tag,
              CpMessage *message)
 {
+  LocalComm *self = (LocalComm *) comm;
   CpRequest *request = g_new0 (CpRequest, 1);
 
   request->peer = peer;
   request->tag = tag;
   request->message = message;
+  request->fault_operation = begin_fault_operation (self);
+  if (strike (self, request->fault_operation, CP_FAULT_STEP_DESCRIPTOR) == CP_FAULT_KILL)
+    die (self, "recv", &request->killed);
   return request;
 }
 
@@ -633,6 +730,22 @@ set_undelivered (LocalComm   *self,
                  ") did not go through in time", src, dst, tag);
 }
 
+/* With the group lock held: a message that did not go through fails
+ * @error and breaks the group. */
+static void
+fail_undelivered (LocalComm  *self,
+                  GError    **error,
+                  int         src,
+                  int         dst,
+                  guint64     tag)
+{
+  GError *failure = NULL;
+
+  set_undelivered (self, &failure, src, dst, tag);
+  break_group (self, failure);
+  g_propagate_error (error, failure);
+}
+
 static gboolean
 wait_send (LocalComm  *self,
            Envelope   *envelope,
@@ -640,24 +753,27 @@ wait_send (LocalComm  *self,
            GError    **error)
 {
   LocalGroup *group = self->group;
+  gboolean timed_out = FALSE;
   gboolean ok = TRUE;
 
   _cp_mutex_lock (&group->lock);
-  while (envelope->state != DONE)
+  while (ok && envelope->state != DONE)
     {
       /* Once taken, the receiver is copying: that ends without a deadline. */
       if (envelope->state == TAKEN)
         _cp_cond_wait (&group->cond, &group->lock);
-      else if (peer_left (self, envelope->dst) ||
-               (!_cp_cond_wait_until (&group->cond, &group->lock, deadline) &&
-                envelope->state == POSTED))
+      else if (!check_unbroken (self, "send", error))
+        ok = FALSE;
+      else if (timed_out || peer_left (self, envelope->dst))
         {
-          g_queue_remove (&group->mailbox, envelope);
-          set_undelivered (self, error, envelope->src, envelope->dst, envelope->tag);
+          fail_undelivered (self, error, envelope->src, envelope->dst, envelope->tag);
           ok = FALSE;
-          break;
         }
+      else
+        timed_out = !_cp_cond_wait_until (&group->cond, &group->lock, deadline);
     }
+  if (!ok)
+    g_queue_remove (&group->mailbox, envelope);
   _cp_mutex_unlock (&group->lock);
   if (ok && envelope->error != NULL)
     {
@@ -697,6 +813,30 @@ set_mismatch (GError         **error,
                             expected);
 }
 
+/* With the group lock held: takes the message @request waits for, or
+ * fails. */
+static Envelope *
+await_envelope (LocalComm  *self,
+                CpRequest  *request,
+                gint64      deadline,
+                GError    **error)
+{
+  Envelope *envelope = NULL;
+  gboolean timed_out = FALSE;
+
+  while (check_unbroken (self, "recv", error) &&
+         (envelope = take_envelope (self, request->peer, request->tag)) == NULL)
+    {
+      if (timed_out || peer_left (self, request->peer))
+        {
+          fail_undelivered (self, error, request->peer, self->parent.index, request->tag);
+          break;
+        }
+      timed_out = !_cp_cond_wait_until (&self->group->cond, &self->group->lock, deadline);
+    }
+  return envelope;
+}
+
 static gboolean
 wait_recv (LocalComm  *self,
            CpRequest  *request,
@@ -708,19 +848,13 @@ wait_recv (LocalComm  *self,
   gboolean ok = TRUE;
 
   _cp_mutex_lock (&group->lock);
-  while ((envelope = take_envelope (self, request->peer, request->tag)) == NULL &&
-         !peer_left (self, request->peer))
-    {
-      if (!_cp_cond_wait_until (&group->cond, &group->lock, deadline) &&
-          (envelope = take_envelope (self, request->peer, request->tag)) == NULL)
-        break;
-    }
-  if (envelope == NULL)
-    set_undelivered (self, error, request->peer, self->parent.index, request->tag);
+  envelope = await_envelope (self, request, deadline, error);
   _cp_mutex_unlock (&group->lock);
   if (envelope == NULL)
     return FALSE;
 
+  /* Late with the copy: the sender waits, as it does for any copy. */
+  strike (self, request->fault_operation, CP_FAULT_STEP_DATA);
   if (_cp_message_matches (envelope->message, request->message))
     _cp_copy (request->message->data, envelope->message->data, envelope->message->nbytes,
               _cp_copy_wants_streaming (envelope->message->nbytes));
@@ -747,7 +881,16 @@ local_wait (CpComm     *comm,
   LocalComm *self = (LocalComm *) comm;
   gboolean ok;
 
-  if (request->is_send)
+  _cp_message_label (self->operation, sizeof self->operation, request->is_send, request->peer,
+                     request->tag);
+  if (request->killed != NULL)
+    {
+      g_propagate_error (error, request->killed);
+      if (request->is_send)
+        g_free (request->envelope);
+      ok = FALSE;
+    }
+  else if (request->is_send)
     ok = wait_send (self, request->envelope, deadline, error);
   else
     ok = wait_recv (self, request, deadline, error);

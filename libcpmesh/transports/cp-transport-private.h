@@ -21,7 +21,15 @@ G_BEGIN_DECLS
  *
  * Every blocking operation takes an absolute deadline in g_get_monotonic_time()
  * microseconds and fails with CP_MESH_ERROR_TIMED_OUT (or PEER_LOST) rather
- * than wait past it. */
+ * than wait past it.
+ *
+ * A failure breaks the whole transport, on every rank: a rank whose
+ * operation times out, loses a peer or gets a message it cannot use
+ * records that first failure and makes every rank record it too, and from
+ * then on every operation of every communicator fails at once, naming it.
+ * Errors every rank reaches together (ranks that disagree on a
+ * collective, a point-to-point mismatch, a rank's own bad arguments) are
+ * verdicts, not failures: the transport stays usable after them. */
 typedef struct _CpTransport CpTransport;
 typedef struct _CpComm CpComm;
 typedef struct _CpRequest CpRequest;
@@ -207,6 +215,34 @@ gsize        _cp_collective_slice_start (const CpCollective *coll,
                                          int                 r);
 
 const char  *_cp_collective_name (CpCollKind kind);
+
+/* How a first failure names the operation it struck, the same in every
+ * backend: "all_gather #12", the twelfth collective of its communicator
+ * on this rank, or "send to rank 1 with tag 5", "recv from rank 0 with
+ * tag 5". */
+void         _cp_collective_label (char          *label,
+                                   gsize          size,
+                                   CpCollKind     kind,
+                                   guint64        call);
+void         _cp_message_label    (char          *label,
+                                   gsize          size,
+                                   gboolean       is_send,
+                                   int            peer,
+                                   guint64        tag);
+
+/* A transport's first failure as every later operation names it: "rank 1
+ * timed out in all_gather #12: …", with @failure's code, where @rank is
+ * the world rank that suffered @failure during @operation. */
+GError      *_cp_transport_describe_failure (int            rank,
+                                             const char    *operation,
+                                             const GError  *failure);
+
+/* "@what: mesh broken: @first's message", with @first's code: the error of
+ * an operation that the transport's first failure @first keeps from
+ * running. */
+void         _cp_transport_set_broken_error (GError       **error,
+                                             const char    *what,
+                                             const GError  *first);
 
 /* "float32[4, 8]" */
 char        *_cp_message_describe (const CpMessage *message);

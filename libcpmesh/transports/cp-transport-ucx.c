@@ -27,28 +27,72 @@
  *
  * Tags keep operations apart.  Bit 63 tells point-to-point traffic from
  * collectives, bits 62–45 identify the communicator (a hash of its label
- * and members; 0 is the connection check); then
- *   collectives:     sequence (16 bits) | phase (3) | sender's index (26)
+ * and members; 0 is the connection check and the failure notices); then
+ *   collectives:     sequence (32 bits) | phase (3) | sender's index (10)
  *   point-to-point:  kind (2) | user tag (33) | sender's index (10)
+ *
+ * The sequence numbers a communicator's collectives in its tags.  It
+ * wraps after 2^32 calls, and that aliases nothing: a rank cannot finish
+ * a collective before every member has sent it everything, so the
+ * messages in flight on a communicator belong to two consecutive calls
+ * at most — and after a failure, which could leave older messages
+ * behind, this rank receives nothing more (below).
  *
  * Failure: every wait is bounded by the caller's deadline.  A wait that
  * fails cancels its receives; whatever is still in flight after that (a
  * send, or a receive already being filled) means a peer may still touch
- * this rank's buffers, so the endpoints involved are closed by force and
- * the transport stays broken: later operations fail at once. */
+ * this rank's buffers, so the endpoints involved are closed by force.
+ *
+ * Any failure — a wait that times out or loses a peer, a message cut
+ * short or malformed — breaks the transport (cp-transport-private.h).
+ * The rank records it as the first failure and tells every other rank
+ * with a notice on a tag of its own, sent without waiting for an answer;
+ * a rank that gets a notice adopts the failure it names and passes the
+ * notice on, in case the first rank could not reach everyone.  A broken
+ * transport posts nothing more: every operation, on every communicator,
+ * fails at once with "mesh broken: …", so messages that a failure left
+ * in flight are never delivered.  Every rank listens for notices while
+ * it waits for anything, and once more before a collective returns, so
+ * that a rank that finished its part of the call a peer failed fails it
+ * too.  The window that remains is the time a notice takes to arrive:
+ * a rank that completes the call in it returns success (doc/mesh-ucx.md).
+ * A notice about the next call of the same communicator spares the call
+ * that is finishing: its sender finished that one, so every rank could. */
 
 #define P2P_BIT (G_GUINT64_CONSTANT (1) << 63)
 #define COMM_SHIFT 45
 #define COMM_BITS 18
+#define SEQUENCE_SHIFT 13
+#define PHASE_SHIFT 10
+#define SENDER_BITS 10
 #define USER_TAG_BITS 33
 #define DESCRIPTOR_MAX CP_UCX_DESCRIPTOR_MAX
 /* After a failure, how long UCX gets to hand back the requests of the
  * endpoints closed by force. */
 #define ABORT_GRACE_US (2 * G_TIME_SPAN_SECOND)
 #define CLOSE_GRACE_US G_TIME_SPAN_SECOND
+/* How long notices get to leave before the endpoints they travel on may
+ * be closed by force. */
+#define NOTICE_GRACE_US (100 * G_TIME_SPAN_MILLISECOND)
+#define NOTICE_MAGIC 0x4e425043u  /* "CPBN" */
 
-enum { PHASE_DESCRIPTOR, PHASE_DATA, PHASE_GATHER };
+G_STATIC_ASSERT (CP_MESH_UCX_MAX_WORLD_SIZE <= 1 << SENDER_BITS);
+
+enum { PHASE_DESCRIPTOR, PHASE_DATA, PHASE_GATHER, PHASE_NOTICE = 7 };
 typedef enum { P2P_HEADER, P2P_DATA, P2P_ACK } P2pKind;
+
+/* A failure notice: the first failure, and the collective it struck so
+ * that the rank finishing the call before it can tell. */
+typedef struct
+{
+  guint32 magic;
+  guint32 code;            /* a CpMeshError */
+  guint64 comm;            /* the communicator's key hash; 0: not a collective */
+  guint64 call;            /* the collective's number on it */
+  char text[488];          /* the first failure's message, NUL-terminated */
+} Notice;
+
+G_STATIC_ASSERT (sizeof (Notice) == 512);
 
 typedef struct
 {
@@ -56,7 +100,15 @@ typedef struct
   CpUcxWorker *worker;
   CpUcxEndpoint **peers;   /* one per world rank, this one's included */
   GPtrArray *comms;        /* UcxComm*, not owned; under the worker lock */
-  GError *broken;          /* under the worker lock */
+
+  /* Under the worker lock. */
+  GError *broken;          /* the first failure */
+  guint64 broken_comm;     /* where it struck, as a notice says */
+  guint64 broken_call;
+  gboolean listening;      /* notice_recv was posted */
+  CpUcxOp notice_recv;
+  Notice inbox;            /* what notice_recv receives */
+  Notice outbox;           /* the notice this rank sends; outlives the worker */
 } UcxTransport;
 
 typedef struct
@@ -65,9 +117,21 @@ typedef struct
   UcxTransport *transport;
   char *key;
   guint32 id;
-  guint16 sequence;
+  guint64 key_hash;        /* names it in notices */
+  guint32 sequence;        /* of the next collective, in tags */
+  guint64 calls;           /* collectives started, as errors number them */
   guint operation;         /* the running collective, as fault injection counts */
 } UcxComm;
+
+/* The operation a wait belongs to: how its errors start, and how it is
+ * named if it suffers the mesh's first failure. */
+typedef struct
+{
+  const char *what;        /* "all_gather", "send" */
+  char label[64];          /* "all_gather #12", "send to rank 1 with tag 5" */
+  guint64 comm;            /* a collective's communicator key hash, else 0 */
+  guint64 call;
+} Operation;
 
 /* Buffers of one message: @count chunks of @chunk bytes, @stride apart. */
 typedef struct
@@ -88,6 +152,7 @@ struct _CpRequest
   CpUcxWireMessage header;
   CpUcxWireAck ack;
   guint8 drain;
+  guint operation;         /* as fault injection counts */
   CpUcxOp ops[3];          /* indexed by P2pKind */
 };
 
@@ -107,12 +172,18 @@ world_rank (UcxComm *comm,
 
 static guint64
 collective_tag (guint32 comm_id,
-                guint   sequence,
+                guint32 sequence,
                 guint   phase,
                 int     sender)
 {
-  return ((guint64) comm_id << COMM_SHIFT) | ((guint64) (sequence & 0xffff) << 29) |
-         ((guint64) phase << 26) | (guint64) sender;
+  return ((guint64) comm_id << COMM_SHIFT) | ((guint64) sequence << SEQUENCE_SHIFT) |
+         ((guint64) phase << PHASE_SHIFT) | (guint64) sender;
+}
+
+static guint64
+notice_tag (int sender)
+{
+  return collective_tag (0, 0, PHASE_NOTICE, sender);
 }
 
 static guint64
@@ -207,40 +278,211 @@ unlock (UcxTransport *self)
   _cp_mutex_unlock (&self->worker->lock);
 }
 
-static char *
-list_peers (CpUcxOp *ops,
-            guint    n)
-{
-  GString *text = g_string_new (NULL);
-  int last = -1;
+/* ---- failure notices ---- */
 
-  for (guint i = 0; i < n; i++)
-    if (ops[i].request != NULL && ops[i].peer != last)
-      {
-        g_string_append_printf (text, "%s%d", text->len ? ", " : "", ops[i].peer);
-        last = ops[i].peer;
-      }
-  return g_string_free (text, FALSE);
+/* With the lock held: the first failure, unless it spares @op, a
+ * collective that a notice about the next call of its communicator
+ * finds finishing. */
+static const GError *
+broken_for (UcxTransport    *self,
+            const Operation *op)
+{
+  if (self->broken == NULL)
+    return NULL;
+  if (op != NULL && op->comm != 0 && self->broken_comm == op->comm &&
+      self->broken_call == op->call + 1)
+    return NULL;
+  return self->broken;
 }
+
+static gboolean
+all_complete (void   **requests,
+              guint    n)
+{
+  for (guint i = 0; i < n; i++)
+    if (ucp_request_check_status (requests[i]) == UCS_INPROGRESS)
+      return FALSE;
+  return TRUE;
+}
+
+/* With the lock held: sends the outbox to every other rank and gives the
+ * sends a moment to leave, since endpoints may be closed by force next;
+ * whatever has not left by then goes on by itself. */
+static void
+tell_peers (UcxTransport *self)
+{
+  ucp_request_param_t param = { 0 };
+  g_autoptr(GPtrArray) sending = g_ptr_array_new_with_free_func (ucp_request_free);
+  gint64 deadline = g_get_monotonic_time () + NOTICE_GRACE_US;
+  guint idle = 0;
+
+  for (int r = 0; r < self->parent.world_size; r++)
+    {
+      CpUcxEndpoint *endpoint = self->peers[r];
+      ucs_status_ptr_t request;
+
+      if (endpoint == NULL || endpoint->ep == NULL || endpoint->failure != UCS_OK)
+        continue;
+      request = ucp_tag_send_nbx (endpoint->ep, &self->outbox, sizeof self->outbox,
+                                  notice_tag (self->parent.rank), &param);
+      if (UCS_PTR_IS_PTR (request))
+        g_ptr_array_add (sending, request);
+    }
+  while (!all_complete (sending->pdata, sending->len) && g_get_monotonic_time () < deadline)
+    {
+      if (ucp_worker_progress (self->worker->worker) > 0)
+        idle = 0;
+      _cp_ucx_idle (&idle);
+    }
+}
+
+static void
+fill_outbox (UcxTransport *self)
+{
+  int code = self->broken->domain == CP_MESH_ERROR ? self->broken->code : CP_MESH_ERROR_FAILED;
+
+  memset (&self->outbox, 0, sizeof self->outbox);
+  self->outbox.magic = GUINT32_TO_LE (NOTICE_MAGIC);
+  self->outbox.code = GUINT32_TO_LE ((guint32) code);
+  self->outbox.comm = GUINT64_TO_LE (self->broken_comm);
+  self->outbox.call = GUINT64_TO_LE (self->broken_call);
+  g_strlcpy (self->outbox.text, self->broken->message, sizeof self->outbox.text);
+}
+
+/* With the lock held: makes @first, which struck @comm's call @call, the
+ * first failure unless there is one, and passes it on to every peer. */
+static void
+set_broken (UcxTransport *self,
+            GError       *first,
+            guint64       comm,
+            guint64       call)
+{
+  if (self->broken != NULL)
+    {
+      g_error_free (first);
+      return;
+    }
+  self->broken = first;
+  self->broken_comm = comm;
+  self->broken_call = call;
+  fill_outbox (self);
+  tell_peers (self);
+}
+
+/* With the lock held: @failure, which this rank suffered in @op, breaks
+ * the mesh. */
+static void
+break_mesh (UcxTransport    *self,
+            const Operation *op,
+            const GError    *failure)
+{
+  if (self->broken == NULL)
+    set_broken (self, _cp_transport_describe_failure (self->parent.rank, op->label, failure),
+                op->comm, op->call);
+}
+
+/* Whatever a peer sent, a CpMeshError code and a message in UTF-8. */
+static GError *
+read_failure (const Notice *notice)
+{
+  guint32 code = GUINT32_FROM_LE (notice->code);
+  g_autofree char *text = g_utf8_make_valid (notice->text, strnlen (notice->text, sizeof notice->text));
+
+  if (code > CP_MESH_ERROR_NO_DEVICE)
+    code = CP_MESH_ERROR_FAILED;
+  return g_error_new_literal (CP_MESH_ERROR, (int) code, text);
+}
+
+/* With the lock held: listens for the first notice, once. */
+static void
+listen_for_notices (UcxTransport *self)
+{
+  ucp_request_param_t param = { .op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL };
+  guint64 sender_mask = (G_GUINT64_CONSTANT (1) << SENDER_BITS) - 1;
+
+  if (self->listening)
+    return;
+  memset (&self->notice_recv, 0, sizeof self->notice_recv);
+  self->notice_recv.is_recv = TRUE;
+  self->notice_recv.expected = sizeof self->inbox;
+  self->notice_recv.peer = -1;
+  _cp_ucx_op_begin (&self->notice_recv,
+                    ucp_tag_recv_nbx (self->worker->worker, &self->inbox, sizeof self->inbox,
+                                      notice_tag (0), ~sender_mask, &param));
+  self->listening = TRUE;
+}
+
+/* With the lock held: progress until nothing more happens.  UCX takes in
+ * a few of the messages waiting in shared memory per round; a notice
+ * that arrived behind others counts only once they are all in. */
+static void
+drain (UcxTransport *self)
+{
+  for (guint i = 0; i < 1024 && ucp_worker_progress (self->worker->worker) > 0; i++)
+    ;
+}
+
+/* With the lock held, after progress: adopts the failure a notice that
+ * arrived names.  One is enough; anything else is ignored and the rank
+ * listens again. */
+static void
+read_notices (UcxTransport *self)
+{
+  listen_for_notices (self);
+  if (!_cp_ucx_op_poll (&self->notice_recv) || self->notice_recv.status == UCS_ERR_CANCELED)
+    return;
+  if (self->notice_recv.status == UCS_OK && GUINT32_FROM_LE (self->inbox.magic) == NOTICE_MAGIC)
+    {
+      set_broken (self, read_failure (&self->inbox), GUINT64_FROM_LE (self->inbox.comm),
+                  GUINT64_FROM_LE (self->inbox.call));
+      return;
+    }
+  self->listening = FALSE;
+  listen_for_notices (self);
+}
+
+/* Before the worker goes: a receive still posted would write into it. */
+static void
+stop_listening (UcxTransport *self)
+{
+  lock (self);
+  if (self->notice_recv.request != NULL)
+    {
+      ucp_request_cancel (self->worker->worker, self->notice_recv.request);
+      ucp_worker_progress (self->worker->worker);
+      _cp_ucx_op_poll (&self->notice_recv);
+    }
+  _cp_ucx_op_clear (&self->notice_recv);
+  unlock (self);
+}
+
+/* ---- waiting ---- */
 
 typedef struct
 {
   guint pending;
   CpUcxOp *failed;
   CpUcxOp *lost;
+  const GError *broken;
 } Survey;
 
-/* With the lock held: one round of progress and what it left. */
+/* With the lock held: one round of progress and what it left, for @op
+ * (NULL: none).  A @thorough survey first takes in everything that has
+ * arrived, as one must before it calls anything late. */
 static Survey
-survey (UcxTransport *self,
-        CpUcxOp      *ops,
-        guint         n,
-        guint        *idle)
+survey (UcxTransport    *self,
+        CpUcxOp         *ops,
+        guint            n,
+        const Operation *op,
+        gboolean         thorough,
+        guint           *idle)
 {
-  Survey s = { 0, NULL, NULL };
+  Survey s = { 0, NULL, NULL, NULL };
 
   if (ucp_worker_progress (self->worker->worker) > 0)
     *idle = 0;
+  if (thorough)
+    drain (self);
   for (guint i = 0; i < n; i++)
     {
       if (!_cp_ucx_op_poll (&ops[i]))
@@ -253,6 +495,11 @@ survey (UcxTransport *self,
                !(ops[i].may_truncate && ops[i].status == UCS_ERR_MESSAGE_TRUNCATED))
         s.failed = &ops[i];
     }
+  /* Done: but a notice may wait behind the last message. */
+  if (s.pending == 0 && !thorough)
+    drain (self);
+  read_notices (self);
+  s.broken = broken_for (self, op);
   return s;
 }
 
@@ -272,6 +519,22 @@ set_failure (UcxTransport  *self,
   else
     g_set_error (error, CP_MESH_ERROR, code, "%s: rank %d, exchanging with mesh rank %d: %s",
                  what, self->parent.rank, op->peer, ucs_status_string (status));
+}
+
+static char *
+list_peers (CpUcxOp *ops,
+            guint    n)
+{
+  GString *text = g_string_new (NULL);
+  int last = -1;
+
+  for (guint i = 0; i < n; i++)
+    if (ops[i].request != NULL && ops[i].peer != last)
+      {
+        g_string_append_printf (text, "%s%d", text->len ? ", " : "", ops[i].peer);
+        last = ops[i].peer;
+      }
+  return g_string_free (text, FALSE);
 }
 
 static void
@@ -295,8 +558,7 @@ set_timeout (UcxTransport  *self,
 static void
 abort_ops (UcxTransport *self,
            CpUcxOp      *ops,
-           guint         n,
-           const GError *error)
+           guint         n)
 {
   g_autoptr(GPtrArray) doomed = g_ptr_array_new ();
   gint64 deadline = g_get_monotonic_time () + ABORT_GRACE_US;
@@ -306,21 +568,19 @@ abort_ops (UcxTransport *self,
   for (guint i = 0; i < n; i++)
     if (ops[i].request != NULL && ops[i].is_recv)
       ucp_request_cancel (self->worker->worker, ops[i].request);
-  survey (self, ops, n, &idle);
+  survey (self, ops, n, NULL, FALSE, &idle);
   for (guint i = 0; i < n; i++)
     if (ops[i].request != NULL && !g_ptr_array_find (doomed, self->peers[ops[i].peer], NULL))
       g_ptr_array_add (doomed, self->peers[ops[i].peer]);
-  if (doomed->len > 0 && self->broken == NULL)
-    self->broken = g_error_copy (error);
   unlock (self);
 
   if (doomed->len > 0)
     _cp_ucx_close_endpoints (self->worker, (CpUcxEndpoint **) doomed->pdata, doomed->len, FALSE,
                              g_get_monotonic_time ());
-  for (Survey s = { 1, NULL, NULL }; s.pending > 0 && g_get_monotonic_time () < deadline;)
+  for (Survey s = { 1, NULL, NULL, NULL }; s.pending > 0 && g_get_monotonic_time () < deadline;)
     {
       lock (self);
-      s = survey (self, ops, n, &idle);
+      s = survey (self, ops, n, NULL, FALSE, &idle);
       unlock (self);
       _cp_ucx_idle (&idle);
     }
@@ -330,41 +590,71 @@ abort_ops (UcxTransport *self,
   unlock (self);
 }
 
-/* Waits until every op of @ops completed, or fails: a failed op, a lost
- * peer, @deadline or @cancellable.  The ops are cleared either way. */
+/* With the lock held: what keeps @op from completing, if anything — the
+ * mesh's first failure, or a failure of one of @ops — as the error @op
+ * fails with.  Sets @own when the failure is this rank's. */
+static GError *
+find_failure (UcxTransport    *self,
+              const Survey    *s,
+              const Operation *op,
+              gboolean        *own)
+{
+  GError *failure = NULL;
+
+  *own = s->broken == NULL;
+  if (s->broken != NULL)
+    _cp_transport_set_broken_error (&failure, op->what, s->broken);
+  else if (s->failed != NULL)
+    set_failure (self, s->failed, op->what, &failure);
+  else if (s->pending != 0 && s->lost != NULL)
+    set_failure (self, s->lost, op->what, &failure);
+  return failure;
+}
+
+/* Waits until every op of @ops completed, or fails: the mesh broke, an op
+ * failed, a peer was lost, @deadline passed or @cancellable was
+ * cancelled.  The ops are cleared either way.  Before it reports success
+ * it looks for notices once more, so that a rank that finished its part
+ * of a call a peer failed fails too. */
 static gboolean
-wait_ops (UcxTransport  *self,
-          CpUcxOp       *ops,
-          guint          n,
-          const char    *what,
-          gint64         deadline,
-          GCancellable  *cancellable,
-          GError       **error)
+wait_for (UcxTransport     *self,
+          CpUcxOp          *ops,
+          guint             n,
+          const Operation  *op,
+          gint64            deadline,
+          GCancellable     *cancellable,
+          GError          **error)
 {
   gint64 started = g_get_monotonic_time ();
   guint idle = 0;
 
   for (;;)
     {
-      GError *failure = NULL;
+      /* Only a thorough round of progress that starts after the deadline
+       * may call it a timeout: what arrived meanwhile — while this
+       * process was stopped, say — counts first. */
+      gboolean late = g_get_monotonic_time () >= deadline;
+      GError *failure;
+      gboolean own;
       Survey s;
 
       lock (self);
-      s = survey (self, ops, n, &idle);
-      if (s.failed != NULL)
-        set_failure (self, s.failed, what, &failure);
-      else if (s.pending != 0 && s.lost != NULL)
-        set_failure (self, s.lost, what, &failure);
+      s = survey (self, ops, n, op, late, &idle);
+      failure = find_failure (self, &s, op, &own);
       unlock (self);
       if (failure == NULL && s.pending == 0)
         break;
-      if (failure == NULL && g_get_monotonic_time () >= deadline)
-        set_timeout (self, ops, n, what, g_get_monotonic_time () - started, &failure);
+      if (failure == NULL && late)
+        set_timeout (self, ops, n, op->what, g_get_monotonic_time () - started, &failure);
       if (failure == NULL)
         g_cancellable_set_error_if_cancelled (cancellable, &failure);
       if (failure != NULL)
         {
-          abort_ops (self, ops, n, failure);
+          lock (self);
+          if (own)
+            break_mesh (self, op, failure);
+          unlock (self);
+          abort_ops (self, ops, n);
           g_propagate_error (error, failure);
           return FALSE;
         }
@@ -377,34 +667,65 @@ wait_ops (UcxTransport  *self,
   return TRUE;
 }
 
+/* For the connection check, which belongs to no operation of the mesh. */
 static gboolean
-check_usable (UcxTransport  *self,
-              const char    *what,
-              GError       **error)
+wait_ops (UcxTransport  *self,
+          CpUcxOp       *ops,
+          guint          n,
+          const char    *what,
+          gint64         deadline,
+          GCancellable  *cancellable,
+          GError       **error)
+{
+  Operation op = { what, "", 0, 0 };
+
+  g_strlcpy (op.label, what, sizeof op.label);
+  return wait_for (self, ops, n, &op, deadline, cancellable, error);
+}
+
+/* With the lock held: whether @op may post anything; else @error says
+ * why not. */
+static gboolean
+may_post (UcxTransport     *self,
+          const Operation  *op,
+          GError          **error)
+{
+  const GError *broken = broken_for (self, op);
+
+  if (broken != NULL)
+    _cp_transport_set_broken_error (error, op->what, broken);
+  return broken == NULL;
+}
+
+/* Fails @op at once when the mesh broke, after looking for notices that
+ * arrived while this rank was away. */
+static gboolean
+check_usable (UcxTransport     *self,
+              const Operation  *op,
+              GError          **error)
 {
   gboolean usable;
 
   lock (self);
-  usable = self->broken == NULL;
-  if (!usable)
-    g_set_error (error, self->broken->domain, self->broken->code,
-                 "%s: the mesh failed earlier and cannot be used: %s", what, self->broken->message);
+  drain (self);
+  read_notices (self);
+  usable = may_post (self, op, error);
   unlock (self);
   return usable;
 }
 
 /* ---- injected faults (cp-fault-private.h; nothing in other builds) ---- */
 
-/* The fault the armed one makes this rank suffer at @step of the running
- * collective: it dies or waits here; dropping and truncating are up to
+/* The fault the armed one makes this rank suffer at @step of its
+ * @operation: it dies or waits here; dropping and truncating are up to
  * post_send_as(). */
 static CpFaultKind
-suffer_fault (UcxComm     *comm,
-              CpFaultStep  step)
+suffer_fault (UcxTransport *self,
+              guint         operation,
+              CpFaultStep   step)
 {
   guint delay_ms = 0;
-  CpFaultKind fault = _cp_fault_strike ("ucx", comm->transport->parent.rank, comm->operation,
-                                        step, &delay_ms);
+  CpFaultKind fault = _cp_fault_strike ("ucx", self->parent.rank, operation, step, &delay_ms);
 
   if (fault == CP_FAULT_KILL)
     _cp_fault_kill_process ();
@@ -440,19 +761,23 @@ post_send_as (UcxTransport *self,
 
 /* ---- communicators ---- */
 
-/* The same on every member: 18 bits of a SHA-256 of the key, never 0. */
-static guint32
-comm_id (const char *key)
+/* The same on every member, from a SHA-256 of the key: its tag space, 18
+ * bits, and the name notices give it, 64; neither is ever 0. */
+static void
+hash_key (UcxComm *comm)
 {
   g_autoptr(GChecksum) checksum = g_checksum_new (G_CHECKSUM_SHA256);
   guint8 digest[32];
   gsize length = sizeof digest;
-  guint32 id;
+  guint64 hash = 0;
 
-  g_checksum_update (checksum, (const guchar *) key, -1);
+  g_checksum_update (checksum, (const guchar *) comm->key, -1);
   g_checksum_get_digest (checksum, digest, &length);
-  id = ((guint32) digest[0] << 16 | (guint32) digest[1] << 8 | digest[2]) & ((1u << COMM_BITS) - 1);
-  return id != 0 ? id : 1;
+  comm->id = ((guint32) digest[0] << 16 | (guint32) digest[1] << 8 | digest[2]) & ((1u << COMM_BITS) - 1);
+  comm->id = MAX (comm->id, 1);
+  for (guint i = 8; i < 16; i++)
+    hash = hash << 8 | digest[i];
+  comm->key_hash = MAX (hash, 1);
 }
 
 static gboolean
@@ -490,7 +815,8 @@ ucx_comm_new (CpTransport  *transport,
   _cp_comm_init (&comm->parent, transport, members, n_members, my_index);
   comm->transport = self;
   comm->key = _cp_comm_key (label, members, n_members);
-  comm->id = comm_id (comm->key);
+  hash_key (comm);
+  comm->sequence = _cp_fault_get_sequence_origin ();
   lock (self);
   ok = check_id_free (self, comm, error);
   if (ok)
@@ -520,6 +846,15 @@ ucx_comm_free (CpComm *parent)
 
 /* ---- descriptors ---- */
 
+/* A collective under way on this rank. */
+typedef struct
+{
+  UcxComm *comm;
+  CpCollective *coll;
+  guint32 sequence;
+  Operation op;
+} Call;
+
 static void
 descriptors_free (CpCollective **descs,
                   int            n,
@@ -536,18 +871,20 @@ descriptors_free (CpCollective **descs,
 
 /* Parses what every other member sent into @descs; @inbox holds one
  * DESCRIPTOR_MAX slot per member, @ops the receive of each before its
- * send. */
+ * send.  A malformed descriptor breaks the mesh. */
 static gboolean
-unpack_descriptors (UcxComm        *comm,
+unpack_descriptors (Call           *call,
                     const guint8   *inbox,
                     const CpUcxOp  *ops,
                     CpCollective  **descs,
-                    const char     *what,
                     GError        **error)
 {
+  UcxComm *comm = call->comm;
+
   for (int r = 0, i = 0; r < comm->parent.size; r++)
     {
       g_autoptr(GError) malformed = NULL;
+      GError *failure = NULL;
 
       if (r == comm->parent.index)
         continue;
@@ -555,9 +892,13 @@ unpack_descriptors (UcxComm        *comm,
       if (!_cp_ucx_unpack_descriptor (inbox + (gsize) r * DESCRIPTOR_MAX, ops[i].info.length,
                                       descs[r], &malformed))
         {
-          g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
-                       "%s: communicator rank %d sent a malformed descriptor: %s", what, r,
+          g_set_error (&failure, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
+                       "%s: communicator rank %d sent a malformed descriptor: %s", call->op.what, r,
                        malformed->message);
+          lock (comm->transport);
+          break_mesh (comm->transport, &call->op, failure);
+          unlock (comm->transport);
+          g_propagate_error (error, failure);
           return FALSE;
         }
       i += 2;
@@ -568,40 +909,40 @@ unpack_descriptors (UcxComm        *comm,
 /* Sends this rank's descriptor to every other member and returns all of
  * them in communicator order. */
 static CpCollective **
-exchange_descriptors (UcxComm        *comm,
-                      CpCollective   *coll,
-                      guint           sequence,
-                      gint64          deadline,
-                      GError        **error)
+exchange_descriptors (Call     *call,
+                      gint64    deadline,
+                      GError  **error)
 {
+  UcxComm *comm = call->comm;
   UcxTransport *self = comm->transport;
   int n = comm->parent.size, me = comm->parent.index;
-  g_autoptr(GBytes) mine = _cp_ucx_pack_descriptor (coll);
+  g_autoptr(GBytes) mine = _cp_ucx_pack_descriptor (call->coll);
   g_autofree guint8 *inbox = g_malloc ((gsize) n * DESCRIPTOR_MAX);
   g_autofree CpUcxOp *ops = g_new0 (CpUcxOp, 2 * (gsize) n);
   CpCollective **descs = g_new0 (CpCollective *, n);
   Region out = contiguous (g_bytes_get_data (mine, NULL), g_bytes_get_size (mine));
-  const char *what = _cp_collective_name (coll->kind);
-  CpFaultKind fault = suffer_fault (comm, CP_FAULT_STEP_DESCRIPTOR);
+  CpFaultKind fault = suffer_fault (self, comm->operation, CP_FAULT_STEP_DESCRIPTOR);
   guint n_ops = 0;
+  gboolean ok;
 
   lock (self);
-  for (int r = 0; r < n; r++)
+  ok = may_post (self, &call->op, error);
+  for (int r = 0; ok && r < n; r++)
     if (r != me)
       {
         Region in = contiguous (inbox + (gsize) r * DESCRIPTOR_MAX, DESCRIPTOR_MAX);
 
         post_recv (self, &ops[n_ops], world_rank (comm, r), &in,
-                   collective_tag (comm->id, sequence, PHASE_DESCRIPTOR, r));
+                   collective_tag (comm->id, call->sequence, PHASE_DESCRIPTOR, r));
         /* Descriptors differ in length; the parser checks them whole. */
         ops[n_ops++].expected = 0;
         post_send_as (self, &ops[n_ops++], world_rank (comm, r), &out,
-                      collective_tag (comm->id, sequence, PHASE_DESCRIPTOR, me), fault);
+                      collective_tag (comm->id, call->sequence, PHASE_DESCRIPTOR, me), fault);
       }
   unlock (self);
-  descs[me] = coll;
-  if (wait_ops (self, ops, n_ops, what, deadline, NULL, error) &&
-      unpack_descriptors (comm, inbox, ops, descs, what, error))
+  descs[me] = call->coll;
+  if (ok && wait_for (self, ops, n_ops, &call->op, deadline, NULL, error) &&
+      unpack_descriptors (call, inbox, ops, descs, error))
     return descs;
   descriptors_free (descs, n, me);
   return NULL;
@@ -627,24 +968,27 @@ is_empty (const Region *region)
 /* Posts, for every other member r, the receive of @recv_of (r) from r and
  * the send of @send_to (r) to r, then waits for all of them. */
 static gboolean
-exchange_regions (UcxComm       *comm,
-                  CpCollective  *coll,
-                  guint          sequence,
-                  guint          phase,
-                  RegionFunc     send_to,
-                  RegionFunc     recv_of,
-                  gpointer       user_data,
-                  gint64         deadline,
-                  GError       **error)
+exchange_regions (Call        *call,
+                  guint        phase,
+                  RegionFunc   send_to,
+                  RegionFunc   recv_of,
+                  gpointer     user_data,
+                  gint64       deadline,
+                  GError     **error)
 {
+  UcxComm *comm = call->comm;
+  CpCollective *coll = call->coll;
   UcxTransport *self = comm->transport;
   int n = comm->parent.size, me = comm->parent.index;
   g_autofree CpUcxOp *ops = g_new0 (CpUcxOp, 2 * (gsize) n);
-  CpFaultKind fault = suffer_fault (comm, CP_FAULT_STEP_DATA);
+  CpFaultKind fault = suffer_fault (self, comm->operation,
+                                    phase == PHASE_GATHER ? CP_FAULT_STEP_RESULT : CP_FAULT_STEP_DATA);
   guint n_ops = 0;
+  gboolean ok;
 
   lock (self);
-  for (int r = 0; r < n; r++)
+  ok = may_post (self, &call->op, error);
+  for (int r = 0; ok && r < n; r++)
     {
       Region in, out;
 
@@ -654,13 +998,13 @@ exchange_regions (UcxComm       *comm,
       out = send_to (coll, n, me, r, user_data);
       if (!is_empty (&in))
         post_recv (self, &ops[n_ops++], world_rank (comm, r), &in,
-                   collective_tag (comm->id, sequence, phase, r));
+                   collective_tag (comm->id, call->sequence, phase, r));
       if (!is_empty (&out))
         post_send_as (self, &ops[n_ops++], world_rank (comm, r), &out,
-                      collective_tag (comm->id, sequence, phase, me), fault);
+                      collective_tag (comm->id, call->sequence, phase, me), fault);
     }
   unlock (self);
-  return wait_ops (self, ops, n_ops, _cp_collective_name (coll->kind), deadline, NULL, error);
+  return ok && wait_for (self, ops, n_ops, &call->op, deadline, NULL, error);
 }
 
 static void
@@ -724,19 +1068,17 @@ gathered_piece (CpCollective *coll,
 /* Copies this member's own piece of recv from @own, then exchanges the
  * others'. */
 static gboolean
-run_pieces (UcxComm       *comm,
-            CpCollective  *coll,
-            guint          sequence,
+run_pieces (Call          *call,
             const Region  *own,
             RegionFunc     send_to,
             gint64         deadline,
             GError       **error)
 {
-  Region slot = piece_of (coll->recv, coll, comm->parent.size, comm->parent.index);
+  Region slot = piece_of (call->coll->recv, call->coll, call->comm->parent.size,
+                          call->comm->parent.index);
 
   copy_region (&slot, own);
-  return exchange_regions (comm, coll, sequence, PHASE_DATA, send_to, gathered_piece, NULL,
-                           deadline, error);
+  return exchange_regions (call, PHASE_DATA, send_to, gathered_piece, NULL, deadline, error);
 }
 
 /* What all-reduce and broadcast receive into before they write the
@@ -778,19 +1120,18 @@ broadcast_recv (CpCollective *coll,
 }
 
 static gboolean
-run_broadcast (UcxComm       *comm,
-               CpCollective  *coll,
-               guint          sequence,
+run_broadcast (Call          *call,
                Scratch       *scratch,
                gint64         deadline,
                GError       **error)
 {
+  CpCollective *coll = call->coll;
   gsize size = coll->count * cp_dtype_get_size (coll->dtype);
   gboolean ok;
 
-  ok = exchange_regions (comm, coll, sequence, PHASE_DATA, broadcast_send, broadcast_recv,
-                         scratch->inbox, deadline, error);
-  if (ok && comm->parent.index != coll->root)
+  ok = exchange_regions (call, PHASE_DATA, broadcast_send, broadcast_recv, scratch->inbox, deadline,
+                         error);
+  if (ok && call->comm->parent.index != coll->root)
     memcpy (coll->recv, scratch->inbox, size);
   return ok;
 }
@@ -882,23 +1223,20 @@ reduce_own_slice (CpCollective *coll,
 }
 
 static gboolean
-run_all_reduce (UcxComm       *comm,
-                CpCollective  *coll,
-                guint          sequence,
+run_all_reduce (Call          *call,
                 Scratch       *scratch,
                 gint64         deadline,
                 GError       **error)
 {
-  int n = comm->parent.size, me = comm->parent.index;
+  CpCollective *coll = call->coll;
+  int n = call->comm->parent.size, me = call->comm->parent.index;
   ReducePlan plan = { cp_dtype_get_size (coll->dtype), slice_length (coll, n, me), scratch->inbox,
                       scratch->result };
 
-  if (!exchange_regions (comm, coll, sequence, PHASE_DATA, reduce_send, reduce_recv, &plan, deadline,
-                         error))
+  if (!exchange_regions (call, PHASE_DATA, reduce_send, reduce_recv, &plan, deadline, error))
     return FALSE;
   reduce_own_slice (coll, n, me, &plan);
-  if (!exchange_regions (comm, coll, sequence, PHASE_GATHER, reduced_send, reduced_recv, &plan,
-                         deadline, error))
+  if (!exchange_regions (call, PHASE_GATHER, reduced_send, reduced_recv, &plan, deadline, error))
     return FALSE;
   memcpy (coll->recv, plan.result, coll->count * plan.elsize);
   return TRUE;
@@ -938,13 +1276,12 @@ free_scratch (Scratch *scratch)
 }
 
 static gboolean
-run_data_phase (UcxComm       *comm,
-                CpCollective  *coll,
-                guint          sequence,
+run_data_phase (Call          *call,
                 Scratch       *scratch,
                 gint64         deadline,
                 GError       **error)
 {
+  CpCollective *coll = call->coll;
   Region own;
 
   switch (coll->kind)
@@ -953,14 +1290,14 @@ run_data_phase (UcxComm       *comm,
       return TRUE;
     case CP_COLL_ALL_GATHER:
       own = (Region) { (guint8 *) coll->send, coll->block, coll->block, coll->outer };
-      return run_pieces (comm, coll, sequence, &own, gather_send, deadline, error);
+      return run_pieces (call, &own, gather_send, deadline, error);
     case CP_COLL_ALL_TO_ALL:
-      own = piece_of (coll->send, coll, comm->parent.size, comm->parent.index);
-      return run_pieces (comm, coll, sequence, &own, scatter_piece, deadline, error);
+      own = piece_of (coll->send, coll, call->comm->parent.size, call->comm->parent.index);
+      return run_pieces (call, &own, scatter_piece, deadline, error);
     case CP_COLL_ALL_REDUCE:
-      return run_all_reduce (comm, coll, sequence, scratch, deadline, error);
+      return run_all_reduce (call, scratch, deadline, error);
     case CP_COLL_BROADCAST:
-      return run_broadcast (comm, coll, sequence, scratch, deadline, error);
+      return run_broadcast (call, scratch, deadline, error);
     default:
       g_assert_not_reached ();
     }
@@ -975,21 +1312,25 @@ ucx_collective (CpComm        *parent,
                 GError       **error)
 {
   UcxComm *comm = (UcxComm *) parent;
-  guint sequence = comm->sequence++;
+  Call call = { comm, coll, comm->sequence++ };
   Scratch scratch = { NULL, 0, NULL, 0 };
   CpCollective **descs;
   gboolean ok;
 
+  call.op.what = _cp_collective_name (coll->kind);
+  call.op.comm = comm->key_hash;
+  call.op.call = ++comm->calls;
+  _cp_collective_label (call.op.label, sizeof call.op.label, coll->kind, call.op.call);
   comm->operation = _cp_fault_begin_operation ("ucx", parent->transport->rank);
-  if (!check_usable (comm->transport, _cp_collective_name (coll->kind), error))
+  if (!check_usable (comm->transport, &call.op, error))
     return FALSE;
   alloc_scratch (comm, coll, &scratch);
-  descs = exchange_descriptors (comm, coll, sequence, deadline, error);
+  descs = exchange_descriptors (&call, deadline, error);
   ok = descs != NULL &&
        _cp_collective_check_agreement ((const CpCollective * const *) descs, parent->size, error);
   if (descs != NULL)
     descriptors_free (descs, parent->size, parent->index);
-  ok = ok && run_data_phase (comm, coll, sequence, &scratch, deadline, error);
+  ok = ok && run_data_phase (&call, &scratch, deadline, error);
   free_scratch (&scratch);
   return ok;
 }
@@ -1001,6 +1342,30 @@ ucx_collective (CpComm        *parent,
  * header before it lets the data in, so a mismatch leaves its tensor
  * untouched and fails on both sides with the same message, and a send
  * returns only once the receiver has taken the data. */
+
+static void
+name_message (Operation       *op,
+              const CpRequest *request)
+{
+  op->what = request->is_send ? "send" : "recv";
+  op->comm = 0;
+  op->call = 0;
+  _cp_message_label (op->label, sizeof op->label, request->is_send, request->peer, request->tag);
+}
+
+/* With the lock held: whether @request may post anything, on a mesh
+ * that did not break, as far as the notices that arrived tell. */
+static gboolean
+request_may_post (UcxTransport    *self,
+                  const CpRequest *request)
+{
+  Operation op;
+
+  drain (self);
+  read_notices (self);
+  name_message (&op, request);
+  return may_post (self, &op, NULL);
+}
 
 static CpRequest *
 ucx_isend (CpComm          *parent,
@@ -1015,16 +1380,27 @@ ucx_isend (CpComm          *parent,
   Region header = contiguous (&request->header, sizeof request->header);
   Region data = contiguous (message->data, message->nbytes);
   Region ack = contiguous (&request->ack, sizeof request->ack);
+  CpFaultKind fault;
 
   request->is_send = TRUE;
   request->peer = peer;
   request->tag = tag;
   request->sent = message;
+  request->operation = _cp_fault_begin_operation ("ucx", self->parent.rank);
   _cp_ucx_wire_from_message (&request->header, message);
+  fault = suffer_fault (self, request->operation, CP_FAULT_STEP_DESCRIPTOR);
   lock (self);
-  post_send (self, &request->ops[P2P_HEADER], to, &header, p2p_tag (comm, P2P_HEADER, tag, me));
-  post_send (self, &request->ops[P2P_DATA], to, &data, p2p_tag (comm, P2P_DATA, tag, me));
-  post_recv (self, &request->ops[P2P_ACK], to, &ack, p2p_tag (comm, P2P_ACK, tag, peer));
+  if (request_may_post (self, request))
+    {
+      post_send_as (self, &request->ops[P2P_HEADER], to, &header, p2p_tag (comm, P2P_HEADER, tag, me),
+                    fault);
+      post_recv (self, &request->ops[P2P_ACK], to, &ack, p2p_tag (comm, P2P_ACK, tag, peer));
+    }
+  unlock (self);
+  fault = suffer_fault (self, request->operation, CP_FAULT_STEP_DATA);
+  lock (self);
+  if (request_may_post (self, request))
+    post_send_as (self, &request->ops[P2P_DATA], to, &data, p2p_tag (comm, P2P_DATA, tag, me), fault);
   unlock (self);
   /* A receiver that refuses the data drains it into nothing. */
   request->ops[P2P_DATA].may_truncate = TRUE;
@@ -1045,23 +1421,27 @@ ucx_irecv (CpComm    *parent,
   request->peer = peer;
   request->tag = tag;
   request->message = message;
+  request->operation = _cp_fault_begin_operation ("ucx", self->parent.rank);
+  suffer_fault (self, request->operation, CP_FAULT_STEP_DESCRIPTOR);
   lock (self);
-  post_recv (self, &request->ops[P2P_HEADER], world_rank (comm, peer), &header,
-             p2p_tag (comm, P2P_HEADER, tag, peer));
+  if (request_may_post (self, request))
+    post_recv (self, &request->ops[P2P_HEADER], world_rank (comm, peer), &header,
+               p2p_tag (comm, P2P_HEADER, tag, peer));
   unlock (self);
   return request;
 }
 
 static gboolean
-wait_send (UcxComm    *comm,
-           CpRequest  *request,
-           gint64      deadline,
-           GError    **error)
+wait_send (UcxComm          *comm,
+           CpRequest        *request,
+           const Operation  *op,
+           gint64            deadline,
+           GError          **error)
 {
   CpMessage expected;
 
-  if (!wait_ops (comm->transport, request->ops, G_N_ELEMENTS (request->ops), "send", deadline,
-                 NULL, error))
+  if (!wait_for (comm->transport, request->ops, G_N_ELEMENTS (request->ops), op, deadline, NULL,
+                 error))
     return FALSE;
   if (request->ack.accepted)
     return TRUE;
@@ -1072,18 +1452,20 @@ wait_send (UcxComm    *comm,
 }
 
 static gboolean
-wait_recv (UcxComm    *comm,
-           CpRequest  *request,
-           gint64      deadline,
-           GError    **error)
+wait_recv (UcxComm          *comm,
+           CpRequest        *request,
+           const Operation  *op,
+           gint64            deadline,
+           GError          **error)
 {
   UcxTransport *self = comm->transport;
   int me = comm->parent.index, from = world_rank (comm, request->peer);
   CpMessage sent;
   gboolean accepted;
   Region data, ack = contiguous (&request->ack, sizeof request->ack);
+  CpFaultKind fault;
 
-  if (!wait_ops (self, &request->ops[P2P_HEADER], 1, "recv", deadline, NULL, error))
+  if (!wait_for (self, &request->ops[P2P_HEADER], 1, op, deadline, NULL, error))
     return FALSE;
   _cp_ucx_message_from_wire (&sent, &request->header);
   accepted = _cp_message_matches (&sent, request->message);
@@ -1091,12 +1473,18 @@ wait_recv (UcxComm    *comm,
   _cp_ucx_wire_from_message (&request->ack.expected, request->message);
   data = accepted ? contiguous (request->message->data, request->message->nbytes)
                   : contiguous (&request->drain, 0);
+  fault = suffer_fault (self, request->operation, CP_FAULT_STEP_DATA);
   lock (self);
-  post_recv (self, &request->ops[P2P_DATA], from, &data, p2p_tag (comm, P2P_DATA, request->tag, request->peer));
-  post_send (self, &request->ops[P2P_ACK], from, &ack, p2p_tag (comm, P2P_ACK, request->tag, me));
+  if (may_post (self, op, NULL))
+    {
+      post_recv (self, &request->ops[P2P_DATA], from, &data,
+                 p2p_tag (comm, P2P_DATA, request->tag, request->peer));
+      post_send_as (self, &request->ops[P2P_ACK], from, &ack, p2p_tag (comm, P2P_ACK, request->tag, me),
+                    fault);
+    }
   unlock (self);
   request->ops[P2P_DATA].may_truncate = !accepted;
-  if (!wait_ops (self, &request->ops[P2P_DATA], 2, "recv", deadline, NULL, error))
+  if (!wait_for (self, &request->ops[P2P_DATA], 2, op, deadline, NULL, error))
     return FALSE;
   if (accepted)
     return TRUE;
@@ -1112,17 +1500,20 @@ ucx_wait (CpComm     *parent,
 {
   UcxComm *comm = (UcxComm *) parent;
   GError *unusable = NULL;
-  gboolean ok = check_usable (comm->transport, request->is_send ? "send" : "recv", &unusable);
+  Operation op;
+  gboolean ok;
 
+  name_message (&op, request);
+  ok = check_usable (comm->transport, &op, &unusable);
   if (ok && request->is_send)
-    ok = wait_send (comm, request, deadline, error);
+    ok = wait_send (comm, request, &op, deadline, error);
   else if (ok)
-    ok = wait_recv (comm, request, deadline, error);
+    ok = wait_recv (comm, request, &op, deadline, error);
   else
     {
       /* A send still in flight may be read by its peer: abort_ops closes
        * the endpoint by force before the buffers go. */
-      abort_ops (comm->transport, request->ops, G_N_ELEMENTS (request->ops), unusable);
+      abort_ops (comm->transport, request->ops, G_N_ELEMENTS (request->ops));
       g_propagate_error (error, unusable);
     }
   g_free (request);
@@ -1137,6 +1528,7 @@ ucx_transport_free (CpTransport *transport)
   UcxTransport *self = (UcxTransport *) transport;
   gboolean graceful;
 
+  stop_listening (self);
   lock (self);
   graceful = self->broken == NULL;
   unlock (self);
@@ -1151,7 +1543,8 @@ ucx_transport_free (CpTransport *transport)
 }
 
 /* From the main context while no operation runs: lets UCX notice lost
- * peers (and report them) without waiting for the next operation. */
+ * peers (and report them), and this rank hear that the mesh broke,
+ * without waiting for the next operation. */
 static void
 ucx_poll (CpTransport *transport)
 {
@@ -1162,6 +1555,7 @@ ucx_poll (CpTransport *transport)
   /* UCX 1.13 looks at the keepalive clock once in 32 rounds of progress. */
   for (guint i = 0; i < 32; i++)
     ucp_worker_progress (self->worker->worker);
+  read_notices (self);
   _cp_mutex_unlock (&self->worker->lock);
 }
 

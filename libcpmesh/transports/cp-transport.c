@@ -137,6 +137,53 @@ _cp_collective_name (CpCollKind kind)
   return names[kind];
 }
 
+void
+_cp_collective_label (char       *label,
+                      gsize       size,
+                      CpCollKind  kind,
+                      guint64     call)
+{
+  g_snprintf (label, size, "%s #%" G_GUINT64_FORMAT, _cp_collective_name (kind), call);
+}
+
+void
+_cp_message_label (char     *label,
+                   gsize     size,
+                   gboolean  is_send,
+                   int       peer,
+                   guint64   tag)
+{
+  g_snprintf (label, size, "%s rank %d with tag %" G_GUINT64_FORMAT,
+              is_send ? "send to" : "recv from", peer, tag);
+}
+
+static const char *
+failure_verb (const GError *failure)
+{
+  if (g_error_matches (failure, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT))
+    return "timed out";
+  if (g_error_matches (failure, CP_MESH_ERROR, CP_MESH_ERROR_PEER_LOST))
+    return "lost a peer";
+  return "failed";
+}
+
+GError *
+_cp_transport_describe_failure (int           rank,
+                                const char   *operation,
+                                const GError *failure)
+{
+  return g_error_new (failure->domain, failure->code, "rank %d %s in %s: %s", rank,
+                      failure_verb (failure), operation, failure->message);
+}
+
+void
+_cp_transport_set_broken_error (GError       **error,
+                                const char    *what,
+                                const GError  *first)
+{
+  g_set_error (error, first->domain, first->code, "%s: mesh broken: %s", what, first->message);
+}
+
 static char *
 describe_operand (const CpCollective *coll)
 {

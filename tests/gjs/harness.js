@@ -94,6 +94,27 @@ export function assertCase(subject, what, domain, code, fragment, func) {
     return error;
 }
 
+// A test still running after this long has hung: it fails then, rather
+// than when Meson kills the program.
+const TEST_LIMIT_MS = 10000;
+
+// Settles like promise, or rejects once TEST_LIMIT_MS have passed.
+function withinLimit(promise) {
+    let timer = 0;
+    const limit = new Promise((resolve, reject) => {
+        timer = GLib.timeout_add(GLib.PRIORITY_DEFAULT, TEST_LIMIT_MS, () => {
+            timer = 0;
+            reject(new Error(`still running ${TEST_LIMIT_MS} ms after it started: ` +
+                'a wait that should have ended did not'));
+            return GLib.SOURCE_REMOVE;
+        });
+    });
+    return Promise.race([promise, limit]).finally(() => {
+        if (timer)
+            GLib.source_remove(timer);
+    });
+}
+
 // Runs [name, func] pairs in order, prints TAP and exits non-zero when a
 // test failed.
 export function run(tests) {
@@ -106,7 +127,7 @@ export function run(tests) {
             currentTest = name;
             try {
                 // eslint-disable-next-line no-await-in-loop
-                await func();
+                await withinLimit((async () => func())());
                 print(`ok ${index + 1} - ${name}`);
             } catch (e) {
                 failed++;

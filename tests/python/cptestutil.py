@@ -7,7 +7,7 @@ import traceback
 
 import numpy as np
 
-from cptest import Cp
+from cptest import Cp, join_all
 
 
 def T(values, dtype=np.int64):
@@ -28,10 +28,10 @@ def run_ranks(sizes, func, names=('cp',)):
         except BaseException:  # noqa: B902 - reported on the calling thread
             failures.append(traceback.format_exc())
 
-    threads = [threading.Thread(target=body, args=(mesh,)) for mesh in meshes]
+    threads = [threading.Thread(target=body, args=(mesh,), name='rank %d' % mesh.get_rank(), daemon=True)
+               for mesh in meshes]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
+    join_all(threads, 50)
     if failures:
         raise AssertionError(failures[0])

@@ -7,7 +7,7 @@ import unittest
 
 import numpy as np
 
-from cptest import Cp, GLib, record_error
+from cptest import Cp, GLib, join_all, record_error
 
 
 def reference(q, k, v, dout, causal, real_len):
@@ -58,11 +58,11 @@ def run_ranks(cp_size, body):
         except Exception as e:  # reported on the main thread
             errors.append(e)
 
-    threads = [threading.Thread(target=target, args=(r, m)) for r, m in enumerate(meshes)]
+    threads = [threading.Thread(target=target, args=(r, m), name='rank %d' % r, daemon=True)
+               for r, m in enumerate(meshes)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    join_all(threads, 100)
     if errors:
         raise errors[0]
     return results

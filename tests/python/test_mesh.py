@@ -203,7 +203,7 @@ class TestFailures(unittest.TestCase):
             except GLib.Error as e:
                 return e, time.monotonic() - start
             return 'no error', 0
-        results = run_ranks(group(3), body)
+        results = run_ranks(group(3), body, limit_s=10)
         for error, waited in results[:2]:
             self.assertIsInstance(error, GLib.Error)
             self.assertTrue(error.matches(Cp.mesh_error_quark(), Cp.MeshError.TIMED_OUT))

@@ -47,15 +47,33 @@ static void test_threads () {
   }
 }
 
+static int timeout_returned = 0;
+
+/* Aborts the program if the barrier that must time out has not returned
+ * @seconds from now (times $CP_TEST_TIME_FACTOR, which valgrind's setup
+ * raises): a wait that never ends fails at the test's own deadline, not
+ * when Meson kills the program. */
+static void abort_if_still_waiting (uint seconds) {
+  seconds *= uint.max (1, (uint) uint64.parse (Environment.get_variable ("CP_TEST_TIME_FACTOR") ?? "1"));
+  new Thread<bool> ("watchdog", () => {
+    Thread.usleep ((ulong) seconds * 1000000);
+    if (AtomicInt.get (ref timeout_returned) == 0)
+      error ("still waiting %u s after the barrier started: a wait that should have ended did not", seconds);
+    return true;
+  });
+}
+
 static void test_timeout () {
   try {
     var meshes = Cp.Mesh.new_local_group ({ "cp" }, { 2 });
     unowned Cp.Mesh first = meshes.data;
 
     first.set_timeout_ms (200);
+    abort_if_still_waiting (10);
     first.barrier ();
     assert_not_reached ();
   } catch (Cp.MeshError.TIMED_OUT e) {
+    AtomicInt.set (ref timeout_returned, 1);
     assert_true ("1 (mesh rank 1)" in e.message);
   } catch (Error e) {
     assert_no_error (e);
