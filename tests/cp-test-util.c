@@ -511,6 +511,19 @@ typedef struct
   gconstpointer data;
 } Subtest;
 
+/* Every registered subtest, reachable until exit: a child process runs
+ * one of them, so GLib frees none of the others' data. */
+static GPtrArray *subtests;
+
+static Subtest *
+subtest_new (void)
+{
+  if (subtests == NULL)
+    subtests = g_ptr_array_new_with_free_func (g_free);
+  g_ptr_array_add (subtests, g_new0 (Subtest, 1));
+  return g_ptr_array_index (subtests, subtests->len - 1);
+}
+
 /* The child writes its skip message here; the parent names the file. */
 #define SKIP_FILE_VARIABLE "CP_TEST_SKIP_FILE"
 
@@ -589,11 +602,11 @@ void
 cp_test_add_func_isolated (const char *path,
                            GTestFunc   func)
 {
-  Subtest *subtest = g_new0 (Subtest, 1);
+  Subtest *subtest = subtest_new ();
 
   start_reliability_log_once ();
   subtest->func = func;
-  g_test_add_data_func_full (path, subtest, run_isolated, g_free);
+  g_test_add_data_func (path, subtest, run_isolated);
 }
 
 void
@@ -601,12 +614,12 @@ cp_test_add_data_func_isolated (const char    *path,
                                 gconstpointer  data,
                                 GTestDataFunc  func)
 {
-  Subtest *subtest = g_new0 (Subtest, 1);
+  Subtest *subtest = subtest_new ();
 
   start_reliability_log_once ();
   subtest->data_func = func;
   subtest->data = data;
-  g_test_add_data_func_full (path, subtest, run_isolated, g_free);
+  g_test_add_data_func (path, subtest, run_isolated);
 }
 
 void

@@ -6,6 +6,7 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -190,9 +191,16 @@ send_garbage (int   fd,
 {
   g_autofree guint8 *bytes = g_malloc (size);
 
+  gssize sent;
+
   for (gsize i = 0; i < size; i++)
     bytes[i] = (guint8) g_random_int ();
-  g_assert_cmpint (write (fd, bytes, size), ==, (gssize) size);
+  /* Rank 0 may hang up as soon as it has read enough to refuse. */
+  sent = send (fd, bytes, size, MSG_NOSIGNAL);
+  if (sent < 0)
+    g_assert_true (errno == EPIPE || errno == ECONNRESET);
+  else
+    g_assert_cmpint (sent, ==, (gssize) size);
 }
 
 /* Random bytes on the listener's port, on a connection kept open and on
@@ -210,7 +218,7 @@ test_garbage (void)
   send_garbage (lingering, 4096);
   closed = connect_raw (port);
   /* A header that claims a short payload, then nonsense. */
-  g_assert_cmpint (write (closed, small_header, sizeof small_header), ==, sizeof small_header);
+  g_assert_cmpint (send (closed, small_header, sizeof small_header, MSG_NOSIGNAL), ==, sizeof small_header);
   send_garbage (closed, 64);
   close (closed);
   cp_test_group_spawn (&group, "join", 1, 2, port, NULL);
