@@ -1608,8 +1608,10 @@ cp_mesh_unshard (CpMesh    *self,
   g_return_val_if_fail (CP_IS_TENSOR (tensor), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
+  /* One rank holds the whole sequence, but a bad dimension is still an
+   * error, as it is on every other mesh. */
   if (self->comm->size == 1)
-    return g_object_ref (tensor);
+    return _cp_tensor_normalize_dim (tensor, "unshard", seq_dim, &d, error) ? g_object_ref (tensor) : NULL;
   if (_cp_tensor_normalize_dim (tensor, "unshard", seq_dim, &d, &invalid) &&
       gathered_length (self, tensor, d, "unshard", &seq_len, &invalid))
     layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, seq_len, self->comm->size, &invalid);

@@ -276,6 +276,51 @@ expected_reduction (const ReduceCase *c,
   return acc;
 }
 
+/* Ranks that are threads may pass one tensor object to a collective
+ * that writes in place; each would write where the others read, so every
+ * rank refuses, and nothing is written. */
+static void
+shared_buffer_rank (CpMesh   *mesh,
+                    gpointer  user_data)
+{
+  CpTensor *shared = user_data;
+  const gint64 piece_shape[] = { 2 };
+  g_autoptr(CpTensor) piece = cp_tensor_new_full (CP_DTYPE_FLOAT64, piece_shape, 1, 7, NULL);
+  g_autoptr(CpTensor) own = cp_tensor_new_full (CP_DTYPE_FLOAT64, piece_shape, 1, 1, NULL);
+  g_autoptr(GError) error = NULL;
+
+  g_assert_false (cp_mesh_all_reduce (mesh, shared, CP_REDUCE_OP_SUM, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_IN_USE, "CpMesh",
+                       "all_reduce of one tensor object passed by every in-process rank (every rank fails)");
+  g_assert_nonnull (strstr (error->message, "communicator ranks 0 and 1 passed overlapping memory"));
+  g_clear_error (&error);
+
+  g_assert_false (cp_mesh_broadcast (mesh, shared, 0, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_IN_USE, "CpMesh",
+                       "broadcast into one tensor object passed by every in-process rank (every rank fails)");
+  g_clear_error (&error);
+
+  g_assert_false (cp_mesh_all_gather_into (mesh, piece, 0, shared, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_IN_USE, "CpMesh",
+                       "all_gather_into one output tensor passed by every in-process rank (every rank fails)");
+  g_clear_error (&error);
+
+  /* The mesh is still whole: a refusal every rank reached is no failure. */
+  g_assert_true (cp_mesh_all_reduce (mesh, own, CP_REDUCE_OP_SUM, &error));
+  g_assert_no_error (error);
+  CP_TEST_ASSERT_VALUES (own, 2, 2);
+}
+
+static void
+test_shared_buffer (void)
+{
+  g_autoptr(CpTensor) shared = cp_tensor_new_arange (CP_DTYPE_FLOAT64, 0, 4, 1, NULL);
+
+  cp_test_run_group ("cp", 2, shared_buffer_rank, shared);
+  CP_TEST_ASSERT_VALUES (shared, 0, 1, 2, 3);
+  CP_TEST_ASSERT_SHAPE (shared, 4);
+}
+
 static void
 reduce_rank (CpMesh   *mesh,
              gpointer  user_data)
@@ -573,6 +618,14 @@ unshard_rank (CpMesh   *mesh,
   g_assert_true (cp_tensor_equal (back, full));
   if (n == 1)
     g_assert_true (back == piece);
+
+  /* A dimension the piece lacks is an error however many ranks hold it. */
+  g_clear_object (&back);
+  back = cp_mesh_unshard (mesh, piece, 3, &error);
+  g_assert_null (back);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpMesh",
+                       "unshard along a dimension the piece lacks (any mesh size, one rank too)");
+  g_assert_nonnull (strstr (error->message, "dimension 3 does not exist"));
 }
 
 static void
@@ -728,6 +781,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Mesh/all-to-all/values", test_all_to_all);
   g_test_add_func ("/Cp/Mesh/all-to-all/indivisible", test_all_to_all_indivisible);
   g_test_add_func ("/Cp/Mesh/all-reduce/every-dtype-op", test_all_reduce);
+  g_test_add_func ("/Cp/Mesh/in-place/shared-buffer", test_shared_buffer);
   g_test_add_func ("/Cp/Mesh/broadcast/root", test_broadcast);
   g_test_add_func ("/Cp/Mesh/send-recv/ring", test_send_recv_ring);
   g_test_add_func ("/Cp/Mesh/send-recv/pair", test_send_recv_pair);

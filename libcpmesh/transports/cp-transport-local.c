@@ -608,6 +608,74 @@ suffer_fault (LocalComm   *self,
     }
 }
 
+/* The bytes a collective writes into on this rank, and reads from. */
+static gsize
+recv_bytes (const CpCollective *coll,
+            int                 n)
+{
+  switch (coll->kind)
+    {
+    case CP_COLL_ALL_GATHER:
+    case CP_COLL_ALL_TO_ALL:
+      return coll->outer * (gsize) n * coll->block;
+    case CP_COLL_ALL_REDUCE:
+    case CP_COLL_BROADCAST:
+      return coll->count * cp_dtype_get_size (coll->dtype);
+    default:
+      return 0;
+    }
+}
+
+static gsize
+send_bytes (const CpCollective *coll,
+            int                 n)
+{
+  if (coll->kind == CP_COLL_ALL_GATHER)
+    return coll->outer * coll->block;
+  return coll->kind == CP_COLL_ALL_TO_ALL ? coll->outer * (gsize) n * coll->block : 0;
+}
+
+static gboolean
+ranges_overlap (gconstpointer a,
+                gsize         a_size,
+                gconstpointer b,
+                gsize         b_size)
+{
+  const guint8 *a0 = a, *b0 = b;
+
+  return a_size > 0 && b_size > 0 && a0 < b0 + b_size && b0 < a0 + a_size;
+}
+
+/* Ranks that are threads of one process can hand one collective the same
+ * memory — one tensor object passed by every rank, or views of one
+ * storage — and would then write where a peer reads.  Every rank sees
+ * every descriptor, so all of them refuse alike. */
+static gboolean
+check_buffers_apart (const CpCollective **posted,
+                     int                    n,
+                     GError               **error)
+{
+  for (int r = 0; r < n; r++)
+    for (int s = 0; s < n; s++)
+      {
+        gsize written = recv_bytes (posted[r], n);
+
+        if (r == s)
+          continue;
+        if ((s > r && ranges_overlap (posted[r]->recv, written, posted[s]->recv, recv_bytes (posted[s], n)))
+            || ranges_overlap (posted[r]->recv, written, posted[s]->send, send_bytes (posted[s], n)))
+          {
+            g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_IN_USE,
+                         "%s: communicator ranks %d and %d passed overlapping memory (one tensor "
+                         "object, or views of one storage); rank %d would write where rank %d "
+                         "reads: give each rank a tensor of its own",
+                         _cp_collective_name (posted[r]->kind), MIN (r, s), MAX (r, s), r, s);
+            return FALSE;
+          }
+      }
+  return TRUE;
+}
+
 static gboolean
 local_collective (CpComm        *comm,
                   CpCollective  *coll,
@@ -636,7 +704,8 @@ local_collective (CpComm        *comm,
 
   /* Every rank reaches the same verdict from the same descriptors, so all
    * of them take the same path through the sync points below. */
-  agreed = _cp_collective_check_agreement (self->shared->posted, comm->size, error);
+  agreed = _cp_collective_check_agreement (self->shared->posted, comm->size, error)
+           && check_buffers_apart (self->shared->posted, comm->size, error);
   strike (self, self->fault_operation, CP_FAULT_STEP_DATA);
   if (agreed)
     run_agreed (self, coll, &scratch);
