@@ -8,7 +8,13 @@
  * Every rank owns its full batch, as every process of a real job does.
  * Each timed step views that batch through new tensor objects (no copy):
  * enter leaves the original memory untouched, so the same bytes serve
- * every step.
+ * every step.  The first step is checked: while entered, every buffer of
+ * every rank must hold that rank's head-tail share, as worked out here,
+ * and exit must give the position ids back.
+ *
+ * The sequence must be a multiple of 2·C: the benchmark times the path
+ * without padding, so that the bytes moved are exactly a share of the
+ * batch.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -20,35 +26,40 @@
 
 #define N_BUFFERS 4
 
+/* The sizes the targets are stated for. */
+#define DEFAULT_CP 4
+#define DEFAULT_BATCH 8
+#define DEFAULT_SEQ 32768
+#define DEFAULT_VOCAB 64
+
 typedef struct
 {
-  int ranks;
-  int rows;
-  int seq;
-  int vocab;
-  int iterations;
+  int cp_size;
+  gint64 batch;
+  gint64 seq_len;
+  gint64 vocab;
+  int reps;
   int warmup;
+  CpmeshBench run;
 } Config;
 
 typedef struct _Bench Bench;
 
-/* What each rank records, one per iteration: the phase durations, and
- * when its step and its copy started and ended, from which the group's
- * wall-clock time follows (ranks sharing cores need not overlap). */
-enum { PREPARE, ENTER, EXIT, STEP_START, STEP_END, COPY_START, COPY_END, N_SERIES };
+/* The timed regions: the phases of a step, the step, and the baseline. */
+enum { PREPARE, ENTER, EXIT, STEP, COPY, N_SPANS };
 
 typedef struct
 {
+  CpmeshBenchRank base;
   Bench *bench;
-  CpMesh *mesh;
   CpStorage *storage[N_BUFFERS];
-  double *series[N_SERIES];
+  guint8 *destination;        /* the baseline's, this rank's share of the batch */
 } Rank;
 
 struct _Bench
 {
   Config config;
-  Rank *rank;
+  CpmeshSpans spans[N_SPANS];
   gsize full_bytes;      /* one rank's batch */
   gsize base_rss;        /* before any batch exists */
   gsize peak_rss;        /* during the first enter */
@@ -57,89 +68,69 @@ struct _Bench
 
 static const char *names[N_BUFFERS] = { "input_ids", "labels", "position_ids", "teacher_logits" };
 
-static void
-barrier (Rank *rank)
-{
-  g_autoptr(GError) error = NULL;
+enum { POSITION_IDS = 2, TEACHER_LOGITS = 3 };
 
-  if (!cp_mesh_barrier (rank->mesh, &error))
-    g_error ("bench batch: %s", error->message);
-}
-
-static void
-buffer_shape (Config *config,
-              int     buffer,
-              gint64 *shape,
-              guint  *n_dims)
+static CpTensor *
+view_buffer (Rank     *rank,
+             int       buffer,
+             GError  **error)
 {
-  shape[0] = config->rows;
-  shape[1] = config->seq;
-  shape[2] = config->vocab;
-  *n_dims = buffer == 3 ? 3 : 2;
-}
+  Config *config = &rank->bench->config;
+  gint64 shape[] = { config->batch, config->seq_len, config->vocab };
 
-static CpDType
-buffer_dtype (int buffer)
-{
-  return buffer == 3 ? CP_DTYPE_FLOAT32 : CP_DTYPE_INT64;
+  return cp_tensor_new_from_storage (buffer == TEACHER_LOGITS ? CP_DTYPE_FLOAT32 : CP_DTYPE_INT64,
+                                     shape, buffer == TEACHER_LOGITS ? 3 : 2,
+                                     rank->storage[buffer], 0, error);
 }
 
 static gsize
 buffer_bytes (Config *config,
               int     buffer)
 {
-  gsize bytes = (gsize) config->rows * (gsize) config->seq * 8;
+  gsize bytes = (gsize) config->batch * (gsize) config->seq_len * 8;
 
-  return buffer == 3 ? bytes / 2 * (gsize) config->vocab : bytes;
+  return buffer == TEACHER_LOGITS ? bytes / 2 * (gsize) config->vocab : bytes;
 }
 
-/* Fills every page, so the batch is resident before anything is timed. */
-static void
-fill_storage (CpStorage *storage,
-              int        buffer,
-              Config    *config)
+/* Writes every page, so the batch is resident before anything is timed:
+ * position ids count along each row, the rest is the check pattern. */
+static gboolean
+fill_buffer (Rank     *rank,
+             int       buffer,
+             GError  **error)
 {
-  gsize bytes = cp_storage_get_size (storage);
+  g_autoptr(CpTensor) tensor = view_buffer (rank, buffer, error);
 
-  if (buffer == 2)
+  if (tensor == NULL)
+    return FALSE;
+  if (buffer == POSITION_IDS)
     {
-      gint64 *positions = cp_storage_get_data (storage);
+      gint64 *positions = cp_tensor_get_data (tensor);
 
-      for (gsize i = 0; i < bytes / 8; i++)
-        positions[i] = (gint64) (i % (gsize) config->seq);
+      for (gint64 i = 0; i < cp_tensor_get_numel (tensor); i++)
+        positions[i] = i % rank->bench->config.seq_len;
     }
   else
-    memset (cp_storage_get_data (storage), 0x11 * (buffer + 1), bytes);
+    cpmesh_bench_fill_pattern (tensor, (guint64) buffer << 40);
+  return TRUE;
 }
 
 static CpBatch *
-view_batch (Rank *rank)
+view_batch (Rank     *rank,
+            GError  **error)
 {
-  CpBatch *batch = cp_batch_new ();
+  g_autoptr(CpBatch) batch = cp_batch_new ();
 
   for (int b = 0; b < N_BUFFERS; b++)
     {
-      gint64 shape[3];
-      guint n_dims;
-      g_autoptr(GError) error = NULL;
-      g_autoptr(CpTensor) tensor = NULL;
+      g_autoptr(CpTensor) tensor = view_buffer (rank, b, error);
 
-      buffer_shape (&rank->bench->config, b, shape, &n_dims);
-      tensor = cp_tensor_new_from_storage (buffer_dtype (b), shape, n_dims, rank->storage[b], 0, &error);
       if (tensor == NULL)
-        g_error ("bench batch: %s", error->message);
+        return NULL;
       cp_batch_set (batch, names[b], tensor);
     }
   cp_batch_set_seq_dim (batch, "teacher_logits", 1);
-  return batch;
-}
-
-static void
-check (gboolean  ok,
-       GError   *error)
-{
-  if (!ok)
-    g_error ("bench batch: %s", error->message);
+  return g_steal_pointer (&batch);
 }
 
 /* A field of /proc/self/status, in bytes. */
@@ -170,258 +161,252 @@ reset_peak (void)
 
 /* Every rank is entered: rank 0 reads the high-water mark before any
  * rank exits. */
-static void
-measure_peak (Rank *rank)
+static gboolean
+measure_peak (Rank    *rank,
+              GError **error)
 {
-  barrier (rank);
-  if (cp_mesh_get_rank (rank->mesh) == 0)
+  if (!cp_mesh_barrier (rank->base.mesh, error))
+    return FALSE;
+  if (rank->base.rank == 0)
     rank->bench->peak_rss = status_bytes ("VmHWM:");
-  barrier (rank);
+  return cp_mesh_barrier (rank->base.mesh, error);
 }
 
-/* One prepare + enter + exit; the first one (@iteration < 0 and
- * @measure) reads the peak resident size while entered. */
-static void
-run_step (Rank     *rank,
-          int       iteration,
-          gboolean  measure)
+/* While entered, every buffer holds this rank's share of the full one. */
+static gboolean
+check_entered (Rank     *rank,
+               CpBatch  *batch,
+               GError  **error)
 {
-  g_autoptr(CpBatch) batch = view_batch (rank);
-  g_autoptr(CpContext) context = NULL;
-  g_autoptr(GError) error = NULL;
-  gint64 t0, t1, t2, t3;
+  for (int b = 0; b < N_BUFFERS; b++)
+    {
+      g_autoptr(CpTensor) full = view_buffer (rank, b, error);
 
-  barrier (rank);
-  t0 = g_get_monotonic_time ();
-  context = cp_batch_prepare (batch, rank->mesh, NULL, &error);
-  check (context != NULL, error);
-  t1 = g_get_monotonic_time ();
-  check (cp_context_enter (context, &error), error);
-  t2 = g_get_monotonic_time ();
-  if (measure)
-    measure_peak (rank);
-  check (cp_context_exit (context, &error), error);
-  t3 = g_get_monotonic_time ();
-  if (iteration < 0)
-    return;
-  rank->series[PREPARE][iteration] = (t1 - t0) / 1e6;
-  rank->series[ENTER][iteration] = (t2 - t1) / 1e6;
-  rank->series[EXIT][iteration] = (t3 - t2) / 1e6;
-  rank->series[STEP_START][iteration] = t0 / 1e6;
-  rank->series[STEP_END][iteration] = t3 / 1e6;
+      if (full == NULL ||
+          !cpmesh_bench_check_shard (full, cp_batch_get (batch, names[b]), 1,
+                                     rank->bench->config.cp_size, rank->base.rank, names[b],
+                                     error))
+        return FALSE;
+    }
+  return TRUE;
+}
+
+static gboolean
+check_exited (Rank     *rank,
+              CpBatch  *batch,
+              GError  **error)
+{
+  g_autoptr(CpTensor) positions = view_buffer (rank, POSITION_IDS, error);
+
+  if (positions == NULL)
+    return FALSE;
+  if (!cp_tensor_equal (cp_batch_get (batch, "position_ids"), positions))
+    return cpmesh_bench_wrong (error, "position_ids: rank %d's are not the full ones after exit",
+                               rank->base.rank);
+  return TRUE;
+}
+
+/* One prepare + enter + exit.  The first, @checked, measures the peak
+ * resident size while entered and checks the buffers; it is not timed. */
+static gboolean
+run_step (Rank     *rank,
+          int       rep,
+          gboolean  checked,
+          GError  **error)
+{
+  CpMesh *mesh = rank->base.mesh;
+  g_autoptr(CpBatch) batch = view_batch (rank, error);
+  g_autoptr(CpContext) context = NULL;
+  double t0, t1, t2, t3;
+
+  if (batch == NULL || !cp_mesh_barrier (mesh, error))
+    return FALSE;
+  t0 = cpmesh_now_seconds ();
+  if ((context = cp_batch_prepare (batch, mesh, NULL, error)) == NULL)
+    return FALSE;
+  t1 = cpmesh_now_seconds ();
+  if (!cp_context_enter (context, error))
+    return FALSE;
+  t2 = cpmesh_now_seconds ();
+  if (checked && !(measure_peak (rank, error) &&
+                   cpmesh_bench_agree (mesh, check_entered (rank, batch, error), error)))
+    return FALSE;
+  if (!cp_context_exit (context, error))
+    return FALSE;
+  t3 = cpmesh_now_seconds ();
+  if (checked)
+    return cpmesh_bench_agree (mesh, check_exited (rank, batch, error), error);
+  cpmesh_spans_record (&rank->bench->spans[PREPARE], rank->base.rank, rep, t0, t1);
+  cpmesh_spans_record (&rank->bench->spans[ENTER], rank->base.rank, rep, t1, t2);
+  cpmesh_spans_record (&rank->bench->spans[EXIT], rank->base.rank, rep, t2, t3);
+  cpmesh_spans_record (&rank->bench->spans[STEP], rank->base.rank, rep, t0, t3);
+  return TRUE;
+}
+
+static gboolean
+timed_step (gpointer   rank,
+            int        rep,
+            GError   **error)
+{
+  return run_step (rank, rep, FALSE, error);
 }
 
 /* The baseline: copy this rank's share of every buffer — the bytes enter
  * moves — into a warm destination. */
-static void
-run_copy (Rank    *rank,
-          guint8  *destination,
-          int      iteration)
+static gboolean
+run_copy (gpointer   data,
+          int        rep,
+          GError   **error)
 {
-  int c = rank->bench->config.ranks;
-  gint64 t0, t1;
-  gsize offset = 0;
+  Rank *rank = data;
+  const guint8 *shares[N_BUFFERS];
+  gsize sizes[N_BUFFERS];
 
-  barrier (rank);
-  t0 = g_get_monotonic_time ();
   for (int b = 0; b < N_BUFFERS; b++)
     {
-      gsize share = cp_storage_get_size (rank->storage[b]) / (gsize) c;
-
-      memcpy (destination + offset, cp_storage_get_data (rank->storage[b]), share);
-      offset += share;
+      shares[b] = cp_storage_get_data (rank->storage[b]);
+      sizes[b] = cp_storage_get_size (rank->storage[b]) / (gsize) rank->bench->config.cp_size;
     }
-  t1 = g_get_monotonic_time ();
-  if (iteration < 0)
-    return;
-  rank->series[COPY_START][iteration] = t0 / 1e6;
-  rank->series[COPY_END][iteration] = t1 / 1e6;
+  return cpmesh_bench_timed_copy (&rank->base, rank->destination, shares, sizes, N_BUFFERS,
+                                  &rank->bench->spans[COPY], rep, error);
 }
 
-static gpointer
-rank_main (gpointer data)
+static gboolean
+run_rank (gpointer   data,
+          GError   **error)
 {
   Rank *rank = data;
   Bench *bench = rank->bench;
   Config *config = &bench->config;
-  g_autofree guint8 *destination = NULL;
+  gsize share = bench->full_bytes / (gsize) config->cp_size;
 
   for (int b = 0; b < N_BUFFERS; b++)
-    {
-      g_autoptr(GError) error = NULL;
-
-      rank->storage[b] = cp_storage_new (buffer_bytes (config, b), &error);
-      check (rank->storage[b] != NULL, error);
-      fill_storage (rank->storage[b], b, config);
-    }
-  barrier (rank);                          /* every batch resident */
-  if (cp_mesh_get_rank (rank->mesh) == 0)
-    bench->peak_reset = reset_peak ();
-  run_step (rank, -1, TRUE);
-
-  destination = g_malloc (bench->full_bytes / (gsize) config->ranks);
-  memset (destination, 0, bench->full_bytes / (gsize) config->ranks);
-  /* Interleaved, so that both see the same machine load. */
-  for (int i = -config->warmup; i < config->iterations; i++)
-    {
-      run_step (rank, i, FALSE);
-      run_copy (rank, destination, i);
-    }
-  return NULL;
-}
-
-/* The median over iterations of the slowest rank's duration. */
-static double
-median_of_max (Bench *bench,
-               int    series)
-{
-  int n = bench->config.iterations;
-  g_autofree double *worst = g_new0 (double, n);
-
-  for (int i = 0; i < n; i++)
-    for (int r = 0; r < bench->config.ranks; r++)
-      worst[i] = MAX (worst[i], bench->rank[r].series[series][i]);
-  return cpmesh_bench_median (worst, n);
-}
-
-/* The median over iterations of the group's wall-clock time: from the
- * first rank's start to the last rank's end. */
-static double
-median_of_span (Bench *bench,
-                int    start,
-                int    end)
-{
-  int n = bench->config.iterations;
-  g_autofree double *span = g_new0 (double, n);
-
-  for (int i = 0; i < n; i++)
-    {
-      double first = G_MAXDOUBLE, last = 0.0;
-
-      for (int r = 0; r < bench->config.ranks; r++)
-        {
-          first = MIN (first, bench->rank[r].series[start][i]);
-          last = MAX (last, bench->rank[r].series[end][i]);
-        }
-      span[i] = last - first;
-    }
-  return cpmesh_bench_median (span, n);
-}
-
-static gboolean
-parse_config (int     *argc,
-              char  ***argv,
-              Config  *config)
-{
-  GOptionEntry entries[] = {
-    { "ranks", 'r', 0, G_OPTION_ARG_INT, &config->ranks, "In-process ranks (default 4)", "C" },
-    { "rows", 'b', 0, G_OPTION_ARG_INT, &config->rows, "Batch rows (default 8)", "B" },
-    { "seq", 's', 0, G_OPTION_ARG_INT, &config->seq, "Sequence length (default 32768)", "S" },
-    { "vocab", 'v', 0, G_OPTION_ARG_INT, &config->vocab, "teacher_logits last dimension (default 64)", "V" },
-    { "iterations", 'n', 0, G_OPTION_ARG_INT, &config->iterations, "Timed steps (default 20)", "N" },
-    { "warmup", 'w', 0, G_OPTION_ARG_INT, &config->warmup, "Untimed steps first (default 3)", "N" },
-    { NULL }
-  };
-  g_autoptr(GOptionContext) context = g_option_context_new ("- prepare, enter and exit a CP batch");
-  g_autoptr(GError) error = NULL;
-
-  g_option_context_add_main_entries (context, entries, NULL);
-  if (!g_option_context_parse (context, argc, argv, &error))
-    {
-      fprintf (stderr, "bench batch: %s\n", error->message);
+    if ((rank->storage[b] = cp_storage_new (buffer_bytes (config, b), error)) == NULL ||
+        !fill_buffer (rank, b, error))
       return FALSE;
-    }
-  if (config->ranks < 1 || config->rows < 1 || config->seq < 1 || config->vocab < 1 ||
-      config->iterations < 1 || config->warmup < 0)
+  if (!cp_mesh_barrier (rank->base.mesh, error))   /* every batch resident */
+    return FALSE;
+  if (rank->base.rank == 0)
     {
-      fprintf (stderr, "bench batch: every size must be positive\n");
-      return FALSE;
+      bench->peak_reset = reset_peak ();
+      cpmesh_progress ("the first step, checked");
     }
-  return TRUE;
+  if (!run_step (rank, -1, TRUE, error))
+    return FALSE;
+  rank->destination = g_malloc0 (share);
+  return cpmesh_bench_interleave (&rank->base, "steps", config->warmup, config->reps,
+                                  timed_step, run_copy, error);
+}
+
+static void
+rank_free (Rank *rank)
+{
+  for (int b = 0; b < N_BUFFERS; b++)
+    g_clear_pointer (&rank->storage[b], cp_storage_unref);
+  g_free (rank->destination);
+  g_clear_error (&rank->base.error);
+  g_free (rank);
 }
 
 static void
 report (Bench *bench)
 {
   Config *c = &bench->config;
-  double step = median_of_span (bench, STEP_START, STEP_END);
-  double copy = median_of_span (bench, COPY_START, COPY_END);
+  double step = cpmesh_spans_median_group (&bench->spans[STEP]);
+  double copy = cpmesh_spans_median_group (&bench->spans[COPY]);
   double mib = 1024.0 * 1024.0;
-  gsize local = bench->full_bytes / (gsize) c->ranks;
-  gsize budget = (gsize) c->ranks * (bench->full_bytes + local);
+  gsize local = bench->full_bytes / (gsize) c->cp_size;
+  gsize budget = (gsize) c->cp_size * (bench->full_bytes + local);
+  double peak = (double) (bench->peak_rss - bench->base_rss);
 
-  printf ("bench batch: %d in-process ranks; input_ids, labels, position_ids [%d, %d] int64, "
-          "teacher_logits [%d, %d, %d] float32\n", c->ranks, c->rows, c->seq, c->rows, c->seq, c->vocab);
-  printf ("  bytes moved per rank: %.2f MiB (enter copies the local pieces; prepare pads nothing "
-          "and exit restores position ids without copying)\n", local / mib);
-  printf ("  prepare + enter + exit, all ranks: %.3f ms (median of %d; slowest rank's prepare %.3f, "
-          "enter %.3f, exit %.3f)\n", step * 1e3, c->iterations,
-          median_of_max (bench, PREPARE) * 1e3, median_of_max (bench, ENTER) * 1e3,
-          median_of_max (bench, EXIT) * 1e3);
-  printf ("  memcpy of the same bytes, same threads, all ranks: %.3f ms\n", copy * 1e3);
-  printf ("  ratio: %.2f x memcpy (target <= 1.5)\n", step / copy);
-  printf ("  peak RSS during enter: %.1f MiB above the start%s\n",
-          (bench->peak_rss - bench->base_rss) / mib,
-          bench->peak_reset ? "" : " (the peak counter could not be reset; this includes setup)");
-  printf ("  full batch + local copy, every rank: %.1f MiB (%.1f + %.1f per rank)\n",
-          budget / mib, bench->full_bytes / mib, local / mib);
-  printf ("  ratio: %.3f (target <= 1.1)\n",
-          (double) (bench->peak_rss - bench->base_rss) / (double) budget);
+  g_print ("bench batch: %d in-process ranks; input_ids, labels, position_ids [%" G_GINT64_FORMAT
+           ", %" G_GINT64_FORMAT "] int64, teacher_logits [%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT
+           ", %" G_GINT64_FORMAT "] float32\n", c->cp_size, c->batch, c->seq_len, c->batch,
+           c->seq_len, c->vocab);
+  g_print ("  every rank's buffers checked while entered, and position ids after exit\n");
+  g_print ("  bytes moved per rank: %.2f MiB (enter copies the local pieces; prepare pads nothing "
+           "and exit restores position ids without copying)\n", local / mib);
+  g_print ("  prepare + enter + exit, all ranks: %.3f ms (median of %d; slowest rank's prepare "
+           "%.3f, enter %.3f, exit %.3f)\n", step * 1e3, c->reps,
+           cpmesh_spans_median_slowest (&bench->spans[PREPARE]) * 1e3,
+           cpmesh_spans_median_slowest (&bench->spans[ENTER]) * 1e3,
+           cpmesh_spans_median_slowest (&bench->spans[EXIT]) * 1e3);
+  g_print ("  memcpy of the same bytes, same threads, all ranks: %.3f ms\n", copy * 1e3);
+  g_print ("  peak RSS during enter: %.1f MiB above the start%s\n", peak / mib,
+           bench->peak_reset ? "" : " (the peak counter could not be reset; this includes setup)");
+  g_print ("  full batch + local copy, every rank: %.1f MiB (%.1f + %.1f per rank)\n",
+           budget / mib, bench->full_bytes / mib, local / mib);
+  cpmesh_bench_target (&c->run, "prepare + enter + exit against memcpy of the same bytes",
+                       step / copy, CPMESH_AT_MOST, 1.5);
+  cpmesh_bench_target (&c->run, "peak RSS during enter against the full batch and local copy "
+                       "of every rank", peak / (double) budget, CPMESH_AT_MOST, 1.1);
 }
 
-/* Every rank on its own thread; each allocates and fills its own batch. */
-static void
-run_ranks (Bench *bench,
-           GList *meshes)
+static gboolean
+parse_config (int      argc,
+              char   **argv,
+              Config  *config)
 {
-  g_autofree GThread **threads = g_new0 (GThread *, bench->config.ranks);
-  int i = 0;
+  CpmeshOption entries[] = {
+    CPMESH_OPTION_CP (&config->cp_size, ", one thread each (default 4)"),
+    CPMESH_OPTION_BATCH (&config->batch, " (default 8)"),
+    CPMESH_OPTION_SEQ (&config->seq_len, ", a multiple of 2·C (default 32768, 4096 with --quick)"),
+    { "vocab", 'v', CPMESH_VALUE_INT64, &config->vocab,
+      "teacher_logits' last dimension (default 64)", "V", 1, 1 << 20, NULL, FALSE },
+    CPMESH_OPTION_REPS (&config->reps, " (default 20, 5 with --quick)"),
+    CPMESH_OPTION_WARMUP (&config->warmup, " (default 3, 1 with --quick)"),
+    CPMESH_OPTION_QUICK (&config->run.quick, ": a sequence of 4096"),
+    CPMESH_OPTION_CHECK_TARGETS (&config->run.check_targets),
+    CPMESH_OPTION_END
+  };
 
-  for (GList *l = meshes; l != NULL; l = l->next, i++)
-    {
-      Rank *rank = &bench->rank[i];
-
-      rank->bench = bench;
-      rank->mesh = l->data;
-      for (int k = 0; k < N_SERIES; k++)
-        rank->series[k] = g_new0 (double, bench->config.iterations);
-      threads[i] = g_thread_new ("bench-rank", rank_main, rank);
-    }
-  for (i = 0; i < bench->config.ranks; i++)
-    g_thread_join (threads[i]);
+  if (!cpmesh_parse_options ("Time prepare + enter + exit of a batch (input_ids, labels, "
+                             "position_ids and teacher_logits) on C in-process ranks against "
+                             "memcpy of the bytes enter moves, and the peak resident memory "
+                             "during enter against the full batch and local copy of every rank. "
+                             "The buffers are checked while entered and after exit before any "
+                             "figure is printed.", entries, NULL, &argc, &argv))
+    return FALSE;
+  if (config->run.quick && !cpmesh_option_given (entries, "seq"))
+    config->seq_len = 4096;
+  if (config->run.quick && !cpmesh_option_given (entries, "reps"))
+    config->reps = 5;
+  if (config->run.quick && !cpmesh_option_given (entries, "warmup"))
+    config->warmup = 1;
+  return cpmesh_check_divisible ("--seq", config->seq_len, config->cp_size) &&
+         cpmesh_bench_begin (&config->run, config->cp_size == DEFAULT_CP &&
+                             config->batch == DEFAULT_BATCH && config->seq_len == DEFAULT_SEQ &&
+                             config->vocab == DEFAULT_VOCAB, "the default sizes");
 }
 
 int
 cpmesh_bench_batch (int    argc,
                     char **argv)
 {
-  Bench bench = { .config = { 4, 8, 32768, 64, 20, 3 } };
-  const char *dim_names[] = { "cp", NULL };
+  Bench bench = { .config = { DEFAULT_CP, DEFAULT_BATCH, DEFAULT_SEQ, DEFAULT_VOCAB, 20, 3 } };
+  g_autoptr(GPtrArray) ranks = g_ptr_array_new_with_free_func ((GDestroyNotify) rank_free);
   g_autoptr(GError) error = NULL;
-  GList *meshes;
+  gboolean ok;
 
-  if (!parse_config (&argc, &argv, &bench.config))
-    return 2;
-  meshes = cp_mesh_new_local_group (dim_names, &bench.config.ranks, 1, &error);
-  if (meshes == NULL)
-    {
-      fprintf (stderr, "bench batch: %s\n", error->message);
-      return 1;
-    }
+  if (!parse_config (argc, argv, &bench.config))
+    return CPMESH_EXIT_USAGE;
   for (int b = 0; b < N_BUFFERS; b++)
     bench.full_bytes += buffer_bytes (&bench.config, b);
-  bench.rank = g_new0 (Rank, bench.config.ranks);
-  bench.base_rss = status_bytes ("VmRSS:");
-  run_ranks (&bench, meshes);
-  report (&bench);
-  for (int i = 0; i < bench.config.ranks; i++)
+  for (int s = 0; s < N_SPANS; s++)
+    cpmesh_spans_init (&bench.spans[s], bench.config.cp_size, bench.config.reps);
+  for (int r = 0; r < bench.config.cp_size; r++)
     {
-      for (int b = 0; b < N_BUFFERS; b++)
-        cp_storage_unref (bench.rank[i].storage[b]);
-      for (int k = 0; k < N_SERIES; k++)
-        g_free (bench.rank[i].series[k]);
+      Rank *rank = g_new0 (Rank, 1);
+
+      rank->bench = &bench;
+      g_ptr_array_add (ranks, rank);
     }
-  g_free (bench.rank);
-  g_list_free_full (meshes, g_object_unref);
-  return 0;
+  bench.base_rss = status_bytes ("VmRSS:");
+  cpmesh_progress ("filling the batch of each of %d ranks", bench.config.cp_size);
+  ok = cpmesh_bench_run_ranks (bench.config.cp_size, run_rank, ranks->pdata, &error);
+  if (ok)
+    report (&bench);
+  for (int s = 0; s < N_SPANS; s++)
+    cpmesh_spans_clear (&bench.spans[s]);
+  return ok ? cpmesh_bench_end (&bench.config.run) : cpmesh_bench_fail (error);
 }
