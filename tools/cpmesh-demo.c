@@ -555,47 +555,30 @@ run_ucx (Demo *demo)
   return run_process_rank (demo, mesh);
 }
 
-static gboolean
-check_backend (const char *backend)
-{
-  if (!g_str_equal (backend, "local") && !g_str_equal (backend, "ucx"))
-    {
-      cpmesh_fail (CPMESH_EXIT_USAGE, "--backend %s: use local or ucx", backend);
-      return FALSE;
-    }
-  if (g_str_equal (backend, "ucx") && !CP_HAS_UCX)
-    {
-      cpmesh_fail (CPMESH_EXIT_USAGE, "--backend ucx: this libcpmesh was built without UCX");
-      return FALSE;
-    }
-  return TRUE;
-}
+/* The values of --rotate; "ring" is alltoall's other name. */
+static const char * const rotate_names[] = { "allgather", "alltoall", "ring", NULL };
 
+/* Under a launcher, a demo that runs its own threads in every process
+ * would print N separate passes: the backend must be chosen. */
 static gboolean
-check_options (Demo *demo)
+check_backend (CpmeshOption *entries,
+               int           backend)
 {
-  DemoOptions *o = demo->options;
+  g_autofree char *launcher = NULL;
 
-  if (o->n_ranks < 1 || o->batch < 1 || o->seq_len < 1 || o->heads < 1 || o->head_dim < 1 ||
-      o->timeout_ms < 1)
-    {
-      cpmesh_fail (CPMESH_EXIT_USAGE, "--ranks, --batch, --seq, --heads, --head-dim and "
-                   "--timeout-ms must be positive");
-      return FALSE;
-    }
-  if (!check_backend (o->backend))
-    return FALSE;
-  if (g_strcmp0 (o->rotate, "allgather") == 0)
-    demo->rotate = CP_ROTATE_METHOD_ALLGATHER;
-  else if (g_strcmp0 (o->rotate, "alltoall") == 0)
-    demo->rotate = CP_ROTATE_METHOD_ALLTOALL;
+  if (backend == CPMESH_BACKEND_UCX && cpmesh_option_given (entries, "cp"))
+    cpmesh_fail (CPMESH_EXIT_USAGE, "--cp goes with --backend local: over UCX the launcher "
+                 "sets the number of ranks");
+  else if (backend == CPMESH_BACKEND_UCX && !CP_HAS_UCX)
+    cpmesh_fail (CPMESH_EXIT_USAGE, "--backend ucx: this libcpmesh was built without UCX");
+  else if (!cpmesh_option_given (entries, "backend") && cpmesh_launched_as_rank (&launcher))
+    cpmesh_fail (CPMESH_EXIT_USAGE, "a launcher started this process as one of several ranks "
+                 "(%s), but no --backend was given: add --backend ucx to run one demo over the "
+                 "launcher's mesh, or --backend local to run a whole demo of threads in every "
+                 "process", launcher);
   else
-    {
-      cpmesh_fail (CPMESH_EXIT_USAGE, "--rotate must be allgather or alltoall, not \"%s\"",
-                   o->rotate);
-      return FALSE;
-    }
-  return TRUE;
+    return TRUE;
+  return FALSE;
 }
 
 int
@@ -604,21 +587,24 @@ cpmesh_demo (int    argc,
 {
   DemoOptions options = { .n_ranks = 4, .batch = 1, .seq_len = 4090, .heads = 4,
                           .head_dim = 64, .timeout_ms = 60000 };
-  const GOptionEntry entries[] = {
-    { "ranks", 'n', 0, G_OPTION_ARG_INT, &options.n_ranks, "Ranks, one thread each (default 4)", "N" },
-    { "batch", 'b', 0, G_OPTION_ARG_INT64, &options.batch, "Sequences in the batch (default 1)", "B" },
-    { "seq", 's', 0, G_OPTION_ARG_INT64, &options.seq_len,
-      "Sequence length, padded to a multiple of 2·N (default 4090)", "S" },
-    { "heads", 'H', 0, G_OPTION_ARG_INT64, &options.heads, "Attention heads (default 4)", "H" },
-    { "head-dim", 'D', 0, G_OPTION_ARG_INT64, &options.head_dim, "Head dimension (default 64)", "D" },
-    { "rotate", 'r', 0, G_OPTION_ARG_STRING, &options.rotate,
-      "How K/V move: allgather or alltoall (the ring; default allgather)", "METHOD" },
-    { "timeout-ms", 0, 0, G_OPTION_ARG_INT, &options.timeout_ms,
-      "How long a rank waits for its peers (default 60000)", "MS" },
-    { "backend", 0, 0, G_OPTION_ARG_STRING, &options.backend,
-      "local (threads, the default) or ucx (this process is one rank: run it under "
-      "cpmesh launch -n N, mpirun or srun; --ranks is then the launcher's)", "NAME" },
-    G_OPTION_ENTRY_NULL
+  int rotate = 0, backend = CPMESH_BACKEND_LOCAL;
+  CpmeshOption entries[] = {
+    CPMESH_OPTION_CP (&options.n_ranks, ", one thread each (default 4)"),
+    CPMESH_OPTION_BATCH (&options.batch, " (default 1)"),
+    CPMESH_OPTION_SEQ (&options.seq_len, ", padded to a multiple of 2·C (default 4090)"),
+    { "heads", 'H', CPMESH_VALUE_INT64, &options.heads, "Attention heads (default 4)", "H",
+      1, 4096, NULL, FALSE },
+    { "head-dim", 'D', CPMESH_VALUE_INT64, &options.head_dim, "Head dimension (default 64)", "D",
+      1, 4096, NULL, FALSE },
+    { "rotate", 0, CPMESH_VALUE_CHOICE, &rotate, "How K/V move: allgather (the default), or "
+      "alltoall, also called ring: around the ring, one step at a time", "METHOD", 0, 0,
+      rotate_names, FALSE },
+    { "timeout-ms", 0, CPMESH_VALUE_INT, &options.timeout_ms,
+      "How long a rank waits for its peers (default 60000)", "MS", 1, G_MAXINT32, NULL, FALSE },
+    CPMESH_OPTION_BACKEND (&backend, "; with ucx this process is one rank of the mesh its "
+                           "launcher started (default local; under a launcher of several ranks, "
+                           "give it: the demo refuses to guess)"),
+    CPMESH_OPTION_END
   };
   g_auto(Demo) demo = { &options };
   g_autoptr(GError) error = NULL;
@@ -629,18 +615,18 @@ cpmesh_demo (int    argc,
                              "backward, exits, and gathers the results back. Checks the ids "
                              "bit-exactly and the attention output and gradients against "
                              "single-rank attention on the full sequence. Exits 0 only when "
-                             "every rank passes.", entries, argc, argv))
+                             "every rank passes.", entries, NULL, &argc, &argv) ||
+      !check_backend (entries, backend))
     return CPMESH_EXIT_USAGE;
-  if (options.rotate == NULL)
-    options.rotate = g_strdup ("allgather");
-  if (options.backend == NULL)
-    options.backend = g_strdup ("local");
-  if (!check_options (&demo))
-    return CPMESH_EXIT_USAGE;
+  demo.rotate = rotate == 0 ? CP_ROTATE_METHOD_ALLGATHER : CP_ROTATE_METHOD_ALLTOALL;
+  options.rotate = g_strdup (rotate == 0 ? "allgather" : "alltoall");
+  options.backend = g_strdup (cpmesh_backend_names[backend]);
   if (g_str_equal (options.backend, "ucx"))
     return run_ucx (&demo);
+  cpmesh_progress ("single-rank attention on the full sequence, the reference");
   if (!demo_init (&demo, &error))
     return cpmesh_fail_error (error);
   print_plan (&demo);
+  cpmesh_progress ("%d ranks", options.n_ranks);
   return run_ranks (&demo);
 }

@@ -69,11 +69,11 @@ int
 cpmesh_info (int    argc,
              char **argv)
 {
-  static const GOptionEntry entries[] = { G_OPTION_ENTRY_NULL };
+  CpmeshOption entries[] = { CPMESH_OPTION_END };
 
   if (!cpmesh_parse_options ("Show the libcpmesh version, the backends compiled in, "
                              "the CPU features that matter and the number of online CPUs.",
-                             entries, argc, argv))
+                             entries, NULL, &argc, &argv))
     return CPMESH_EXIT_USAGE;
 
   g_print ("libcpmesh %s\n", CP_VERSION_S);

@@ -25,7 +25,6 @@
 
 #include "cpmesh-tool.h"
 
-#define MAX_RANKS 1024
 /* After the last rank exited, how long its output may still trickle in
  * (from a child that inherited the pipe) before the launcher stops. */
 #define DRAIN_MS 1000
@@ -358,35 +357,31 @@ cpmesh_launch (int    argc,
                char **argv)
 {
   int n = 0, port = 0, grace = 5;
-  GOptionEntry entries[] = {
-    { "nproc", 'n', 0, G_OPTION_ARG_INT, &n, "Number of ranks to start", "N" },
-    { "port", 0, 0, G_OPTION_ARG_INT, &port,
-      "MASTER_PORT (default: a free one); rank 0 listens on P + 1 unless CPMESH_PORT is set", "P" },
-    { "grace", 0, 0, G_OPTION_ARG_INT, &grace, "Seconds between SIGTERM and SIGKILL (default 5)", "S" },
-    { NULL },
+  CpmeshOption entries[] = {
+    { "nproc", 'n', CPMESH_VALUE_INT, &n, "Ranks to start, one process each", "N",
+      1, CPMESH_MAX_RANKS, NULL, FALSE },
+    { "port", 0, CPMESH_VALUE_INT, &port,
+      "MASTER_PORT (default: a free one); rank 0 listens on P + 1 unless CPMESH_PORT is set", "P",
+      1, 65534, NULL, FALSE },
+    { "grace", 0, CPMESH_VALUE_INT, &grace, "Seconds between SIGTERM and SIGKILL (default 5)",
+      "SECONDS", 0, 3600, NULL, FALSE },
+    CPMESH_OPTION_END
   };
-  g_autoptr(GOptionContext) context = g_option_context_new ("-- PROGRAM [ARGS…] - run N local ranks of PROGRAM");
-  g_autoptr(GError) error = NULL;
 
-  g_option_context_add_main_entries (context, entries, NULL);
   /* Options after PROGRAM are PROGRAM's. */
-  g_option_context_set_strict_posix (context, TRUE);
-  if (!g_option_context_parse (context, &argc, &argv, &error))
-    {
-      fprintf (stderr, "cpmesh launch: %s\n", error->message);
-      return 2;
-    }
+  if (!cpmesh_parse_options ("Run N ranks of PROGRAM on this host, as torchrun --standalone "
+                             "does, each line of their output prefixed with its rank.",
+                             entries, "-- PROGRAM [ARGS…]", &argc, &argv))
+    return CPMESH_EXIT_USAGE;
   if (argc > 1 && g_str_equal (argv[1], "--"))
     {
       argv++;
       argc--;
     }
-  if (n < 1 || n > MAX_RANKS || port < 0 || port > 65535 || grace < 0 || argc < 2)
-    {
-      fprintf (stderr, "usage: cpmesh launch -n N [--port P] [--grace SECONDS] -- PROGRAM [ARGS…]\n"
-               "  N in [1, %d], P in [1, 65535]\n", MAX_RANKS);
-      return 2;
-    }
+  if (!cpmesh_option_given (entries, "nproc"))
+    return cpmesh_fail (CPMESH_EXIT_USAGE, "give the number of ranks with -n N");
+  if (argc < 2)
+    return cpmesh_fail (CPMESH_EXIT_USAGE, "give the program to start after --");
   return run (n, port != 0 ? (guint16) port : free_master_port (), (guint) grace * 1000,
               (const char * const *) argv + 1);
 }

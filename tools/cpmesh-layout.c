@@ -8,99 +8,73 @@
 typedef struct
 {
   int cp_size;
-  gint64 seq_len;        /* -1: not given */
-  char *balance_name;
-  char *thd;
+  gint64 seq_len;
+  int balance;           /* an index into cpmesh_balance_names */
+  GArray *thd;           /* of gint64: document bounds */
   char *svg_path;
 } LayoutOptions;
 
 static void
 layout_options_clear (LayoutOptions *options)
 {
-  g_clear_pointer (&options->balance_name, g_free);
-  g_clear_pointer (&options->thd, g_free);
+  g_clear_pointer (&options->thd, g_array_unref);
   g_clear_pointer (&options->svg_path, g_free);
 }
 
 G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (LayoutOptions, layout_options_clear)
 
-/* "0,8,12" → { 0, 8, 12 }. */
-static GArray *
-parse_bounds (const char *text)
+/* Every input comes from the command line, so whatever the library
+ * refuses is a usage error: its message names the value. */
+static CpLayout *
+usage_unless (CpLayout  *layout,
+              GError   **error)
 {
-  g_auto(GStrv) items = g_strsplit (text, ",", -1);
-  g_autoptr(GArray) bounds = g_array_new (FALSE, FALSE, sizeof (gint64));
-
-  for (char **item = items; *item != NULL; item++)
-    {
-      gint64 value;
-
-      if (!g_ascii_string_to_signed (g_strstrip (*item), 10, G_MININT64, G_MAXINT64, &value, NULL))
-        {
-          cpmesh_fail (CPMESH_EXIT_USAGE, "--thd: “%s” is not an integer", *item);
-          return NULL;
-        }
-      g_array_append_val (bounds, value);
-    }
-  return g_steal_pointer (&bounds);
+  if (layout == NULL)
+    cpmesh_fail (CPMESH_EXIT_USAGE, "%s", (*error)->message);
+  return layout;
 }
 
 static CpLayout *
-new_thd_layout (LayoutOptions  *options,
-                int            *status)
+new_thd_layout (LayoutOptions *options,
+                CpmeshOption  *entries)
 {
-  g_autoptr(GArray) bounds = parse_bounds (options->thd);
   g_autoptr(GError) error = NULL;
   CpLayout *layout;
 
-  *status = CPMESH_EXIT_USAGE;
-  if (bounds == NULL)
-    return NULL;
-  if (options->balance_name != NULL)
+  if (cpmesh_option_given (entries, "balance"))
     {
       cpmesh_fail (CPMESH_EXIT_USAGE, "--thd is always per-document head-tail; drop --balance");
       return NULL;
     }
-  *status = CPMESH_EXIT_FAILED;
-  layout = cp_layout_new_thd ((const gint64 *) bounds->data, bounds->len, options->cp_size, &error);
-  if (layout == NULL)
-    cpmesh_fail_error (error);
-  else if (options->seq_len >= 0 && options->seq_len != cp_layout_get_seq_len (layout))
+  layout = usage_unless (cp_layout_new_thd ((const gint64 *) options->thd->data, options->thd->len,
+                                            options->cp_size, &error), &error);
+  if (layout != NULL && cpmesh_option_given (entries, "seq") &&
+      options->seq_len != cp_layout_get_seq_len (layout))
     {
       cpmesh_fail (CPMESH_EXIT_USAGE, "--seq %" G_GINT64_FORMAT " disagrees with --thd, "
                    "whose documents add up to %" G_GINT64_FORMAT,
                    options->seq_len, cp_layout_get_seq_len (layout));
       g_clear_pointer (&layout, cp_layout_unref);
-      *status = CPMESH_EXIT_USAGE;
     }
   return layout;
 }
 
 static CpLayout *
-new_sequence_layout (LayoutOptions  *options,
-                     int            *status)
+new_sequence_layout (LayoutOptions *options,
+                     CpmeshOption  *entries)
 {
+  CpLoadBalance balance = cpmesh_balance_from_index (options->balance);
   g_autoptr(GError) error = NULL;
-  CpLoadBalance balance = CP_LOAD_BALANCE_HEAD_TAIL;
-  CpLayout *layout;
 
-  *status = CPMESH_EXIT_USAGE;
-  if (options->seq_len < 0)
+  if (!cpmesh_option_given (entries, "seq"))
     {
       cpmesh_fail (CPMESH_EXIT_USAGE, "give the sequence length with --seq, or documents with --thd");
       return NULL;
     }
-  if (options->balance_name != NULL && !cpmesh_balance_from_name (options->balance_name, &balance))
-    {
-      cpmesh_fail (CPMESH_EXIT_USAGE, "--balance must be head-tail or contiguous, not “%s”",
-                   options->balance_name);
-      return NULL;
-    }
-  *status = CPMESH_EXIT_FAILED;
-  layout = cp_layout_new (balance, options->seq_len, options->cp_size, &error);
-  if (layout == NULL)
-    cpmesh_fail_error (error);
-  return layout;
+  if (balance == CP_LOAD_BALANCE_HEAD_TAIL &&
+      !cpmesh_check_divisible ("--seq", options->seq_len, options->cp_size))
+    return NULL;
+  return usage_unless (cp_layout_new (balance, options->seq_len, options->cp_size, &error), &error);
 }
 
 static void
@@ -184,31 +158,32 @@ int
 cpmesh_layout (int    argc,
                char **argv)
 {
-  g_auto(LayoutOptions) options = { .cp_size = 4, .seq_len = -1 };
-  const GOptionEntry entries[] = {
-    { "cp", 'c', 0, G_OPTION_ARG_INT, &options.cp_size, "Ranks in the context-parallel group (default 4)", "C" },
-    { "seq", 's', 0, G_OPTION_ARG_INT64, &options.seq_len, "Global sequence length", "S" },
-    { "balance", 'b', 0, G_OPTION_ARG_STRING, &options.balance_name,
-      "head-tail (default) or contiguous", "SCHEME" },
-    { "thd", 't', 0, G_OPTION_ARG_STRING, &options.thd,
-      "Packed documents: cumulative padded lengths, e.g. 0,8,12", "BOUNDS" },
-    { "svg", 0, 0, G_OPTION_ARG_FILENAME, &options.svg_path,
+  g_auto(LayoutOptions) options = { .cp_size = 4 };
+  CpmeshOption entries[] = {
+    CPMESH_OPTION_CP (&options.cp_size, " (default 4)"),
+    CPMESH_OPTION_SEQ (&options.seq_len, ", a multiple of 2·C for head-tail"),
+    { "balance", 0, CPMESH_VALUE_CHOICE, &options.balance, "head-tail (default) or contiguous",
+      "SCHEME", 0, 0, cpmesh_balance_names, FALSE },
+    { "thd", 't', CPMESH_VALUE_INT64_LIST, &options.thd,
+      "Packed documents: cumulative padded lengths, e.g. 0,8,12", "BOUNDS", 0, G_MAXINT32,
+      NULL, FALSE },
+    { "svg", 0, CPMESH_VALUE_FILENAME, &options.svg_path,
       "Also draw the layout as an SVG image: ranks as colours over the sequence, "
-      "tail chunks hatched, each rank's causal cost as a bar", "FILE" },
-    G_OPTION_ENTRY_NULL
+      "tail chunks hatched, each rank's causal cost as a bar", "FILE", 0, 0, NULL, FALSE },
+    CPMESH_OPTION_END
   };
   g_autoptr(CpLayout) layout = NULL;
-  int status;
 
   if (!cpmesh_parse_options ("Show which global sequence positions each rank holds, chunk by "
                              "chunk, the causal attention cost of each rank, and how head-tail "
-                             "and contiguous layouts balance that cost.", entries, argc, argv))
+                             "and contiguous layouts balance that cost.",
+                             entries, NULL, &argc, &argv))
     return CPMESH_EXIT_USAGE;
 
-  layout = options.thd != NULL ? new_thd_layout (&options, &status)
-                               : new_sequence_layout (&options, &status);
+  layout = options.thd != NULL ? new_thd_layout (&options, entries)
+                               : new_sequence_layout (&options, entries);
   if (layout == NULL)
-    return status;
+    return CPMESH_EXIT_USAGE;
   if (options.svg_path != NULL && !write_svg (layout, options.svg_path))
     return CPMESH_EXIT_FAILED;
   print_heading (layout);

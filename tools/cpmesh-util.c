@@ -43,101 +43,72 @@ cpmesh_fail_error (GError *error)
   return cpmesh_fail (CPMESH_EXIT_FAILED, "%s", error->message);
 }
 
-static char *
-describe_commands (const CpmeshCommand *commands,
-                   gsize                n_commands)
+const char * const cpmesh_balance_names[] = { "head-tail", "contiguous", NULL };
+
+CpLoadBalance
+cpmesh_balance_from_index (int index)
 {
-  GString *text = g_string_new ("Commands:\n");
-
-  for (gsize i = 0; i < n_commands; i++)
-    g_string_append_printf (text, "  %-8s %s\n", commands[i].name, commands[i].summary);
-  g_string_append_printf (text, "\nRun “%s COMMAND --help” for the options of a command.",
-                          g_get_prgname ());
-  return g_string_free (text, FALSE);
-}
-
-static const CpmeshCommand *
-find_command (const CpmeshCommand *commands,
-              gsize                n_commands,
-              const char          *name)
-{
-  for (gsize i = 0; i < n_commands; i++)
-    if (g_str_equal (commands[i].name, name))
-      return &commands[i];
-  return NULL;
-}
-
-int
-cpmesh_dispatch (const char           *summary,
-                 const CpmeshCommand  *commands,
-                 gsize                 n_commands,
-                 int                   argc,
-                 char                **argv)
-{
-  g_autoptr(GOptionContext) context = g_option_context_new ("COMMAND [OPTION…]");
-  g_autofree char *description = describe_commands (commands, n_commands);
-  g_autofree char *program = NULL;
-  g_autoptr(GError) error = NULL;
-  const CpmeshCommand *command;
-
-  g_option_context_set_summary (context, summary);
-  g_option_context_set_description (context, description);
-  /* Stop at the command name: what follows are the command's options. */
-  g_option_context_set_strict_posix (context, TRUE);
-  if (!g_option_context_parse (context, &argc, &argv, &error))
-    return cpmesh_fail (CPMESH_EXIT_USAGE, "%s", error->message);
-  if (argc < 2)
-    return cpmesh_fail (CPMESH_EXIT_USAGE, "no command given");
-  command = find_command (commands, n_commands, argv[1]);
-  if (command == NULL)
-    return cpmesh_fail (CPMESH_EXIT_USAGE, "unknown command “%s”", argv[1]);
-
-  program = g_strdup_printf ("%s %s", g_get_prgname (), command->name);
-  g_set_prgname (program);
-  return command->run (argc - 1, argv + 1);
-}
-
-gboolean
-cpmesh_parse_options (const char          *summary,
-                      const GOptionEntry  *entries,
-                      int                  argc,
-                      char               **argv)
-{
-  g_autoptr(GOptionContext) context = g_option_context_new (NULL);
-  g_autoptr(GError) error = NULL;
-
-  g_option_context_set_summary (context, summary);
-  g_option_context_add_main_entries (context, entries, NULL);
-  if (!g_option_context_parse (context, &argc, &argv, &error))
-    {
-      cpmesh_fail (CPMESH_EXIT_USAGE, "%s", error->message);
-      return FALSE;
-    }
-  if (argc > 1)
-    {
-      cpmesh_fail (CPMESH_EXIT_USAGE, "unexpected argument “%s”", argv[1]);
-      return FALSE;
-    }
-  return TRUE;
+  return index == 1 ? CP_LOAD_BALANCE_CONTIGUOUS : CP_LOAD_BALANCE_HEAD_TAIL;
 }
 
 const char *
 cpmesh_balance_name (CpLoadBalance balance)
 {
-  return balance == CP_LOAD_BALANCE_CONTIGUOUS ? "contiguous" : "head-tail";
+  return cpmesh_balance_names[balance == CP_LOAD_BALANCE_CONTIGUOUS];
 }
 
-gboolean
-cpmesh_balance_from_name (const char    *name,
-                          CpLoadBalance *balance)
+static gint64 program_started;
+
+void
+cpmesh_progress_start (void)
 {
-  if (g_str_equal (name, "head-tail"))
-    *balance = CP_LOAD_BALANCE_HEAD_TAIL;
-  else if (g_str_equal (name, "contiguous"))
-    *balance = CP_LOAD_BALANCE_CONTIGUOUS;
-  else
-    return FALSE;
-  return TRUE;
+  program_started = g_get_monotonic_time ();
+}
+
+void
+cpmesh_progress (const char *format,
+                 ...)
+{
+  g_autofree char *message = NULL;
+  va_list args;
+
+  va_start (args, format);
+  message = g_strdup_vprintf (format, args);
+  va_end (args);
+  fprintf (stderr, "%s: [%7.1f s] %s\n", g_get_prgname (),
+           (double) (g_get_monotonic_time () - program_started) / G_USEC_PER_SEC, message);
+  fflush (stderr);
+}
+
+/* The launchers cp_mesh_new_from_env () reads, in its order: a rank
+ * variable and a world-size variable each. */
+static const char * const launcher_variables[][2] = {
+  { "RANK", "WORLD_SIZE" },
+  { "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE" },
+  { "SLURM_PROCID", "SLURM_NTASKS" },
+};
+
+/* A world size that is not a number counts as more than one rank: the
+ * launcher's mesh would not form, and running alone would hide that. */
+gboolean
+cpmesh_launched_as_rank (char **description)
+{
+  for (gsize i = 0; i < G_N_ELEMENTS (launcher_variables); i++)
+    {
+      const char *rank = g_getenv (launcher_variables[i][0]);
+      const char *world = g_getenv (launcher_variables[i][1]);
+      gint64 size = 0;
+
+      if (rank == NULL && world == NULL)
+        continue;
+      if (world != NULL && g_ascii_string_to_signed (world, 10, 0, G_MAXINT64, &size, NULL) &&
+          size <= 1)
+        return FALSE;
+      *description = world != NULL ? g_strdup_printf ("%s=%s", launcher_variables[i][1], world)
+                                   : g_strdup_printf ("%s=%s", launcher_variables[i][0], rank);
+      return TRUE;
+    }
+  return FALSE;
 }
 
 static void

@@ -5,14 +5,21 @@
 
 #include <locale.h>
 
-#include "cpmesh-tool.h"
+#include "cpmesh-bench.h"
 
 static const CpmeshCommand commands[] = {
   { "info", "Show the version, the backends built in and the CPU features", cpmesh_info },
   { "layout", "Show which sequence positions each rank holds, and their cost", cpmesh_layout },
-  { "bench", "Measure shard, unshard and collectives against memcpy", cpmesh_bench },
-  { "demo", "Shard a batch over in-process ranks and gather it back", cpmesh_demo },
+  { "bench", "Measure libcpmesh against memcpy, matmul and ucx_perftest", NULL,
+    cpmesh_bench_commands, CPMESH_N_BENCH_COMMANDS, CPMESH_BENCH_ABOUT },
+  { "demo", "Shard a batch over ranks, run attention, and gather it back", cpmesh_demo },
   { "launch", "Start N local ranks of a program, as torchrun --standalone does", cpmesh_launch },
+};
+
+static const CpmeshCommand program = {
+  "cpmesh", NULL, NULL, commands, G_N_ELEMENTS (commands),
+  "Context parallelism for long sequences: inspect layouts, benchmark and demonstrate "
+  "libcpmesh, and launch ranks."
 };
 
 int
@@ -20,8 +27,5 @@ main (int    argc,
       char **argv)
 {
   setlocale (LC_ALL, "");
-  g_set_prgname ("cpmesh");
-  return cpmesh_dispatch ("Context parallelism for long sequences: inspect layouts, "
-                          "benchmark and demonstrate libcpmesh.",
-                          commands, G_N_ELEMENTS (commands), argc, argv);
+  return cpmesh_main (&program, argc, argv);
 }

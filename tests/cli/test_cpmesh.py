@@ -18,9 +18,17 @@ from reliability import record_outcome  # noqa: E402
 
 CPMESH = None
 
+# What a launcher sets, and the benchmarks' test-only switch: every test
+# runs cpmesh without them unless it sets them itself.
+CLEARED_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                     "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "CPMESH_BENCH_TEST")
 
-def run(*args, timeout=60):
-    return subprocess.run([CPMESH, *args], capture_output=True, text=True, timeout=timeout)
+
+def run(*args, timeout=60, env=None):
+    environment = {k: v for k, v in os.environ.items() if k not in CLEARED_VARIABLES}
+    environment.update(env or {})
+    return subprocess.run([CPMESH, *args], capture_output=True, text=True, timeout=timeout,
+                          env=environment)
 
 
 def record_failure(test, what, result):
@@ -60,54 +68,360 @@ def layout_rows(stdout):
     return rows
 
 
+def has_ucx():
+    return re.search(r"\n  ucx\s+yes", run("info").stdout) is not None
+
+
+# A demo and a bench thd of a moment.
+SMALL_DEMO = ["--seq", "16", "--heads", "1", "--head-dim", "4"]
+SMALL_THD = ["--quick", "--seq", "1024", "--documents", "4"]
+
+# Every command, and the groups of commands.
+COMMANDS = (("info",), ("layout",), ("demo",), ("launch",), ("bench", "layout"), ("bench", "mesh"),
+            ("bench", "batch"), ("bench", "thd"), ("bench", "attention"))
+GROUPS = ((), ("bench",))
+
+# The shared vocabulary: the option as --help shows it, and how its
+# description starts, the same in every command that takes it.
+VOCABULARY = {
+    "cp": ("-C", "Ranks in the context-parallel group"),
+    "seq": ("-S", "Sequence length"),
+    "batch": ("-b", "Sequences (rows) in the batch"),
+    "reps": ("-r", "Timed repetitions of each measurement"),
+    "warmup": ("-w", "Untimed repetitions before the timed ones"),
+    "quick": ("-q", "Small sizes, seconds rather than minutes"),
+    "backend": (None, "Where the ranks run: local, threads of this process, or ucx, processes"),
+    "check-targets": (None, "Exit with status 3 when a target is missed"),
+}
+
+TAKES = {
+    ("info",): set(),
+    ("layout",): {"cp", "seq"},
+    ("demo",): {"cp", "seq", "batch", "backend"},
+    ("launch",): set(),
+    ("bench", "layout"): {"cp", "seq", "reps", "quick", "check-targets"},
+    ("bench", "mesh"): {"cp", "reps", "quick", "backend", "check-targets"},
+    ("bench", "batch"): {"cp", "seq", "batch", "reps", "warmup", "quick", "check-targets"},
+    ("bench", "thd"): {"cp", "seq", "batch", "reps", "warmup", "quick", "check-targets"},
+    ("bench", "attention"): {"cp", "seq", "reps", "quick", "check-targets"},
+}
+
+
+def help_options(command):
+    """long option -> (short option or None, description) from the --help
+    of COMMAND."""
+    result = run(*command, "--help")
+    options = {}
+    for line in result.stdout.splitlines():
+        match = re.match(r"\s+(?:(-\w), )?--([\w-]+)(?:=\S+)?\s+(.*)$", line)
+        if match:
+            options[match.group(2)] = (match.group(1), match.group(3))
+    return options
+
+
+# One line per target, the same in every benchmark:
+# "target: WHAT: 0.93× ≥ 0.80×: met".
+TARGET_LINE = re.compile(r"target: (.+): (n/a|\d+\.\d\d×) (≥|≤) (\d+\.\d\d)×: "
+                         r"(met|missed|not judged \(stated for .+\))$")
+
+
+def target_lines(test, stdout):
+    """The verdicts of the target lines of STDOUT, each checked against
+    the figures it prints."""
+    verdicts = []
+    for line in stdout.splitlines():
+        if not line.startswith("target"):
+            continue
+        match = TARGET_LINE.match(line)
+        test.assertIsNotNone(match, line)
+        _, measured, bound, target, verdict = match.groups()
+        if verdict in ("met", "missed") and measured != "n/a":
+            value, target = float(measured[:-1]), float(target)
+            holds = value >= target if bound == "≥" else value <= target
+            # Rounded to two places, equal figures may go either way.
+            if value != target:
+                test.assertEqual(verdict == "met", holds, line)
+        verdicts.append(verdict.split(" (")[0])
+    return verdicts
+
+
+# "cpmesh bench layout: [    1.2 s] round 1 of 4": progress goes to stderr.
+def progress_lines(test, command, result):
+    prefix = "cpmesh " + " ".join(command) + ": ["
+    lines = [line for line in result.stderr.splitlines() if line.startswith(prefix)]
+    seconds = []
+    for line in lines:
+        match = re.match(re.escape(prefix) + r"\s*(\d+\.\d) s\] \S.*$", line)
+        test.assertIsNotNone(match, line)
+        seconds.append(float(match.group(1)))
+    test.assertEqual(seconds, sorted(seconds))
+    test.assertNotIn(prefix, result.stdout)
+    return lines
+
+
 class Help(unittest.TestCase):
+    def test_version(self):
+        result = run("--version")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        match = re.fullmatch(r"cpmesh \(libcpmesh\) (\d+\.\d+\.\d+)\n", result.stdout)
+        self.assertIsNotNone(match, result.stdout)
+        self.assertTrue(run("info").stdout.startswith("libcpmesh %s\n" % match.group(1)))
+
     def test_program_help_lists_commands(self):
         result = run("--help")
         self.assertEqual(result.returncode, 0, result.stderr)
-        for command in ("info", "layout", "bench", "demo"):
+        for command in ("info", "layout", "bench", "demo", "launch", "help"):
             self.assertRegex(result.stdout, r"\n  %s\s" % command)
+        self.assertIn("--version", result.stdout)
 
-    def test_every_command_has_help(self):
-        for command in (["info"], ["layout"], ["bench"], ["bench", "layout"],
-                        ["bench", "mesh"], ["demo"]):
+    def test_help_command_is_help_option(self):
+        for group in GROUPS:
+            with self.subTest(group=group):
+                result = run(*group, "help")
+                self.assertEqual(result.returncode, 0, result.stderr)
+                self.assertEqual(result.stdout, run(*group, "--help").stdout)
+                self.assertIn("Usage:\n  " + " ".join(("cpmesh",) + group), result.stdout)
+
+    def test_help_of_every_command(self):
+        for command in COMMANDS + GROUPS[1:]:
             with self.subTest(command=command):
-                result = run(*command, "--help")
+                result = run("help", *command)
                 self.assertEqual(result.returncode, 0, result.stderr)
                 self.assertIn("Usage:\n  cpmesh " + " ".join(command), result.stdout)
+                self.assertEqual(result.stdout, run(*command, "--help").stdout)
+
+    def test_help_of_a_command_in_its_group(self):
+        result = run("bench", "help", "thd")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout, run("bench", "thd", "--help").stdout)
+
+    def test_help_of_no_such_command(self):
+        for args, message in ((["help", "frobnicate"], "help: unknown command “frobnicate”"),
+                              (["help", "bench", "frobnicate"], "help: unknown command “frobnicate”"),
+                              (["help", "layout", "extra"], "help: “layout” has no command “extra”")):
+            with self.subTest(args=args):
+                result = run(*args)
+                self.assertEqual(result.returncode, 2)
+                self.assertEqual(result.stdout, "")
+                self.assertIn(message, result.stderr)
+                record_failure(self, " ".join(args), result)
 
     def test_layout_help_names_its_options(self):
         result = run("layout", "--help")
-        for option in ("--cp", "--seq", "--balance", "--thd"):
+        for option in ("--cp", "--seq", "--balance", "--thd", "--svg"):
             self.assertIn(option, result.stdout)
 
-    def test_no_command_is_a_usage_error(self):
-        result = run()
-        self.assertEqual(result.returncode, 2)
-        self.assertIn("no command", result.stderr)
-        record_failure(self, "no command", result)
 
-    def test_unknown_command_is_a_usage_error(self):
-        for args in (["frobnicate"], ["bench", "frobnicate"]):
+class Vocabulary(unittest.TestCase):
+    """-C/--cp, -S/--seq, -b/--batch, -r/--reps, … mean the same in every
+    command that takes them."""
+
+    def test_help_spells_every_option_alike(self):
+        for command in COMMANDS:
+            options = help_options(command)
+            for name, (short, description) in VOCABULARY.items():
+                with self.subTest(command=command, option=name):
+                    if name not in TAKES[command]:
+                        self.assertNotIn(name, options)
+                        continue
+                    self.assertIn(name, options)
+                    self.assertEqual(options[name][0], short)
+                    self.assertTrue(options[name][1].startswith(description), options[name][1])
+
+    def test_no_other_words_for_them(self):
+        for command in COMMANDS:
+            options = help_options(command)
+            with self.subTest(command=command):
+                for old in ("ranks", "iterations", "rows"):
+                    self.assertNotIn(old, options)
+                # -n is launch's alone: the number of processes it starts.
+                shorts = {short for short, _ in options.values()}
+                self.assertEqual("-n" in shorts, command == ("launch",))
+
+    def assert_same_meaning(self, spellings, cases):
+        """Runs each case, (command, arguments, what stdout then says), with
+        each spelling of the option."""
+        for command, args, says in cases:
+            for option in spellings:
+                with self.subTest(command=command, option=option):
+                    result = run(*command, *option, *args)
+                    self.assertEqual(result.returncode, 0, result.stderr)
+                    self.assertIn(says, result.stdout)
+
+    def test_cp_is_the_number_of_ranks(self):
+        self.assert_same_meaning((["-C", "2"], ["--cp", "2"]), (
+            (["layout"], ["--seq", "8"], "8 positions over 2 ranks"),
+            (["demo"], SMALL_DEMO, "cpmesh demo: 2 ranks on threads"),
+            (["bench", "layout"], ["--quick", "--seq", "64", "--reps", "1"], "head-tail over 2 ranks"),
+            (["bench", "mesh"], ["--quick", "--mib", "1", "--reps", "1"], "mesh of 2 ranks"),
+            (["bench", "batch"], ["--quick", "--seq", "64"], "bench batch: 2 in-process ranks"),
+            (["bench", "thd"], SMALL_THD, "bench thd: 2 in-process ranks")))
+
+    def test_seq_is_the_sequence_length(self):
+        self.assert_same_meaning((["-S", "40"], ["--seq", "40"]), (
+            (["layout"], ["--cp", "2"], "head-tail layout: 40 positions over 2 ranks"),
+            (["demo"], ["--cp", "3", "--heads", "1", "--head-dim", "4"], "40 positions padded to 42"),
+            (["bench", "layout"], ["--quick", "--reps", "1"], "float32[4, 40, 1024]"),
+            (["bench", "batch"], ["--quick", "-C", "2"], "position_ids [8, 40] int64"),
+            (["bench", "thd"], ["--quick", "-C", "2", "--documents", "2"],
+             "position_ids [8, 40] int64")))
+
+    def test_reps_is_the_number_of_timed_repetitions(self):
+        self.assert_same_meaning((["-r", "2"], ["--reps", "2"]), (
+            (["bench", "layout"], ["--quick", "--seq", "64"], "best of 2 passes"),
+            (["bench", "mesh"], ["--quick", "--mib", "1"], "best of 2 passes"),
+            (["bench", "batch"], ["--quick", "--seq", "64"], "(median of 2;"),
+            (["bench", "thd"], SMALL_THD, "(median of 2)")))
+
+    def test_batch_is_the_number_of_rows(self):
+        self.assert_same_meaning((["-b", "3"], ["--batch", "3"]), (
+            (["demo"], ["--cp", "2", "--seq", "8", "--heads", "1", "--head-dim", "4"],
+             "input_ids and labels int64[3, 8]"),
+            (["bench", "batch"], ["--quick", "--seq", "64"], "position_ids [3, 64] int64"),
+            (["bench", "thd"], SMALL_THD, "position_ids [3, 1024] int64")))
+
+
+# Usage errors, every command: (what, arguments, what stderr says).
+USAGE_ERRORS = (
+    ("an unknown option to the program", ["--frobnicate"], "Unknown option --frobnicate"),
+    ("no command", [], "no command given"),
+    ("an unknown command", ["frobnicate"], "unknown command “frobnicate”"),
+    ("an unknown command of bench", ["bench", "frobnicate"], "unknown command “frobnicate”"),
+    ("info: an unknown option", ["info", "--frobnicate"], "Unknown option --frobnicate"),
+    ("info: a stray argument", ["info", "extra"], "unexpected argument “extra”"),
+    ("layout: an unknown option", ["layout", "--frobnicate"], "Unknown option --frobnicate"),
+    ("layout: --cp that is not a number", ["layout", "--cp", "four"],
+     "--cp four is not a whole number"),
+    ("layout: --cp 0", ["layout", "--cp", "0", "--seq", "16"], "--cp 0 must be at least 1"),
+    ("layout: --seq negative", ["layout", "--seq", "-8"], "--seq -8 must be at least 1"),
+    ("layout: --seq not a multiple of 2·C", ["layout", "--cp", "2", "--seq", "6"],
+     "--seq 6 is not a multiple of 2·C = 4 (--cp 2)"),
+    ("layout: neither --seq nor --thd", ["layout", "--cp", "4"],
+     "give the sequence length with --seq, or documents with --thd"),
+    ("layout: --balance with an unknown name", ["layout", "--seq", "16", "--balance", "zigzag"],
+     "--balance zigzag: use one of head-tail, contiguous"),
+    ("layout: --thd with a bound that is not a number", ["layout", "--cp", "2", "--thd", "0,x"],
+     "--thd 0,x: x is not a whole number"),
+    ("layout: --thd with --balance", ["layout", "--cp", "2", "--thd", "0,8", "--balance",
+                                      "contiguous"], "--thd is always per-document head-tail"),
+    ("layout: --thd with another --seq", ["layout", "--cp", "2", "--thd", "0,8", "--seq", "16"],
+     "--seq 16 disagrees with --thd, whose documents add up to 8"),
+    ("demo: an unknown option", ["demo", "--frobnicate"], "Unknown option --frobnicate"),
+    ("demo: --cp 0", ["demo", "--cp", "0"], "--cp 0 must be at least 1"),
+    ("demo: --seq 0", ["demo", "--seq", "0"], "--seq 0 must be at least 1"),
+    ("demo: --heads negative", ["demo", "--heads", "-1"], "--heads -1 must be at least 1"),
+    ("demo: --rotate names no rotate method", ["demo", "--rotate", "addtoall"],
+     "--rotate addtoall: use one of allgather, alltoall, ring"),
+    ("demo: --backend names no backend", ["demo", "--backend", "tcp"],
+     "--backend tcp: use one of local, ucx"),
+    ("demo: --cp with --backend ucx", ["demo", "--backend", "ucx", "--cp", "2"],
+     "--cp goes with --backend local: over UCX the launcher sets the number of ranks"),
+    ("launch: an unknown option", ["launch", "--frobnicate", "-n", "2", "--", "true"],
+     "Unknown option --frobnicate"),
+    ("launch: no -n", ["launch", "--", "true"], "give the number of ranks with -n N"),
+    ("launch: -n 0", ["launch", "-n", "0", "--", "true"], "--nproc 0 must be at least 1"),
+    ("launch: -n that is not a number", ["launch", "-n", "two", "--", "true"],
+     "--nproc two is not a whole number"),
+    ("launch: --port out of range", ["launch", "-n", "2", "--port", "70000", "--", "true"],
+     "--port 70000 must be at most 65535"),
+    ("launch: no program", ["launch", "-n", "2"], "give the program to start after --"),
+    ("bench layout: an unknown option", ["bench", "layout", "--frobnicate"],
+     "Unknown option --frobnicate"),
+    ("bench layout: --reps that is not a number", ["bench", "layout", "--reps", "x"],
+     "--reps x is not a whole number"),
+    ("bench layout: --reps 0", ["bench", "layout", "--reps", "0"], "--reps 0 must be at least 1"),
+    ("bench layout: --cp 0", ["bench", "layout", "--cp", "0"], "--cp 0 must be at least 1"),
+    ("bench layout: --seq not a multiple of 2·C", ["bench", "layout", "--seq", "100"],
+     "--seq 100 is not a multiple of 2·C = 8 (--cp 4)"),
+    ("bench layout: --cp that does not divide the default --seq", ["bench", "layout", "--cp", "3"],
+     "--seq 16384 is not a multiple of 2·C = 6 (--cp 3)"),
+    ("bench layout: --check-targets at sizes without targets",
+     ["bench", "layout", "--quick", "--check-targets"], "--check-targets: the targets are stated for"),
+    ("bench mesh: an unknown option", ["bench", "mesh", "--frobnicate"],
+     "Unknown option --frobnicate"),
+    ("bench mesh: --cp negative", ["bench", "mesh", "--cp", "-1"], "--cp -1 must be at least 1"),
+    ("bench mesh: --mib 0", ["bench", "mesh", "--mib", "0"], "--mib 0 must be at least 1"),
+    ("bench mesh: --backend names no backend", ["bench", "mesh", "--backend", "tcp"],
+     "--backend tcp: use one of local, ucx"),
+    ("bench mesh: --no-perftest without --backend ucx", ["bench", "mesh", "--no-perftest"],
+     "--no-perftest and --no-failure go with --backend ucx"),
+    ("bench mesh: --check-targets at sizes without targets",
+     ["bench", "mesh", "--quick", "--check-targets"], "--check-targets: the targets are stated for"),
+    ("bench batch: an unknown option", ["bench", "batch", "--frobnicate"],
+     "Unknown option --frobnicate"),
+    ("bench batch: --vocab that is not a number", ["bench", "batch", "--vocab", "x"],
+     "--vocab x is not a whole number"),
+    ("bench batch: --batch 0", ["bench", "batch", "--batch", "0"], "--batch 0 must be at least 1"),
+    ("bench batch: --warmup negative", ["bench", "batch", "--warmup", "-1"],
+     "--warmup -1 must be at least 0"),
+    ("bench batch: --seq not a multiple of 2·C", ["bench", "batch", "--seq", "1001"],
+     "--seq 1001 is not a multiple of 2·C = 8 (--cp 4)"),
+    ("bench batch: --check-targets at sizes without targets",
+     ["bench", "batch", "--quick", "--check-targets"], "--check-targets: the targets are stated for"),
+    ("bench thd: an unknown option", ["bench", "thd", "--frobnicate"], "Unknown option --frobnicate"),
+    ("bench thd: --batch that is not a number", ["bench", "thd", "--batch", "eight"],
+     "--batch eight is not a whole number"),
+    ("bench thd: --documents 0", ["bench", "thd", "--documents", "0"],
+     "--documents 0 must be at least 1"),
+    ("bench thd: --reps negative", ["bench", "thd", "--reps", "-3"], "--reps -3 must be at least 1"),
+    ("bench thd: --seq not a multiple of 2·C", ["bench", "thd", "--seq", "100"],
+     "--seq 100 is not a multiple of 2·C = 8 (--cp 4)"),
+    ("bench thd: --seq too short for --documents", ["bench", "thd", "--seq", "64"],
+     "--seq 64 has no room for --documents 64 of at least 2·C = 8 positions each"),
+    ("bench attention: an unknown option", ["bench", "attention", "--frobnicate"],
+     "Unknown option --frobnicate"),
+    ("bench attention: --seq that is not a number", ["bench", "attention", "--seq", "abc"],
+     "--seq abc is not a whole number"),
+    ("bench attention: --seq negative", ["bench", "attention", "--seq", "1024,-8"],
+     "--seq 1024,-8: -8 must be at least 1"),
+    ("bench attention: --cp-seq not a multiple of 2·C", ["bench", "attention", "--cp-seq", "100"],
+     "--cp-seq 100 is not a multiple of 2·C = 8 (--cp 4)"),
+    ("bench attention: --reps 0", ["bench", "attention", "--reps", "0"],
+     "--reps 0 must be at least 1"),
+    ("bench attention: --tolerance negative", ["bench", "attention", "--tolerance", "-1"],
+     "--tolerance -1 must be a finite number in [0, 1000000]"),
+    ("bench attention: --check-targets at sizes without targets",
+     ["bench", "attention", "--quick", "--check-targets"], "--check-targets: the targets are stated for"),
+)
+
+
+class Usage(unittest.TestCase):
+    """A wrong command line exits 2 in every command, says what is wrong
+    and where to look, and does nothing else."""
+
+    def test_usage_errors(self):
+        for what, args, message in USAGE_ERRORS:
             with self.subTest(args=args):
                 result = run(*args)
-                self.assertEqual(result.returncode, 2)
-                self.assertIn("unknown command “frobnicate”", result.stderr)
-                record_failure(self, "an unknown command or subcommand", result)
+                self.assertEqual(result.returncode, 2, result.stderr)
+                self.assertEqual(result.stdout, "")
+                self.assertIn(message, result.stderr)
+                self.assertRegex(result.stderr, r"\nRun “cpmesh[\w ]*--help” for usage\.\n$")
+                record_failure(self, what, result)
 
-    def test_unknown_option_is_a_usage_error(self):
-        for args in (["--frobnicate"], ["info", "--frobnicate"], ["layout", "--frobnicate"],
-                     ["demo", "--frobnicate"], ["bench", "mesh", "--frobnicate"]):
+    def test_every_command_has_a_case_of_each_kind(self):
+        everyone = {" ".join(command) for command in COMMANDS}
+        kinds = {
+            "a bad option": (r"an unknown option", everyone),
+            "a bad value": (r"not a number|names no|unknown name", everyone - {"info"}),
+            "zero or a negative value": (r" 0$|negative", everyone - {"info"}),
+            # demo pads its sequence, as prepare does; mesh and launch have none.
+            "a sequence not a multiple of 2·C": (r"not a multiple of 2·C", everyone - {
+                "info", "demo", "launch", "bench mesh"}),
+        }
+        for kind, (pattern, expected) in kinds.items():
+            covered = {what.split(":")[0] for what, _, _ in USAGE_ERRORS if re.search(pattern, what)}
+            with self.subTest(kind=kind):
+                self.assertLessEqual(expected, covered)
+
+    def test_ucx_options_over_ucx(self):
+        # Checked whether or not UCX is built in: a usage error either way.
+        for args in (["--backend", "ucx", "--mib", "2"], ["--backend", "ucx", "--cp", "1"]):
             with self.subTest(args=args):
-                result = run(*args)
-                self.assertEqual(result.returncode, 2)
-                self.assertIn("--frobnicate", result.stderr)
-                record_failure(self, "an unknown option to any command", result)
-
-    def test_stray_argument_is_a_usage_error(self):
-        result = run("info", "extra")
-        self.assertEqual(result.returncode, 2)
-        self.assertIn("unexpected argument “extra”", result.stderr)
-        record_failure(self, "stray argument: info extra", result)
+                result = run("bench", "mesh", *args)
+                self.assertEqual(result.returncode, 2, result.stderr)
+                self.assertEqual(result.stdout, "")
+                record_failure(self, "bench mesh " + " ".join(args), result)
 
 
 class Info(unittest.TestCase):
@@ -219,42 +533,35 @@ class Layout(unittest.TestCase):
         self.assertIn("/nonexistent/layout.svg", result.stderr)
         record_failure(self, "layout --svg into a directory that does not exist", result)
 
-    def test_length_not_a_multiple_names_length_and_divisor(self):
-        result = run("layout", "--cp", "2", "--seq", "6")
-        self.assertEqual(result.returncode, 1)
-        self.assertEqual(result.stdout, "")
-        self.assertRegex(result.stderr, r"\b6\b")
-        self.assertRegex(result.stderr, r"multiple of 4\b")
-        record_failure(self, "layout --seq not a multiple of 2·cp", result)
+    def test_short_options_are_the_long_ones(self):
+        self.assertEqual(run("layout", "-C", "2", "-S", "8").stdout,
+                         run("layout", "--cp", "2", "--seq", "8").stdout)
 
     def test_thd_document_not_a_multiple(self):
+        # Every value comes from the command line: what the library
+        # refuses is a usage error, with the library's message.
         result = run("layout", "--cp", "4", "--thd", "0,8,12")
-        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.returncode, 2)
+        self.assertEqual(result.stdout, "")
         self.assertIn("document 1 has padded length 4, not a multiple of 8", result.stderr)
         record_failure(self, "layout --thd with a document not a multiple of 2·cp", result)
 
-    def test_bad_cp_size(self):
-        result = run("layout", "--cp", "0", "--seq", "16")
-        self.assertEqual(result.returncode, 1)
-        self.assertIn("cp_size 0", result.stderr)
-        record_failure(self, "layout --cp 0", result)
+    def test_thd_bounds_that_decrease(self):
+        result = run("layout", "--cp", "2", "--thd", "0,8,4")
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("decreases at entry 2: 4 after 8", result.stderr)
+        record_failure(self, "layout --thd with bounds that decrease", result)
 
-    def test_usage_errors(self):
-        for what, args in (("layout without --seq or --thd", ["--cp", "4"]),
-                           ("layout --balance with an unknown name",
-                            ["--seq", "16", "--balance", "zigzag"]),
-                           ("layout --thd with a bound that is not a number",
-                            ["--cp", "2", "--thd", "0,x"]),
-                           ("layout --thd with --balance contiguous",
-                            ["--cp", "2", "--thd", "0,8", "--balance", "contiguous"]),
-                           ("layout --thd with --seq", ["--cp", "2", "--thd", "0,8", "--seq", "16"]),
-                           ("layout --cp that is not a number", ["--cp", "four"])):
-            with self.subTest(args=args):
-                result = run("layout", *args)
-                self.assertEqual(result.returncode, 2, result.stderr)
-                self.assertIn("cpmesh layout --help", result.stderr)
-                record_failure(self, what, result)
 
+# The variables by which each launcher says a process is one of several
+# ranks, as cp_mesh_new_from_env() reads them.
+LAUNCHER_ENVIRONMENTS = (
+    ("torchrun or cpmesh launch", {"RANK": "1", "WORLD_SIZE": "4"}, "WORLD_SIZE=4"),
+    ("Open MPI", {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"},
+     "OMPI_COMM_WORLD_SIZE=2"),
+    ("Slurm", {"SLURM_PROCID": "2", "SLURM_NTASKS": "3"}, "SLURM_NTASKS=3"),
+    ("a rank without a world size", {"RANK": "1"}, "RANK=1"),
+)
 
 class Demo(unittest.TestCase):
     def test_demo_passes(self):
@@ -268,9 +575,14 @@ class Demo(unittest.TestCase):
         self.assertRegex(result.stdout, r"\nPASS: all 4 ranks .* bit-exactly\n$")
         for rank in range(4):
             self.assertRegex(result.stdout, r"\n\s+%d(\s+\d+\.\d+){6}\s+ok\n" % rank)
+        # It says what it is doing while it works: first the reference.
+        lines = progress_lines(self, ["demo"], result)
+        self.assertEqual(len(lines), 2)
+        self.assertIn("single-rank attention on the full sequence", lines[0])
+        self.assertTrue(lines[1].endswith("4 ranks"))
 
-    def test_demo_ring_and_other_sizes(self):
-        result = run("demo", "--ranks", "3", "--batch", "2", "--seq", "10", "--heads", "2",
+    def test_demo_alltoall_and_other_sizes(self):
+        result = run("demo", "--cp", "3", "--batch", "2", "--seq", "10", "--heads", "2",
                      "--head-dim", "8", "--rotate", "alltoall")
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         self.assertIn("10 positions padded to 12", result.stdout)
@@ -278,15 +590,36 @@ class Demo(unittest.TestCase):
         self.assertIn("alltoall rotation", result.stdout)
         self.assertIn("PASS: all 3 ranks", result.stdout)
 
-    def test_demo_bad_rotate_method(self):
-        result = run("demo", "--rotate", "addtoall")
-        self.assertEqual(result.returncode, 2)
-        self.assertIn("--rotate must be allgather or alltoall, not \"addtoall\"", result.stderr)
-        record_failure(self, "demo --rotate names no rotate method", result)
+    def test_ring_is_alltoall(self):
+        # The help calls alltoall the ring: both names are accepted.
+        self.assertIn("ring", run("demo", "--help").stdout)
+        result = run("demo", "--cp", "2", "--rotate", "ring", *SMALL_DEMO)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertIn("alltoall rotation", result.stdout)
+        self.assertIn("PASS: all 2 ranks", result.stdout)
 
+    def test_refuses_under_a_launcher_without_backend(self):
+        # N processes would each run a whole demo of their own and print
+        # PASS: the user must say which demo they meant.
+        for launcher, env, found in LAUNCHER_ENVIRONMENTS:
+            with self.subTest(launcher=launcher):
+                result = run("demo", *SMALL_DEMO, env=env)
+                self.assertEqual(result.returncode, 2, result.stdout + result.stderr)
+                self.assertEqual(result.stdout, "")
+                self.assertIn("a launcher started this process as one of several ranks (%s), but "
+                              "no --backend was given: add --backend ucx" % found, result.stderr)
+                record_failure(self, "demo without --backend under %s" % launcher, result)
 
-def has_ucx():
-    return re.search(r"\n  ucx\s+yes", run("info").stdout) is not None
+    def test_a_world_of_one_is_no_launcher(self):
+        result = run("demo", "--cp", "2", *SMALL_DEMO, env={"RANK": "0", "WORLD_SIZE": "1"})
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertIn("PASS: all 2 ranks", result.stdout)
+
+    def test_backend_local_under_a_launcher(self):
+        result = run("demo", "--cp", "2", "--backend", "local", *SMALL_DEMO,
+                     env={"RANK": "0", "WORLD_SIZE": "2"})
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertIn("PASS: all 2 ranks", result.stdout)
 
 
 class Launch(unittest.TestCase):
@@ -316,6 +649,15 @@ class Launch(unittest.TestCase):
         self.assertIn("  rank 0: head 0-255, tail 256-511\n", result.stdout)
         self.assertIn("PASS: rank 0 of 1 matched single-rank attention", result.stdout)
 
+    def test_demo_without_backend(self):
+        result = run("launch", "-n", "2", "--", CPMESH, "demo", *SMALL_DEMO)
+        self.assertEqual(result.returncode, 2, result.stdout + result.stderr)
+        self.assertNotIn("PASS", result.stdout)
+        self.assertRegex(result.stderr, r"\[rank \d\] cpmesh demo: a launcher started this process "
+                         r"as one of several ranks \(WORLD_SIZE=2\), but no --backend was given: "
+                         r"add --backend ucx")
+        self.assertIn("exited with status 2; stopping the other ranks", result.stderr)
+
     def test_environment(self):
         result = run("launch", "-n", "2", "--port", "29613", "--", "sh", "-c",
                      'echo "$RANK/$WORLD_SIZE/$LOCAL_RANK/$MASTER_ADDR/$MASTER_PORT/${CPMESH_TOKEN:+token}"')
@@ -323,6 +665,11 @@ class Launch(unittest.TestCase):
         for rank in range(2):
             self.assertIn("[rank %d] %d/2/%d/127.0.0.1/29613/token" % (rank, rank, rank),
                           result.stdout.splitlines())
+
+    def test_options_after_the_program_are_its_own(self):
+        result = run("launch", "-n", "1", "--", "sh", "-c", 'printf "%s\\n" "$*"', "sh", "-n", "--cp")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout, "[rank 0] -n --cp\n")
 
     def test_failing_rank_stops_the_others(self):
         result = run("launch", "-n", "3", "--grace", "1", "--", "sh", "-c",
@@ -337,75 +684,176 @@ class Launch(unittest.TestCase):
         self.assertNotIn("CRITICAL", result.stderr)
         record_failure(self, "launch of a program that does not exist", result)
 
-    def test_usage_errors(self):
-        for args in (["launch"], ["launch", "-n", "0", "--", "true"], ["launch", "-n", "2"]):
-            result = run(*args)
-            self.assertEqual(result.returncode, 2, result.stderr)
-            self.assertIn("usage: cpmesh launch -n N", result.stderr)
+
+# Each benchmark at sizes of a second or less, and how it says that it
+# checked its results.
+QUICK_BENCHES = (
+    (["bench", "layout"], ["--quick", "--reps", "1"],
+     "every piece holds its rank's positions; the round trip is bit-exact"),
+    (["bench", "mesh"], ["--quick", "--reps", "1", "--mib", "1"],
+     "every rank's all_gather and all_reduce output checked"),
+    (["bench", "batch"], ["--quick"],
+     "every rank's buffers checked while entered, and position ids after exit"),
+    (["bench", "thd"], ["--quick"], "every rank's tokens of every document checked"),
+)
+
+SPEED = re.compile(r"GB/s|GF/s|ms \(median|× memcpy")
+
+
+def quick_ucx_bench():
+    return (["bench", "mesh"], ["--backend", "ucx", "--quick", "--cp", "2"],
+            "every rank's all_gather and all_reduce output checked")
 
 
 class Bench(unittest.TestCase):
-    """The benchmarks run, verify their data and report every row; their
-    figures are not judged here: the benchmarks print each against its
-    target for whoever runs them on a quiet machine."""
+    """The benchmarks run, check their results before printing any speed,
+    print every target in one format, and say what they are doing; their
+    figures are not judged here."""
 
-    def test_layout_quick(self):
+    def benches(self):
+        return QUICK_BENCHES + ((quick_ucx_bench(),) if has_ucx() else ())
+
+    def test_quick_runs(self):
+        for command, args, checked in self.benches():
+            with self.subTest(command=command):
+                result = run(*command, *args)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                self.assertIn(checked, result.stdout)
+                # The check comes first, then figures, then the targets.
+                self.assertLess(result.stdout.index(checked), SPEED.search(result.stdout).start())
+                verdicts = target_lines(self, result.stdout)
+                self.assertTrue(verdicts)
+                self.assertEqual(set(verdicts), {"not judged"})
+                self.assertTrue(progress_lines(self, command, result))
+
+    def test_rows_of_layout_and_mesh(self):
         result = run("bench", "layout", "--quick", "--reps", "1")
-        self.assertEqual(result.returncode, 0, result.stderr)
         for row in ("memcpy, 1 thread", "shard (cp_layout_shard)", "shard_into",
                     "unshard (cp_layout_unshard_pieces)", "unshard_into"):
             self.assertIn("\n" + row, result.stdout)
-        self.assertIn("round trip verified bit-exact", result.stdout)
-
-    def test_mesh_quick(self):
+        self.assertIn("target: unshard_into (reused output) against memcpy, 1 thread: ", result.stdout)
         result = run("bench", "mesh", "--quick", "--reps", "1", "--mib", "1")
-        self.assertEqual(result.returncode, 0, result.stderr)
         for row in ("memcpy, N threads", "all_gather (allocating)", "all_gather_into",
                     "all_reduce SUM"):
             self.assertIn("\n" + row, result.stdout)
-        self.assertIn("all_gather output verified", result.stdout)
+        self.assertIn("target: all_gather_into (reused output) against memcpy, N threads: ",
+                      result.stdout)
 
-    def test_bad_options(self):
-        result = run("bench", "mesh", "--ranks", "0")
-        self.assertEqual(result.returncode, 2)
-        record_failure(self, "bench mesh --ranks 0", result)
+    def test_wrong_results_print_no_speed(self):
+        # The test-only switch alters one value of each result before the
+        # benchmark checks it.
+        for command, args, checked in self.benches():
+            with self.subTest(command=command):
+                result = run(*command, *args, env={"CPMESH_BENCH_TEST": "corrupt-result"})
+                self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+                self.assertRegex(result.stderr, r"cpmesh %s: wrong results, no speed printed: "
+                                 r"\S" % " ".join(command))
+                self.assertIsNone(SPEED.search(result.stdout), result.stdout)
+                self.assertNotIn("target:", result.stdout)
+                self.assertNotIn(checked, result.stdout)
+                backend = ["--backend", "ucx"] if "ucx" in args else []
+                record_failure(self, "%s whose result is wrong" % " ".join(command + backend), result)
 
-    def test_attention_quick(self):
-        result = run("bench", "attention", "--quick", timeout=110)
+    def test_wrong_result_messages(self):
+        for command, args, message in (
+                (["bench", "layout"], ["--quick"], "shard_into: rank 0's local position 0 of row 0 "
+                                                   "(dim 1) is not global position 0"),
+                (["bench", "mesh"], ["--quick", "--mib", "1"], "on rank 0: element 0 is 1000, not 0 "
+                                                                "from rank 0's piece"),
+                (["bench", "batch"], ["--quick"], "input_ids: rank 0's local position 0 of row 0 "
+                                                  "(dim 1) is not global position 0"),
+                (["bench", "thd"], ["--quick"], "input_ids: rank 0's token 0 is not token 0 of the "
+                                                "packed rows (document 0 of row 0)")):
+            with self.subTest(command=command):
+                result = run(*command, *args, env={"CPMESH_BENCH_TEST": "corrupt-result"})
+                self.assertIn(message, result.stderr)
+
+    def test_missed_targets_and_check_targets(self):
+        # Unreachable targets are judged at any size: printed as missed,
+        # exit 0, and with --check-targets exit 3.
+        for command, args, _ in QUICK_BENCHES:
+            env = {"CPMESH_BENCH_TEST": "unreachable-targets"}
+            with self.subTest(command=command):
+                result = run(*command, *args, env=env)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                verdicts = target_lines(self, result.stdout)
+                self.assertTrue(verdicts)
+                self.assertEqual(set(verdicts), {"missed"})
+                result = run(*command, *args, "--check-targets", env=env)
+                self.assertEqual(result.returncode, 3, result.stderr)
+                self.assertIn("cpmesh %s: %d of %d targets missed (--check-targets)"
+                              % (" ".join(command), len(verdicts), len(verdicts)), result.stderr)
+                record_failure(self, "%s --check-targets with a missed target" % " ".join(command),
+                               result)
+
+    def test_target_lines_at_the_default_sizes(self):
+        # The smallest benchmark whose default sizes are the targets' own:
+        # each target is met or missed, never left unjudged.
+        result = run("bench", "thd", "--reps", "2", "--warmup", "0")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(target_lines(self, result.stdout), (["met"], ["missed"]))
+        result = run("bench", "thd", "--reps", "2", "--warmup", "0", "--check-targets")
+        self.assertIn(result.returncode, (0, 3), result.stderr)
+        self.assertEqual(result.returncode == 3, target_lines(self, result.stdout) == ["missed"])
+
+    def test_target_line_format(self):
+        for line, verdict in (
+                ("target: shard against memcpy, 1 thread: 0.93× ≥ 0.80×: met", "met"),
+                ("target: step against memcpy: 1.71× ≤ 1.50×: missed", "missed"),
+                ("target: all_gather busbw: n/a ≥ 0.70×: not judged (stated for the default sizes)",
+                 "not judged")):
+            self.assertEqual(target_lines(self, line), [verdict])
+        with self.assertRaises(AssertionError):
+            target_lines(self, "target: shard: 0.93× ≥ 0.80×: missed")
+
+
+class BenchAttention(unittest.TestCase):
+    """bench attention in seconds: one sequence of 256 positions."""
+
+    ARGS = ["--quick", "--seq", "256", "--cp-seq", "256"]
+
+    def test_quick(self):
+        result = run("bench", "attention", *self.ARGS, timeout=110)
         self.assertEqual(result.returncode, 0, result.stderr)
         out = result.stdout
         # The checks come before any figure, and every row is reported.
         self.assertLess(out.index("Every element checked against float64 first: float32 S=256"),
                         out.index("matmul 2048"))
-        for row in ("| float32  |   1024 |", "| bfloat16 |   1024 |", "| allgather |", "| ring      |"):
+        for row in ("| float32  |    256 |", "| bfloat16 |    256 |", "| allgather |", "| ring      |"):
             self.assertIn(row, out)
-        for case in ("float32 S=1024", "bfloat16 S=1024", "C=2 allgather float32 S=1024",
-                     "C=2 ring float32 S=1024"):
+        self.assertIn("C = 2 ranks in one process", out)
+        for case in ("float32 S=256", "bfloat16 S=256", "C=2 allgather float32 S=256",
+                     "C=2 ring float32 S=256"):
             self.assertRegex(out, re.escape(case) + r": float64 at \d+ query rows, max error/tolerance "
                              r"out [^,]+/[^,]+, lse .*; later runs bit-identical: 1")
+        self.assertEqual(target_lines(self, out), ["not judged"] * 6)
+        for what in ("float32 S=256: forward + backward against matmul",
+                     "ring: rank CPU imbalance, max over mean", "ring: CPU time against 1 rank"):
+            self.assertIn("target: " + what, out)
+        lines = progress_lines(self, ["bench", "attention"], result)
+        self.assertIn("C=2 ring float32 S=256: run 2 of 2", lines[-1])
 
-    def test_attention_wrong_results(self):
-        # A tolerance of 0 makes float32 rounding a wrong result.
-        result = run("bench", "attention", "--quick", "--tolerance", "0", timeout=110)
-        self.assertEqual(result.returncode, 1, result.stderr)
-        self.assertIn("float32 S=256: wrong results, no speed printed: max error against float64",
-                      result.stderr)
-        self.assertRegex(result.stderr, r"max error/tolerance: out [0-9.e+-]+/0, lse")
-        self.assertNotIn("GF/s", result.stdout)
-        self.assertNotIn("matmul", result.stdout)
-        record_failure(self, "bench attention whose results miss the tolerance against float64",
-                       result)
+    def test_wrong_results(self):
+        for how, args in (("a tolerance of 0", ["--tolerance", "0"]),
+                          ("a corrupted result", [])):
+            env = {} if args else {"CPMESH_BENCH_TEST": "corrupt-result"}
+            with self.subTest(how=how):
+                result = run("bench", "attention", *self.ARGS, *args, env=env, timeout=110)
+                self.assertEqual(result.returncode, 1, result.stderr)
+                self.assertIn("cpmesh bench attention: wrong results, no speed printed: float32 "
+                              "S=256: max error against float64", result.stderr)
+                self.assertRegex(result.stderr, r"max error/tolerance: out [0-9.e+-]+/[0-9.e+-]+, lse")
+                self.assertNotIn("GF/s", result.stdout)
+                self.assertNotIn("matmul", result.stdout)
+                self.assertNotIn("target:", result.stdout)
+                record_failure(self, "bench attention with %s" % how, result)
 
-    def test_attention_bad_options(self):
-        for args, message in ((["--seq", "abc"], "--seq: "),
-                              (["--seq", "-8"], "--seq: "),
-                              (["--cp", "4", "--cp-seq", "100"], "--cp-seq 100 must be a positive multiple of 2·C = 8"),
-                              (["--reps", "0"], "must be at least 1"),
-                              (["--tolerance", "-1"], "--tolerance -1 must be a finite number")):
-            result = run("bench", "attention", "--no-torch", *args)
-            self.assertEqual(result.returncode, 2, result.stderr)
-            self.assertIn(message, result.stderr)
-            record_failure(self, "bench attention " + " ".join(args), result)
+    def test_missed_targets(self):
+        result = run("bench", "attention", *self.ARGS, "--check-targets", timeout=110,
+                     env={"CPMESH_BENCH_TEST": "unreachable-targets"})
+        self.assertEqual(result.returncode, 3, result.stderr)
+        self.assertEqual(target_lines(self, result.stdout), ["missed"] * 6)
+        self.assertIn("6 of 6 targets missed (--check-targets)", result.stderr)
 
 
 if __name__ == "__main__":

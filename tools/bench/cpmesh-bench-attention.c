@@ -6,6 +6,10 @@
  * total CPU time against the single-rank run.  No speed is printed for
  * results that are wrong: every case is checked against float64 first.
  *
+ * Its targets, on the default sizes: forward + backward at half the
+ * matmul's rate or better, and C ranks within 10 % of each other and
+ * within 25 % of the single rank's CPU time.
+ *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
@@ -23,24 +27,18 @@
 
 typedef struct
 {
-  gint64 *seq_lens;
-  int n_seq_lens;
+  GArray *seq_lens;        /* of gint64; NULL: the default */
   int reps;
   int cp_size;
   gint64 cp_seq_len;
   gboolean skip_torch;
   double tolerance_scale;
+  CpmeshBench run;
 } BenchOptions;
 
 /* Every case runs with B = 1, H = 16, D = 128. */
 #define HEADS 16
 #define HEAD_DIM 128
-
-static double
-now_s (void)
-{
-  return g_get_monotonic_time () / 1e6;
-}
 
 static double
 process_cpu_s (void)
@@ -76,10 +74,10 @@ matmul_float32_gflops (int reps)
     a[i] = b[i] = (float) ((i % 17) - 8) / 8.0f;
   for (int r = 0; r < reps + 1; r++)
     {
-      double t = now_s ();
+      double t = cpmesh_now_seconds ();
 
       dnnl_sgemm ('N', 'N', n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-      t = now_s () - t;
+      t = cpmesh_now_seconds () - t;
       if (r > 0)
         best = MIN (best, t);
     }
@@ -117,11 +115,11 @@ matmul_bfloat16_gflops (int reps)
       for (int r = 0; r < reps + 1; r++)
         {
           dnnl_exec_arg_t args[] = { { DNNL_ARG_SRC, a }, { DNNL_ARG_WEIGHTS, b }, { DNNL_ARG_DST, c } };
-          double t = now_s ();
+          double t = cpmesh_now_seconds ();
 
           dnnl_primitive_execute (prim, stream, 3, args);
           dnnl_stream_wait (stream);
-          t = now_s () - t;
+          t = cpmesh_now_seconds () - t;
           if (r > 0)
             best = MIN (best, t);
         }
@@ -212,17 +210,17 @@ time_attention (CpAttention  *attention,
                 CpTensor    **outputs,
                 GError      **error)
 {
-  double t0 = now_s (), t1;
+  double t0 = cpmesh_now_seconds (), t1;
 
   outputs_clear (outputs);
   if (!cp_attention_forward (attention, q, k, v, &outputs[0], &outputs[1], error))
     return FALSE;
-  t1 = now_s ();
+  t1 = cpmesh_now_seconds ();
   if (!cp_attention_backward (attention, dout, q, k, v, outputs[0], outputs[1],
                               &outputs[2], &outputs[3], &outputs[4], error))
     return FALSE;
   timing->forward_s = t1 - t0;
-  timing->backward_s = now_s () - t1;
+  timing->backward_s = cpmesh_now_seconds () - t1;
   return TRUE;
 }
 
@@ -476,11 +474,10 @@ check_report (const Check  *check,
   if (check_passed (check))
     return TRUE;
   figures = check_describe (check);
-  g_set_error (error, G_IO_ERROR, G_IO_ERROR_FAILED,
-               "%s: wrong results, no speed printed: max error against float64 over %"
-               G_GSIZE_FORMAT " rows above the tolerance (%g of the largest |value|) "
-               "(max error/tolerance: %s)", what, check->rows, check->tolerance, figures);
-  return FALSE;
+  return cpmesh_bench_wrong (error, "%s: max error against float64 over %" G_GSIZE_FORMAT
+                             " rows above the tolerance (%g of the largest |value|) "
+                             "(max error/tolerance: %s)", what, check->rows, check->tolerance,
+                             figures);
 }
 
 /* Later runs: the first run's bits, or an error naming the output. */
@@ -495,10 +492,8 @@ check_same_bits (CpTensor   **first,
   for (int o = 0; o < N_OUTPUTS; o++)
     if (!cp_tensor_equal (first[o], again[o]))
       {
-        g_set_error (error, G_IO_ERROR, G_IO_ERROR_FAILED,
-                     "%s: wrong results, no speed printed: run %d gave %s other bits than "
-                     "the first run, which matched float64", what, run + 1, output_names[o]);
-        return FALSE;
+        return cpmesh_bench_wrong (error, "%s: run %d gave %s other bits than the first run, "
+                                   "which matched float64", what, run + 1, output_names[o]);
       }
   check->repeats++;
   return TRUE;
@@ -519,6 +514,7 @@ check_run (CpTensor    **inputs,
 {
   if (run > 0)
     return check_same_bits (first, outputs, what, run, check, error);
+  cpmesh_bench_corrupt (outputs[0]);
   check_float64 (inputs, outputs, everywhere, tolerance_scale, check);
   for (int o = 0; o < N_OUTPUTS; o++)
     g_set_object (&first[o], outputs[o]);
@@ -595,9 +591,13 @@ single_rank (Case          *c,
   ok = attention != NULL;
   for (int r = -1; ok && r < reps; r++)
     {
-      double before = baseline && r >= 0 ? baseline (1) : 0.0;
-      double cpu = process_cpu_s ();
+      double before, cpu;
       Timing t;
+
+      cpmesh_progress ("%s: run %d of %d%s", what, r + 2, reps + 1,
+                       r < 0 ? " (checked against float64, not timed)" : "");
+      before = baseline && r >= 0 ? baseline (1) : 0.0;
+      cpu = process_cpu_s ();
 
       ok = time_attention (attention, inputs[0], inputs[1], inputs[2], inputs[3], &t, outputs, error);
       if (ok)
@@ -670,8 +670,8 @@ torch_available (void)
 }
 
 /* Prints the best times and the median of each run's ratio to its own
- * baseline. */
-static void
+ * baseline; returns that of forward + backward. */
+static double
 print_single_rank (CpDType       dtype,
                    gint64        s,
                    const Sample *samples,
@@ -682,7 +682,7 @@ print_single_rank (CpDType       dtype,
   g_autofree double *fwd_ratio = g_new (double, n);
   g_autofree double *both_ratio = g_new (double, n);
   g_autofree double *baseline = g_new (double, n);
-  double best_fwd = INFINITY, best_both = INFINITY;
+  double best_fwd = INFINITY, best_both = INFINITY, median_both;
   char torch_text[32] = "-";
 
   for (int r = 0; r < n; r++)
@@ -697,11 +697,12 @@ print_single_rank (CpDType       dtype,
     }
   if (torch > 0)
     g_snprintf (torch_text, sizeof torch_text, "%.1f", torch);
+  median_both = cpmesh_bench_median (both_ratio, n);
   printf ("| %-8s | %6" G_GINT64_FORMAT " | %6.2f | %8.1f | %7.2f | %6.2f | %8.1f | %7.2f | %6.1f | %14s |\n",
           cp_dtype_get_name (dtype), s, best_fwd, fwd / best_fwd / 1e9,
           cpmesh_bench_median (fwd_ratio, n), best_both, 3.5 * fwd / best_both / 1e9,
-          cpmesh_bench_median (both_ratio, n), cpmesh_bench_median (baseline, n),
-          torch_text);
+          median_both, cpmesh_bench_median (baseline, n), torch_text);
+  return median_both;
 }
 
 /* The C-rank run: every rank times its own thread's CPU and hands in its
@@ -714,45 +715,42 @@ typedef struct
   int cp_size;
   double *rank_cpu_s;
   CpTensor **pieces;      /* [N_OUTPUTS][cp_size] */
-  GError *error;
-  GMutex lock;
 } CpRun;
 
-static gpointer
-cp_rank_thread (gpointer data)
+typedef struct
 {
-  gpointer *args = data;
-  CpRun *run = args[0];
-  CpMesh *mesh = args[1];
-  int rank = cp_mesh_get_rank (mesh);
+  CpmeshBenchRank base;
+  CpRun *run;
+} CpRank;
+
+static gboolean
+cp_rank_attention (gpointer   data,
+                   GError   **error)
+{
+  CpRank *self = data;
+  CpRun *run = self->run;
+  int rank = self->base.rank;
   g_autoptr(CpAttentionOptions) options = cp_attention_options_new ();
   g_autoptr(CpAttention) attention = NULL;
-  g_autoptr(CpTensor) q = cp_layout_shard (run->layout, run->inputs[0], 2, rank, NULL);
-  g_autoptr(CpTensor) k = cp_layout_shard (run->layout, run->inputs[1], 2, rank, NULL);
-  g_autoptr(CpTensor) v = cp_layout_shard (run->layout, run->inputs[2], 2, rank, NULL);
-  g_autoptr(CpTensor) dout = cp_layout_shard (run->layout, run->inputs[3], 2, rank, NULL);
-  CpTensor *outputs[N_OUTPUTS] = { NULL };
-  GError *error = NULL;
+  CpTensor *shards[4] = { NULL }, *outputs[N_OUTPUTS] = { NULL };
+  gboolean ok = TRUE;
   Timing t;
   double cpu;
 
+  for (int i = 0; ok && i < 4; i++)
+    ok = (shards[i] = cp_layout_shard (run->layout, run->inputs[i], 2, rank, error)) != NULL;
   cp_attention_options_set_rotate_method (options, run->method);
-  attention = cp_attention_new (mesh, options, &error);
+  if (ok)
+    ok = (attention = cp_attention_new (self->base.mesh, options, error)) != NULL;
   cpu = thread_cpu_s ();
-  if (attention == NULL || !time_attention (attention, q, k, v, dout, &t, outputs, &error))
-    {
-      g_mutex_lock (&run->lock);
-      if (run->error == NULL)
-        run->error = g_steal_pointer (&error);
-      g_mutex_unlock (&run->lock);
-      g_clear_error (&error);
-      outputs_clear (outputs);
-      return NULL;
-    }
+  ok = ok && time_attention (attention, shards[0], shards[1], shards[2], shards[3], &t, outputs,
+                             error);
   run->rank_cpu_s[rank] = thread_cpu_s () - cpu;
   for (int o = 0; o < N_OUTPUTS; o++)
     run->pieces[o * run->cp_size + rank] = outputs[o];
-  return NULL;
+  for (int i = 0; i < 4; i++)
+    g_clear_object (&shards[i]);
+  return ok;
 }
 
 /* The full results of the ranks' pieces (the sequence is dimension 2 of
@@ -783,41 +781,33 @@ cp_ranks (CpRotateMethod  method,
           CpTensor      **outputs,
           GError        **error)
 {
-  const char *names[] = { "cp", NULL };
-  GList *meshes = cp_mesh_new_local_group (names, &cp_size, 1, error);
   g_autofree CpTensor **pieces = g_new0 (CpTensor *, N_OUTPUTS * cp_size);
-  CpRun run = { method, inputs, NULL, cp_size, rank_cpu_s, pieces, NULL };
-  g_autofree GThread **threads = g_new0 (GThread *, cp_size);
-  g_autofree gpointer *args = g_new0 (gpointer, 2 * cp_size);
+  g_autofree CpRank *ranks = g_new0 (CpRank, cp_size);
+  g_autofree gpointer *rank_data = g_new0 (gpointer, cp_size);
+  CpRun run = { method, inputs, NULL, cp_size, rank_cpu_s, pieces };
   gboolean ok;
   double cpu, t;
-  int r = 0;
 
-  if (meshes == NULL)
-    return FALSE;
   run.layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, s, cp_size, error);
-  g_mutex_init (&run.lock);
-  cpu = process_cpu_s ();
-  t = now_s ();
-  for (GList *l = meshes; l != NULL; l = l->next, r++)
+  if (run.layout == NULL)
+    return FALSE;
+  for (int r = 0; r < cp_size; r++)
     {
-      args[2 * r] = &run;
-      args[2 * r + 1] = l->data;
-      threads[r] = g_thread_new ("bench-rank", cp_rank_thread, &args[2 * r]);
+      ranks[r].run = &run;
+      rank_data[r] = &ranks[r];
     }
-  for (r = 0; r < cp_size; r++)
-    g_thread_join (threads[r]);
-  *wall = now_s () - t;
+  cpu = process_cpu_s ();
+  t = cpmesh_now_seconds ();
+  ok = cpmesh_bench_run_ranks (cp_size, cp_rank_attention, rank_data, error);
+  *wall = cpmesh_now_seconds () - t;
   *process_cpu = process_cpu_s () - cpu;
-  g_mutex_clear (&run.lock);
+  for (int r = 0; r < cp_size; r++)
+    g_clear_error (&ranks[r].base.error);
   outputs_clear (outputs);
-  if (run.error != NULL)
-    g_propagate_error (error, run.error);
-  ok = run.error == NULL && cp_unshard (&run, outputs, error);
+  ok = ok && cp_unshard (&run, outputs, error);
   for (int i = 0; i < N_OUTPUTS * cp_size; i++)
     g_clear_object (&pieces[i]);
   cp_layout_unref (run.layout);
-  g_list_free_full (meshes, g_object_unref);
   return ok;
 }
 
@@ -840,6 +830,20 @@ typedef struct
   double *rank_cpu;
 } CpBest;
 
+static const char *
+method_name (CpRotateMethod method)
+{
+  return method == CP_ROTATE_METHOD_ALLGATHER ? "allgather" : "ring";
+}
+
+static char *
+method_case_name (const BenchOptions *options,
+                  CpRotateMethod      method)
+{
+  return g_strdup_printf ("C=%d %s float32 S=%" G_GINT64_FORMAT, options->cp_size,
+                          method_name (method), options->cp_seq_len);
+}
+
 /* Steady state, as in training: the first run faults its buffers in and
  * is checked against float64, later ones reuse them and must give its
  * bits; the run with the least CPU counts. */
@@ -853,9 +857,7 @@ cp_method (const BenchOptions  *options,
 {
   int c = options->cp_size;
   g_autofree double *trial_cpu = g_new0 (double, c);
-  g_autofree char *what = g_strdup_printf ("C=%d %s float32 S=%" G_GINT64_FORMAT, c,
-                                           method == CP_ROTATE_METHOD_ALLGATHER ? "allgather" : "ring",
-                                           options->cp_seq_len);
+  g_autofree char *what = method_case_name (options, method);
   CpTensor *outputs[N_OUTPUTS] = { NULL }, *first[N_OUTPUTS] = { NULL };
   gboolean ok = TRUE;
 
@@ -864,6 +866,8 @@ cp_method (const BenchOptions  *options,
     {
       double trial, trial_wall;
 
+      cpmesh_progress ("%s: run %d of %d%s", what, rep + 1, options->reps + 1,
+                       rep == 0 ? " (checked against float64, not timed)" : "");
       ok = cp_ranks (method, c, options->cp_seq_len, inputs, trial_cpu, &trial, &trial_wall,
                      outputs, error) &&
            check_run (inputs, outputs, first, rep, FALSE, options->tolerance_scale, what, check, error);
@@ -879,9 +883,14 @@ cp_method (const BenchOptions  *options,
   return ok;
 }
 
+/* The targets of the C-rank run: how evenly the ranks share the work,
+ * and what splitting it costs. */
+#define MAX_IMBALANCE 1.10
+#define MAX_CPU_VS_ONE_RANK 1.25
+
 static gboolean
-bench_cp (const BenchOptions  *options,
-          GError             **error)
+bench_cp (BenchOptions  *options,
+          GError       **error)
 {
   gint64 s = options->cp_seq_len;
   int c = options->cp_size;
@@ -891,6 +900,7 @@ bench_cp (const BenchOptions  *options,
   g_autofree char *single_what = NULL;
   Case single_case = { CP_DTYPE_FLOAT32, s, FALSE, options->tolerance_scale };
   Timing single = { INFINITY, INFINITY, INFINITY };
+  double imbalance[2] = { 0 }, cpu_ratio[2] = { 0 };
   gboolean ok;
 
   inputs_new (CP_DTYPE_FLOAT32, s, 10, inputs);
@@ -923,19 +933,30 @@ bench_cp (const BenchOptions  *options,
           hi = MAX (hi, rank_cpu[r]);
           mean += rank_cpu[r] / c;
         }
+      imbalance[method] = hi / mean;
+      cpu_ratio[method] = best.cpu / single.cpu_s;
       printf ("| %-9s | %6.2f | %9.2f..%-9.2f | %18.3f | %5.2f | %23.3f |\n",
-              method == CP_ROTATE_METHOD_ALLGATHER ? "allgather" : "ring", best.wall, lo, hi,
-              hi / mean, best.cpu, best.cpu / single.cpu_s);
+              method_name (method), best.wall, lo, hi, imbalance[method], best.cpu,
+              cpu_ratio[method]);
       fflush (stdout);
       {
-        g_autofree char *what = g_strdup_printf ("C=%d %s float32 S=%" G_GINT64_FORMAT, c,
-                                                 method == CP_ROTATE_METHOD_ALLGATHER ? "allgather" : "ring", s);
+        g_autofree char *what = method_case_name (options, method);
 
         append_check (checks, what, &check);
       }
     }
   if (ok)
-    printf ("\nChecked before timing: %s", checks->str);
+    printf ("\nChecked before timing: %s\n", checks->str);
+  for (int method = 0; ok && method < 2; method++)
+    {
+      g_autofree char *balance = g_strdup_printf ("%s: rank CPU imbalance, max over mean",
+                                                  method_name (method));
+      g_autofree char *cost = g_strdup_printf ("%s: CPU time against 1 rank", method_name (method));
+
+      cpmesh_bench_target (&options->run, balance, imbalance[method], CPMESH_AT_MOST, MAX_IMBALANCE);
+      cpmesh_bench_target (&options->run, cost, cpu_ratio[method], CPMESH_AT_MOST,
+                           MAX_CPU_VS_ONE_RANK);
+    }
   inputs_clear (inputs);
   return ok;
 }
@@ -968,6 +989,7 @@ check_small (const BenchOptions  *options,
 {
   g_autoptr(GString) checks = g_string_new (NULL);
 
+  cpmesh_progress ("every element at S = %d against float64", SMALL_SEQ);
   for (int dt = 0; dt < 2; dt++)
     {
       Case c = { dt == 0 ? CP_DTYPE_FLOAT32 : CP_DTYPE_BFLOAT16, SMALL_SEQ, TRUE,
@@ -983,11 +1005,17 @@ check_small (const BenchOptions  *options,
   return TRUE;
 }
 
+/* The single-rank target: forward + backward at half the matmul's rate. */
+#define MIN_FORWARD_BACKWARD_VS_MATMUL 0.5
+
 static gboolean
-bench_single (const BenchOptions  *options,
-              GError             **error)
+bench_single (BenchOptions  *options,
+              GError       **error)
 {
   g_autoptr(GString) checks = g_string_new (NULL);
+  guint n_cases = 2 * options->seq_lens->len;
+  g_autofree double *ratios = g_new0 (double, n_cases);
+  g_auto(GStrv) whats = g_new0 (char *, n_cases + 1);
   double matmul32, matmul16;
   gboolean torch, native16;
   dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa ();
@@ -995,6 +1023,7 @@ bench_single (const BenchOptions  *options,
 
   if (!check_small (options, error))
     return FALSE;
+  cpmesh_progress ("oneDNN matmul 2048³, the baseline");
   matmul32 = matmul_float32_gflops (options->reps);
   matmul16 = matmul_bfloat16_gflops (options->reps);
   torch = !options->skip_torch && torch_available ();
@@ -1013,7 +1042,7 @@ bench_single (const BenchOptions  *options,
           "the matmul measured right before and after it.\n\n", options->reps);
   printf ("| dtype    |      S |  fwd s | fwd GF/s | ×matmul |  f+b s | f+b GF/s | ×matmul | matmul | torch fwd GF/s |\n");
   printf ("|----------|--------|--------|----------|---------|--------|----------|---------|--------|----------------|\n");
-  for (int i = 0; i < options->n_seq_lens; i++)
+  for (guint i = 0; i < options->seq_lens->len; i++)
     for (int dt = 0; dt < 2; dt++)
       {
         CpDType dtype = dt == 0 ? CP_DTYPE_FLOAT32 : CP_DTYPE_BFLOAT16;
@@ -1021,117 +1050,101 @@ bench_single (const BenchOptions  *options,
          * so that is its baseline. */
         gboolean use16 = dtype == CP_DTYPE_BFLOAT16 && native16;
         g_autofree Sample *samples = g_new0 (Sample, options->reps);
-        gint64 s = options->seq_lens[i];
+        gint64 s = g_array_index (options->seq_lens, gint64, i);
         Case c = { dtype, s, FALSE, options->tolerance_scale };
-        g_autofree char *what = case_name (&c);
+        char *what = whats[2 * i + dt] = case_name (&c);
 
         if (!single_rank (&c, options->reps,
                           use16 ? matmul_bfloat16_gflops : matmul_float32_gflops, samples, error))
           return FALSE;
-        print_single_rank (dtype, s, samples, options->reps, torch ? torch_gflops (dtype, s) : 0.0);
+        ratios[2 * i + dt] = print_single_rank (dtype, s, samples, options->reps,
+                                                torch ? torch_gflops (dtype, s) : 0.0);
         append_check (checks, what, &c.check);
         fflush (stdout);
       }
-  printf ("\nChecked before timing: %s", checks->str);
+  printf ("\nChecked before timing: %s\n", checks->str);
+  for (guint i = 0; i < n_cases; i++)
+    {
+      g_autofree char *what = g_strdup_printf ("%s: forward + backward against matmul", whats[i]);
+
+      cpmesh_bench_target (&options->run, what, ratios[i], CPMESH_AT_LEAST,
+                           MIN_FORWARD_BACKWARD_VS_MATMUL);
+    }
   return TRUE;
 }
 
 static gboolean
 parse_options (int            argc,
                char         **argv,
-               BenchOptions  *options,
-               GError       **error)
+               BenchOptions  *options)
 {
-  g_autofree char *seq = NULL;
-  int reps = 3, cp_size = 4;
-  gint64 cp_seq_len = 4096;
-  gboolean skip_torch = FALSE, quick = FALSE;
-  double tolerance_scale = 1.0;
-  GOptionEntry entries[] = {
-    { "seq", 0, 0, G_OPTION_ARG_STRING, &seq, "Sequence lengths, comma separated (4096,16384)", "S,..." },
-    { "reps", 0, 0, G_OPTION_ARG_INT, &reps, "Counted runs of each case (3)", "N" },
-    { "cp", 0, 0, G_OPTION_ARG_INT, &cp_size, "Ranks of the CP run (4; below 2 skips it)", "C" },
-    { "cp-seq", 0, 0, G_OPTION_ARG_INT64, &cp_seq_len, "Sequence length of the CP run (4096)", "S" },
-    { "no-torch", 0, 0, G_OPTION_ARG_NONE, &skip_torch, "Do not look for PyTorch", NULL },
-    { "quick", 0, 0, G_OPTION_ARG_NONE, &quick,
-      "Seconds, not minutes: S = 1024, C = 2 at S = 1024, one counted run, no PyTorch "
-      "(overrides --seq, --reps, --cp, --cp-seq)", NULL },
-    { "tolerance", 0, 0, G_OPTION_ARG_DOUBLE, &tolerance_scale,
-      "Scale the check's tolerances against float64 by F (1; 0 demands exact results)", "F" },
-    { NULL }
+  CpmeshOption entries[] = {
+    CPMESH_OPTION_SEQS (&options->seq_lens, " of the single-rank cases (default 4096,16384, "
+                        "1024 with --quick)"),
+    CPMESH_OPTION_REPS (&options->reps, ": counted runs of each case (default 3, 1 with --quick)"),
+    CPMESH_OPTION_CP (&options->cp_size, " of the C-rank run; 1 skips it (default 4, 2 with --quick)"),
+    { "cp-seq", 0, CPMESH_VALUE_INT64, &options->cp_seq_len, "Sequence length of the C-rank run, "
+      "a multiple of 2·C (default 4096, 1024 with --quick)", "S", 1, 1 << 20, NULL, FALSE },
+    { "no-torch", 0, CPMESH_VALUE_FLAG, &options->skip_torch, "Do not look for PyTorch", NULL,
+      0, 0, NULL, FALSE },
+    CPMESH_OPTION_QUICK (&options->run.quick, ": no PyTorch either"),
+    { "tolerance", 0, CPMESH_VALUE_DOUBLE, &options->tolerance_scale, "Scale the check's "
+      "tolerances against float64 by F (default 1; 0 demands exact results)", "F", 0, 1000000,
+      NULL, FALSE },
+    CPMESH_OPTION_CHECK_TARGETS (&options->run.check_targets),
+    CPMESH_OPTION_END
   };
-  g_autoptr(GOptionContext) context = g_option_context_new ("- attention benchmark");
-  g_auto(GStrv) parts = NULL;
+  gint64 quick_seq = 1024;
 
-  g_option_context_add_main_entries (context, entries, NULL);
-  if (!g_option_context_parse (context, &argc, &argv, error))
+  if (!cpmesh_parse_options ("Time single-rank causal attention forward and forward + backward "
+                             "(B = 1, H = 16, D = 128) against oneDNN's matmul measured around "
+                             "every run, then C ranks of an in-process mesh on one sequence: "
+                             "their balance and CPU time against one rank. Every case is checked "
+                             "against float64 before its figures are printed.",
+                             entries, NULL, &argc, &argv))
     return FALSE;
-  if (quick)
+  if (options->seq_lens == NULL)
     {
-      g_free (seq);
-      seq = g_strdup ("1024");
-      reps = 1;
-      cp_size = 2;
-      cp_seq_len = 1024;
-      skip_torch = TRUE;
+      const gint64 defaults[] = { 4096, 16384 };
+
+      options->seq_lens = g_array_new (FALSE, FALSE, sizeof (gint64));
+      if (options->run.quick)
+        g_array_append_val (options->seq_lens, quick_seq);
+      else
+        g_array_append_vals (options->seq_lens, defaults, G_N_ELEMENTS (defaults));
     }
-  parts = g_strsplit (seq ? seq : "4096,16384", ",", -1);
-  options->n_seq_lens = (int) g_strv_length (parts);
-  options->seq_lens = g_new0 (gint64, MAX (options->n_seq_lens, 1));
-  for (int i = 0; i < options->n_seq_lens; i++)
-    if (!g_ascii_string_to_signed (parts[i], 10, 1, 1 << 20, &options->seq_lens[i], error))
-      {
-        g_prefix_error (error, "--seq: ");
-        return FALSE;
-      }
-  if (!(tolerance_scale >= 0.0 && isfinite (tolerance_scale)))
+  if (options->run.quick)
     {
-      g_set_error (error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE,
-                   "--tolerance %g must be a finite number of at least 0", tolerance_scale);
-      return FALSE;
+      options->skip_torch = TRUE;
+      if (!cpmesh_option_given (entries, "reps"))
+        options->reps = 1;
+      if (!cpmesh_option_given (entries, "cp"))
+        options->cp_size = 2;
+      if (!cpmesh_option_given (entries, "cp-seq"))
+        options->cp_seq_len = quick_seq;
     }
-  if (reps < 1 || cp_size < 1)
-    {
-      g_set_error (error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE,
-                   "--reps %d and --cp %d must be at least 1", reps, cp_size);
-      return FALSE;
-    }
-  /* The CP run lays the sequence out head-tail: 2·C equal chunks. */
-  if (cp_size >= 2 && (cp_seq_len < 1 || cp_seq_len % (2 * cp_size) != 0))
-    {
-      g_set_error (error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE,
-                   "--cp-seq %" G_GINT64_FORMAT " must be a positive multiple of 2·C = %d",
-                   cp_seq_len, 2 * cp_size);
-      return FALSE;
-    }
-  options->reps = reps;
-  options->cp_size = cp_size;
-  options->cp_seq_len = cp_seq_len;
-  options->skip_torch = skip_torch;
-  options->tolerance_scale = tolerance_scale;
-  return TRUE;
+  /* The C-rank run lays the sequence out head-tail. */
+  return (options->cp_size < 2 ||
+          cpmesh_check_divisible ("--cp-seq", options->cp_seq_len, options->cp_size)) &&
+         cpmesh_bench_begin (&options->run, !cpmesh_option_given (entries, "seq") &&
+                             !cpmesh_option_given (entries, "cp-seq") && !options->run.quick &&
+                             options->cp_size == 4, "the default sizes");
 }
 
 int
 cpmesh_bench_attention (int    argc,
                         char **argv)
 {
-  BenchOptions options = { 0 };
+  BenchOptions options = { NULL, 3, 4, 4096, FALSE, 1.0 };
   g_autoptr(GError) error = NULL;
   gboolean ok;
 
-  if (!parse_options (argc, argv, &options, &error))
+  if (!parse_options (argc, argv, &options))
     {
-      g_printerr ("bench attention: %s\n", error->message);
-      g_free (options.seq_lens);
-      return 2;
+      g_clear_pointer (&options.seq_lens, g_array_unref);
+      return CPMESH_EXIT_USAGE;
     }
   ok = bench_single (&options, &error) && (options.cp_size < 2 || bench_cp (&options, &error));
-  g_free (options.seq_lens);
-  if (!ok)
-    {
-      g_printerr ("bench attention: %s\n", error->message);
-      return 1;
-    }
-  return 0;
+  g_clear_pointer (&options.seq_lens, g_array_unref);
+  return ok ? cpmesh_bench_end (&options.run) : cpmesh_bench_fail (error);
 }

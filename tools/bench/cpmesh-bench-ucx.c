@@ -1,11 +1,11 @@
 /* cpmesh-bench-ucx.c: `cpmesh bench mesh --backend ucx`
  *
- * Measures all_gather and all_reduce between N local processes over UCX
- * (loopback) at 1 MiB and 64 MiB per rank, and ucx_perftest's tag_bw and
- * ucp_put_bw between two processes at the same sizes in the same run, and
- * prints algorithm and bus bandwidth next to the better perftest figure.
- * Then it kills one rank in the middle of all_gathers and reports how long
- * the others took to fail.
+ * Measures all_gather and all_reduce between C local processes over UCX
+ * (loopback) at 1 MiB and 64 MiB per rank, checks every rank's outputs,
+ * and ucx_perftest's tag_bw and ucp_put_bw between two processes at the
+ * same sizes in the same run, and prints algorithm and bus bandwidth next
+ * to the better perftest figure.  Then it kills one rank in the middle of
+ * all_gathers and reports how long the others took to fail.
  *
  * Ranks are this same command started again with CPMESH_BENCH_ROLE set,
  * so they are fresh processes, as a launcher would start them.
@@ -13,6 +13,7 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -20,21 +21,33 @@
 
 #include <gio/gio.h>
 
-#include "cpmesh-tool.h"
+#include "cpmesh-bench.h"
 
 #define MIB ((gsize) 1 << 20)
 #define ROLE_VARIABLE "CPMESH_BENCH_ROLE"
 #define FAILURE_TIMEOUT_MS 2000
 
-static const gsize sizes[] = { MIB, 64 * MIB };
+#define MAX_SIZES 2
 
+/* The per-rank sizes measured and the timed calls at each: 1 MiB and
+ * 64 MiB, or 1 MiB alone with --quick. */
 typedef struct
 {
-  int n_ranks;
-  gboolean skip_perftest;
-  gboolean skip_failure;
-  char *backend;
-} Options;
+  gsize sizes[MAX_SIZES];
+  guint iterations[MAX_SIZES];
+  guint n_sizes;
+} Plan;
+
+static Plan
+plan_for (const CpmeshMeshBenchOptions *options)
+{
+  Plan plan = { { MIB, 64 * MIB }, { 200, 10 }, options->run.quick ? 1 : 2 };
+
+  for (guint s = 0; s < plan.n_sizes; s++)
+    if (options->reps > 0 || options->run.quick)
+      plan.iterations[s] = options->reps > 0 ? (guint) options->reps : 20;
+  return plan;
+}
 
 /* ---- helpers ---- */
 
@@ -42,12 +55,6 @@ static const char *
 size_name (gsize size)
 {
   return size >= 64 * MIB ? "64 MiB" : "1 MiB";
-}
-
-static guint
-iterations_for (gsize size)
-{
-  return size >= 64 * MIB ? 10 : 200;
 }
 
 /* The command line of this process, to start it again as a rank. */
@@ -130,9 +137,28 @@ time_calls (CpMesh    *mesh,
   return max_over_ranks (mesh, (g_get_monotonic_time () - started) / 1e6 / iterations);
 }
 
+/* Once more after the timed calls, on operands whose results are known:
+ * the figures only count if these are right. */
+static gboolean
+check_calls (CpMesh   *mesh,
+             Buffers  *buffers,
+             GError  **error)
+{
+  int rank = cp_mesh_get_rank (mesh), n = cp_mesh_get_world_size (mesh);
+
+  cpmesh_bench_fill_gather_piece (buffers->piece, rank);
+  if (!call_all_gather (mesh, buffers, error))
+    return FALSE;
+  cpmesh_bench_fill_reduce_operand (buffers->piece, rank);
+  return call_all_reduce (mesh, buffers, error) &&
+         cpmesh_bench_check_gathered (buffers->gathered, 0, n, rank, error) &&
+         cpmesh_bench_check_reduced (buffers->piece, n, rank, error);
+}
+
 static gboolean
 time_size (CpMesh   *mesh,
            gsize     size,
+           guint     iterations,
            double   *gather,
            double   *reduce,
            GError  **error)
@@ -145,28 +171,41 @@ time_size (CpMesh   *mesh,
 
   if (gathered == NULL)
     return FALSE;
-  *gather = time_calls (mesh, call_all_gather, &buffers, iterations_for (size), error);
-  *reduce = *gather < 0 ? -1 : time_calls (mesh, call_all_reduce, &buffers, iterations_for (size), error);
-  return *reduce >= 0;
+  *gather = time_calls (mesh, call_all_gather, &buffers, iterations, error);
+  *reduce = *gather < 0 ? -1 : time_calls (mesh, call_all_reduce, &buffers, iterations, error);
+  return *reduce >= 0 && cpmesh_bench_agree (mesh, check_calls (mesh, &buffers, error), error);
 }
 
+/* A rank whose output is wrong says so on stderr and exits 1; rank 0
+ * prints RESULT lines, or WRONG when any rank's output was wrong. */
 static int
-run_timing_rank (CpMesh *mesh)
+run_timing_rank (CpMesh     *mesh,
+                 const Plan *plan)
 {
-  g_autoptr(GError) error = NULL;
+  double gather[MAX_SIZES], reduce[MAX_SIZES];
+  gboolean wrong = FALSE;
+  int rank = cp_mesh_get_rank (mesh);
 
-  for (guint s = 0; s < G_N_ELEMENTS (sizes); s++)
+  for (guint s = 0; s < plan->n_sizes; s++)
     {
-      double gather = -1, reduce = -1;
+      g_autoptr(GError) error = NULL;
 
-      if (!time_size (mesh, sizes[s], &gather, &reduce, &error))
+      if (time_size (mesh, plan->sizes[s], plan->iterations[s], &gather[s], &reduce[s], &error))
+        continue;
+      wrong = g_error_matches (error, CPMESH_BENCH_ERROR, CPMESH_BENCH_ERROR_WRONG_RESULT);
+      if (!wrong && !g_error_matches (error, CPMESH_BENCH_ERROR, CPMESH_BENCH_ERROR_PEER_WRONG))
         {
-          g_printerr ("rank %d: %s\n", cp_mesh_get_rank (mesh), error ? error->message : "failed");
+          g_printerr ("rank %d: %s\n", rank, error->message);
           return 1;
         }
-      if (cp_mesh_get_rank (mesh) == 0)
-        printf ("RESULT %" G_GSIZE_FORMAT " %.9f %.9f\n", sizes[s], gather, reduce);
+      if (wrong)
+        g_printerr ("rank %d: wrong results: %s\n", rank, error->message);
+      if (rank == 0)
+        printf ("WRONG\n");
+      return wrong ? 1 : 0;
     }
+  for (guint s = 0; s < plan->n_sizes && rank == 0; s++)
+    printf ("RESULT %" G_GSIZE_FORMAT " %.9f %.9f\n", plan->sizes[s], gather[s], reduce[s]);
   return 0;
 }
 
@@ -200,7 +239,8 @@ run_failure_rank (CpMesh *mesh)
 }
 
 static int
-run_rank (const char *role)
+run_rank (const char *role,
+          const Plan *plan)
 {
   g_autoptr(GError) error = NULL;
   CpMesh *mesh = cp_mesh_new_from_env (&error);
@@ -213,7 +253,7 @@ run_rank (const char *role)
     }
   if (g_str_equal (role, "failure"))
     return run_failure_rank (mesh);
-  status = run_timing_rank (mesh);
+  status = run_timing_rank (mesh, plan);
   g_object_unref (mesh);
   return status;
 }
@@ -234,7 +274,7 @@ rank_clear (Rank *rank)
 }
 
 static gboolean
-spawn_ranks (const Options  *options,
+spawn_ranks (const CpmeshMeshBenchOptions *options,
              const char     *role,
              Rank           *ranks,
              GError        **error)
@@ -272,26 +312,29 @@ spawn_ranks (const Options  *options,
 
 typedef struct
 {
-  double gather[G_N_ELEMENTS (sizes)];
-  double reduce[G_N_ELEMENTS (sizes)];
+  double gather[MAX_SIZES];
+  double reduce[MAX_SIZES];
 } MeshFigures;
 
 static gboolean
 read_results (Rank         *rank0,
+              const Plan   *plan,
               MeshFigures  *figures,
               GError      **error)
 {
   char *line;
   guint found = 0;
+  gboolean wrong = FALSE;
 
   while ((line = g_data_input_stream_read_line_utf8 (rank0->out, NULL, NULL, error)) != NULL)
     {
       guint64 size = 0;
       double gather = 0, reduce = 0;
 
-      for (guint s = 0; s < G_N_ELEMENTS (sizes); s++)
+      wrong |= g_str_equal (line, "WRONG");
+      for (guint s = 0; s < plan->n_sizes; s++)
         if (sscanf (line, "RESULT %" G_GUINT64_FORMAT " %lf %lf", &size, &gather, &reduce) == 3 &&
-            size == sizes[s])
+            size == plan->sizes[s])
           {
             figures->gather[s] = gather;
             figures->reduce[s] = reduce;
@@ -299,10 +342,14 @@ read_results (Rank         *rank0,
           }
       g_free (line);
     }
-  if (found == G_N_ELEMENTS (sizes))
+  if (found == plan->n_sizes && !wrong)
     return TRUE;
-  if (error != NULL && *error == NULL)
-    g_set_error (error, G_IO_ERROR, G_IO_ERROR_FAILED, "the ranks did not report their timings");
+  if (error != NULL && *error != NULL)
+    return FALSE;
+  if (wrong)
+    return cpmesh_bench_wrong (error, "the outputs of the collectives over UCX differ from "
+                               "what the ranks sent (each such rank said where, above)");
+  g_set_error (error, G_IO_ERROR, G_IO_ERROR_FAILED, "the ranks did not report their timings");
   return FALSE;
 }
 
@@ -322,13 +369,14 @@ wait_ranks (Rank    *ranks,
 }
 
 static gboolean
-measure_mesh (const Options  *options,
-              MeshFigures    *figures,
-              GError        **error)
+measure_mesh (const CpmeshMeshBenchOptions  *options,
+              const Plan                    *plan,
+              MeshFigures                   *figures,
+              GError                       **error)
 {
   g_autofree Rank *ranks = g_new0 (Rank, options->n_ranks);
   gboolean ok = spawn_ranks (options, "timing", ranks, error) &&
-                read_results (&ranks[0], figures, error);
+                read_results (&ranks[0], plan, figures, error);
 
   for (int r = 0; r < options->n_ranks; r++)
     if (ranks[r].process != NULL && !ok)
@@ -408,12 +456,13 @@ run_perftest (const char  *perftest,
 
 typedef struct
 {
-  double tag[G_N_ELEMENTS (sizes)];
-  double put[G_N_ELEMENTS (sizes)];
+  double tag[MAX_SIZES];
+  double put[MAX_SIZES];
 } PerftestFigures;
 
 static gboolean
-measure_perftest (PerftestFigures  *figures,
+measure_perftest (const Plan       *plan,
+                  PerftestFigures  *figures,
                   GError          **error)
 {
   g_autofree char *perftest = g_find_program_in_path ("ucx_perftest");
@@ -425,12 +474,13 @@ measure_perftest (PerftestFigures  *figures,
                    "pass --no-perftest to skip the baseline");
       return FALSE;
     }
-  for (guint s = 0; s < G_N_ELEMENTS (sizes); s++)
+  for (guint s = 0; s < plan->n_sizes; s++)
     {
-      figures->tag[s] = run_perftest (perftest, "tag_bw", sizes[s], error);
+      cpmesh_progress ("ucx_perftest tag_bw and ucp_put_bw at %s", size_name (plan->sizes[s]));
+      figures->tag[s] = run_perftest (perftest, "tag_bw", plan->sizes[s], error);
       if (figures->tag[s] < 0)
         return FALSE;
-      figures->put[s] = run_perftest (perftest, "ucp_put_bw", sizes[s], error);
+      figures->put[s] = run_perftest (perftest, "ucp_put_bw", plan->sizes[s], error);
       if (figures->put[s] < 0)
         return FALSE;
     }
@@ -459,8 +509,8 @@ wait_for_line (Rank       *rank,
 }
 
 static gboolean
-measure_failure (const Options  *options,
-                 GError        **error)
+measure_failure (const CpmeshMeshBenchOptions  *options,
+                 GError                       **error)
 {
   int n = options->n_ranks;
   g_autofree Rank *ranks = g_new0 (Rank, n);
@@ -503,12 +553,19 @@ measure_failure (const Options  *options,
 /* ---- report ---- */
 
 static void
-print_perftest (const PerftestFigures *perftest)
+print_perftest (const Plan            *plan,
+                const PerftestFigures *perftest)
 {
-  printf ("ucx_perftest, 2 processes (server and client), same sizes:\n");
-  printf ("  %-12s %12s %12s\n", "", size_name (sizes[0]), size_name (sizes[1]));
-  printf ("  %-12s %9.2f GB/s %7.2f GB/s\n", "tag_bw", perftest->tag[0], perftest->tag[1]);
-  printf ("  %-12s %9.2f GB/s %7.2f GB/s\n", "ucp_put_bw", perftest->put[0], perftest->put[1]);
+  printf ("\nucx_perftest, 2 processes (server and client), same sizes:\n  %-12s", "");
+  for (guint s = 0; s < plan->n_sizes; s++)
+    printf (" %12s", size_name (plan->sizes[s]));
+  printf ("\n  %-12s", "tag_bw");
+  for (guint s = 0; s < plan->n_sizes; s++)
+    printf (" %7.2f GB/s", perftest->tag[s]);
+  printf ("\n  %-12s", "ucp_put_bw");
+  for (guint s = 0; s < plan->n_sizes; s++)
+    printf (" %7.2f GB/s", perftest->put[s]);
+  printf ("\n");
 }
 
 static void
@@ -528,114 +585,104 @@ print_line (const char *name,
   printf ("\n");
 }
 
+/* The target: all_gather's bus bandwidth at 64 MiB, against the better
+ * ucx_perftest figure at that size; without both, nothing to judge. */
+static double
+target_ratio (const CpmeshMeshBenchOptions *options,
+              const Plan                   *plan,
+              const MeshFigures            *mesh,
+              const PerftestFigures        *perftest)
+{
+  int n = options->n_ranks;
+  guint last = plan->n_sizes - 1;
+
+  if (perftest == NULL || plan->sizes[last] != 64 * MIB)
+    return NAN;
+  return (double) plan->sizes[last] * n / mesh->gather[last] / 1e9 * (n - 1.0) / n /
+         MAX (perftest->tag[last], perftest->put[last]);
+}
+
 static void
-print_mesh (const Options         *options,
-            const MeshFigures     *mesh,
-            const PerftestFigures *perftest)
+print_mesh (CpmeshMeshBenchOptions *options,
+            const Plan             *plan,
+            const MeshFigures      *mesh,
+            const PerftestFigures  *perftest)
 {
   int n = options->n_ranks;
 
   printf ("\nmesh over UCX, %d processes (per-rank size; bus bandwidth as in nccl-tests):\n", n);
   printf ("  %-10s %-7s %12s %13s %13s   %s\n", "collective", "size", "time", "algbw", "busbw",
           perftest ? "busbw / best perftest" : "");
-  for (guint s = 0; s < G_N_ELEMENTS (sizes); s++)
+  for (guint s = 0; s < plan->n_sizes; s++)
     {
+      gsize size = plan->sizes[s];
       double best = perftest ? MAX (perftest->tag[s], perftest->put[s]) : 0;
 
-      print_line ("all_gather", sizes[s], mesh->gather[s], (n - 1.0) / n, (double) sizes[s] * n, best);
-      print_line ("all_reduce", sizes[s], mesh->reduce[s], 2.0 * (n - 1.0) / n, (double) sizes[s], best);
+      print_line ("all_gather", size, mesh->gather[s], (n - 1.0) / n, (double) size * n, best);
+      print_line ("all_reduce", size, mesh->reduce[s], 2.0 * (n - 1.0) / n, (double) size, best);
     }
-  if (perftest != NULL)
-    {
-      double best = MAX (perftest->tag[1], perftest->put[1]);
-      double busbw = (double) sizes[1] * n / mesh->gather[1] / 1e9 * (n - 1.0) / n;
-
-      printf ("\ntarget: all_gather busbw at 64 MiB >= 0.70 x the better ucx_perftest figure "
-              "(%.2f GB/s): %.2fx, %s\n", best, busbw / best, busbw / best >= 0.7 ? "met" : "missed");
-    }
+  printf ("\n");
+  cpmesh_bench_target (&options->run, "all_gather busbw at 64 MiB against the better "
+                       "ucx_perftest figure", target_ratio (options, plan, mesh, perftest),
+                       CPMESH_AT_LEAST, 0.7);
 }
 
+/* The options only this backend takes or limits. */
 static gboolean
-parse_options (Options   *options,
-               int        argc,
-               char     **argv,
-               GError   **error)
+check_options (CpmeshMeshBenchOptions *options,
+               CpmeshOption           *entries)
 {
-  GOptionEntry entries[] = {
-    { "ranks", 'n', 0, G_OPTION_ARG_INT, &options->n_ranks, "Number of processes (default 4)", "N" },
-    { "backend", 0, 0, G_OPTION_ARG_STRING, &options->backend, "Transport: ucx", "NAME" },
-    { "no-perftest", 0, 0, G_OPTION_ARG_NONE, &options->skip_perftest, "Skip the ucx_perftest baseline", NULL },
-    { "no-failure", 0, 0, G_OPTION_ARG_NONE, &options->skip_failure, "Skip the failure-detection run", NULL },
-    { NULL },
-  };
-  g_autoptr(GOptionContext) context = g_option_context_new ("- time collectives between processes over UCX");
-
-  g_option_context_add_main_entries (context, entries, NULL);
-  if (!g_option_context_parse (context, &argc, &argv, error))
-    return FALSE;
-  if (options->n_ranks < 2 || options->n_ranks > 64)
+  if (!CP_HAS_UCX)
+    cpmesh_fail (CPMESH_EXIT_USAGE, "--backend ucx: this libcpmesh was built without UCX");
+  else if (cpmesh_option_given (entries, "mib"))
+    cpmesh_fail (CPMESH_EXIT_USAGE, "--mib goes with --backend local: over UCX the sizes are "
+                 "1 MiB and 64 MiB per rank");
+  else if (options->n_ranks < 2 || options->n_ranks > 64)
+    cpmesh_fail (CPMESH_EXIT_USAGE, "--cp %d: over UCX use 2 to 64 processes", options->n_ranks);
+  else
     {
-      g_set_error (error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE, "-n %d: use 2 to 64 processes",
-                   options->n_ranks);
-      return FALSE;
+      options->skip_perftest |= options->run.quick;
+      options->skip_failure |= options->run.quick;
+      return cpmesh_bench_begin (&options->run, !options->run.quick && !options->skip_perftest,
+                                 "the default sizes, against ucx_perftest");
     }
-  if (options->backend != NULL && !g_str_equal (options->backend, "ucx"))
-    {
-      g_set_error (error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE, "--backend %s: this benchmark "
-                   "measures the ucx backend", options->backend);
-      return FALSE;
-    }
-  return TRUE;
+  return FALSE;
 }
 
-/**
- * cpmesh_bench_mesh_ucx:
- * @argc: the number of arguments
- * @argv: the arguments after `cpmesh bench mesh`, the first being the
- *   command's name
- *
- * Runs `cpmesh bench mesh --backend ucx [-n N]`.
- *
- * Returns: the exit status
- */
+/* Runs `cpmesh bench mesh --backend ucx`; with CPMESH_BENCH_ROLE set, this
+ * process is one of its ranks. */
 int
-cpmesh_bench_mesh_ucx (int    argc,
-                       char **argv)
+cpmesh_bench_mesh_ucx (CpmeshMeshBenchOptions *options,
+                       CpmeshOption           *entries)
 {
   const char *role = g_getenv (ROLE_VARIABLE);
-  Options options = { .n_ranks = 4 };
+  Plan plan = plan_for (options);
   PerftestFigures perftest;
   MeshFigures mesh;
   g_autoptr(GError) error = NULL;
 
   if (role != NULL)
-    return run_rank (role);
-  if (!CP_HAS_UCX)
-    {
-      g_printerr ("cpmesh bench mesh --backend ucx: this libcpmesh was built without UCX\n");
-      return 1;
-    }
-  if (!parse_options (&options, argc, argv, &error) ||
-      (!options.skip_perftest && !measure_perftest (&perftest, &error)) ||
-      !measure_mesh (&options, &mesh, &error))
-    {
-      g_printerr ("cpmesh bench mesh: %s\n", error->message);
-      g_free (options.backend);
-      return 1;
-    }
-  printf ("cpmesh bench mesh --backend ucx: %d processes on this host, UCX_TLS=%s, UCX_NET_DEVICES=%s\n\n",
-          options.n_ranks, g_getenv ("UCX_TLS") ? g_getenv ("UCX_TLS") : "(unset: sm,self over loopback)",
+    return run_rank (role, &plan);
+  if (!check_options (options, entries))
+    return CPMESH_EXIT_USAGE;
+  if (!options->skip_perftest && !measure_perftest (&plan, &perftest, &error))
+    return cpmesh_bench_fail (error);
+  cpmesh_progress ("all_gather and all_reduce on %d processes", options->n_ranks);
+  if (!measure_mesh (options, &plan, &mesh, &error))
+    return cpmesh_bench_fail (error);
+  printf ("cpmesh bench mesh --backend ucx: %d processes on this host, UCX_TLS=%s, UCX_NET_DEVICES=%s\n",
+          options->n_ranks, g_getenv ("UCX_TLS") ? g_getenv ("UCX_TLS") : "(unset: sm,self over loopback)",
           g_getenv ("UCX_NET_DEVICES") ? g_getenv ("UCX_NET_DEVICES") : "(unset)");
-  if (!options.skip_perftest)
-    print_perftest (&perftest);
-  print_mesh (&options, &mesh, options.skip_perftest ? NULL : &perftest);
+  printf ("every rank's all_gather and all_reduce output checked\n");
+  if (!options->skip_perftest)
+    print_perftest (&plan, &perftest);
+  print_mesh (options, &plan, &mesh, options->skip_perftest ? NULL : &perftest);
   fflush (stdout);
-  if (!options.skip_failure && !measure_failure (&options, &error))
+  if (!options->skip_failure)
     {
-      g_printerr ("cpmesh bench mesh: %s\n", error->message);
-      g_free (options.backend);
-      return 1;
+      cpmesh_progress ("failure detection: killing rank %d", options->n_ranks - 1);
+      if (!measure_failure (options, &error))
+        return cpmesh_bench_fail (error);
     }
-  g_free (options.backend);
-  return 0;
+  return cpmesh_bench_end (&options->run);
 }

@@ -9,20 +9,16 @@
 
 #define GATHER_DIM 1
 
-typedef struct
-{
-  int n_ranks;
-  int mib;
-  int reps;
-  gboolean quick;
-} MeshBenchOptions;
+/* The sizes the targets are stated for: 4 ranks of 64 MiB. */
+#define DEFAULT_RANKS 4
+#define DEFAULT_MIB 64
 
 typedef struct _MeshRank MeshRank;
 
 /* What every rank thread shares; the rows are written by rank 0 only. */
 typedef struct
 {
-  MeshBenchOptions *options;
+  CpmeshMeshBenchOptions *options;
   GPtrArray *ranks;      /* of MeshRank, by rank */
   CpmeshBenchRow *rows;
   CpTensor *all_pieces;  /* N·M MiB: the one-call memcpy baselines' source */
@@ -30,12 +26,11 @@ typedef struct
 
 struct _MeshRank
 {
+  CpmeshBenchRank base;
   MeshBench *bench;
-  int rank;
   CpTensor *send;       /* this rank's piece, M MiB */
   CpTensor *gathered;   /* the reused all_gather output, N·M MiB */
   CpTensor *reduced;    /* the all_reduce operand, M MiB */
-  GError *error;
 };
 
 typedef gboolean (*RankPassFunc) (CpMesh    *mesh,
@@ -56,14 +51,18 @@ pass_memcpy_pieces (CpMesh    *mesh,
                     GError   **error)
 {
   MeshBench *bench = self->bench;
-  gsize piece = cp_tensor_get_nbytes (self->send);
+  int n = bench->options->n_ranks;
+  g_autofree const guint8 **pieces = g_new (const guint8 *, n);
+  g_autofree gsize *sizes = g_new (gsize, n);
 
-  for (int r = 0; r < bench->options->n_ranks; r++)
+  for (int r = 0; r < n; r++)
     {
       MeshRank *peer = g_ptr_array_index (bench->ranks, r);
 
-      memcpy (data_of (self->gathered) + (gsize) r * piece, data_of (peer->send), piece);
+      pieces[r] = data_of (peer->send);
+      sizes[r] = cp_tensor_get_nbytes (peer->send);
     }
+  cpmesh_bench_copy_blocks (data_of (self->gathered), pieces, sizes, (guint) n);
   return TRUE;
 }
 
@@ -81,7 +80,7 @@ pass_memcpy_one_thread (CpMesh    *mesh,
                         MeshRank  *self,
                         GError   **error)
 {
-  if (self->rank == 0)
+  if (self->base.rank == 0)
     copy_whole (self);
   return TRUE;
 }
@@ -140,8 +139,15 @@ static const RankPassFunc passes[N_ROWS] = {
   pass_all_gather_into, pass_memcpy_buffer, pass_all_reduce,
 };
 
-static const struct { int first; int end; } phases[] = { { MEMCPY_1, MEMCPY_BUFFER },
-                                                         { MEMCPY_BUFFER, N_ROWS } };
+static const struct
+{
+  int first;
+  int end;
+  const char *name;
+} phases[] = {
+  { MEMCPY_1, MEMCPY_BUFFER, "all_gather and its baselines" },
+  { MEMCPY_BUFFER, N_ROWS, "all_reduce and its baseline" },
+};
 
 /* Times one pass between two barriers, so the figure is the wall time of
  * the slowest rank. */
@@ -159,7 +165,7 @@ time_pass (CpMesh    *mesh,
   start = cpmesh_now_seconds ();
   if (!passes[row] (mesh, self, error) || !cp_mesh_barrier (mesh, error))
     return FALSE;
-  if (record && self->rank == 0)
+  if (record && self->base.rank == 0)
     cpmesh_bench_record (&self->bench->rows[row], cpmesh_now_seconds () - start);
   return TRUE;
 }
@@ -170,7 +176,7 @@ mesh_rank_free (MeshRank *self)
   g_clear_object (&self->send);
   g_clear_object (&self->gathered);
   g_clear_object (&self->reduced);
-  g_clear_error (&self->error);
+  g_clear_error (&self->base.error);
   g_free (self);
 }
 
@@ -188,34 +194,24 @@ mesh_rank_new (MeshBench  *bench,
   gint64 gathered_shape[] = { shape[0], shape[1] * bench->options->n_ranks, shape[2] };
 
   self->bench = bench;
-  self->rank = rank;
-  if ((self->send = cp_tensor_new_full (CP_DTYPE_FLOAT32, shape, 3, rank + 1, error)) == NULL ||
+  if ((self->send = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 3, error)) == NULL ||
       (self->reduced = cp_tensor_new_full (CP_DTYPE_FLOAT32, shape, 3, 1.0, error)) == NULL ||
       (self->gathered = cp_tensor_new_full (CP_DTYPE_FLOAT32, gathered_shape, 3, 0.0, error)) == NULL)
     return NULL;
+  cpmesh_bench_fill_gather_piece (self->send, rank);
   return g_steal_pointer (&self);
 }
 
-/* Rank j's block of every row of the gather holds j + 1. */
+/* A fresh operand, so that the check knows the sum. */
 static gboolean
-check_gathered (MeshRank  *self,
-                GError   **error)
+check_reduced (CpMesh    *mesh,
+               MeshRank  *self,
+               GError   **error)
 {
-  CpTensor *out = self->gathered;
-  gint64 block = cp_tensor_get_dim (self->send, GATHER_DIM) * cp_tensor_get_dim (out, 2);
-  int n = self->bench->options->n_ranks;
-
-  for (gint64 o = 0; o < cp_tensor_get_dim (out, 0); o++)
-    for (int j = 0; j < n; j++)
-      if (cp_tensor_get_value (out, (o * n + j) * block) != j + 1 ||
-          cp_tensor_get_value (out, (o * n + j + 1) * block - 1) != j + 1)
-        {
-          g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_FAILED,
-                       "rank %d: block %d of row %" G_GINT64_FORMAT " of the gather is wrong",
-                       self->rank, j, o);
-          return FALSE;
-        }
-  return TRUE;
+  cpmesh_bench_fill_reduce_operand (self->reduced, self->base.rank);
+  return cp_mesh_all_reduce (mesh, self->reduced, CP_REDUCE_OP_SUM, error) &&
+         cpmesh_bench_check_reduced (self->reduced, self->bench->options->n_ranks,
+                                     self->base.rank, error);
 }
 
 static gboolean
@@ -224,27 +220,39 @@ run_phase (CpMesh    *mesh,
            gsize      phase,
            GError   **error)
 {
-  for (int round = 0; round <= self->bench->options->reps; round++)
-    for (int row = phases[phase].first; row < phases[phase].end; row++)
-      if (!time_pass (mesh, self, row, round > 0, error))
-        return FALSE;
+  int reps = self->bench->options->reps;
+
+  for (int round = 0; round <= reps; round++)
+    {
+      if (self->base.rank == 0)
+        cpmesh_progress ("%s: round %d of %d (the first warms up)", phases[phase].name,
+                         round + 1, reps + 1);
+      for (int row = phases[phase].first; row < phases[phase].end; row++)
+        if (!time_pass (mesh, self, row, round > 0, error))
+          return FALSE;
+    }
   return TRUE;
 }
 
-/* The gathers' figures only count if their output is right; it is checked
- * before the next phase reuses the buffer. */
-static void
-rank_main (CpMesh   *mesh,
-           gpointer  data)
+/* The figures only count if the outputs are right: the gather's is
+ * checked before the next phase reuses its buffer. */
+static gboolean
+run_rank (gpointer   data,
+          GError   **error)
 {
   MeshRank *self = data;
+  CpMesh *mesh = self->base.mesh;
+  int n = self->bench->options->n_ranks;
 
-  if (run_phase (mesh, self, 0, &self->error) && check_gathered (self, &self->error))
-    run_phase (mesh, self, 1, &self->error);
+  return run_phase (mesh, self, 0, error) &&
+         cpmesh_bench_agree (mesh, cpmesh_bench_check_gathered (self->gathered, GATHER_DIM, n,
+                                                                self->base.rank, error), error) &&
+         run_phase (mesh, self, 1, error) &&
+         check_reduced (mesh, self, error);
 }
 
 static void
-print_setup (MeshBenchOptions *options)
+print_setup (CpmeshMeshBenchOptions *options)
 {
   g_print ("in-process mesh of %d ranks (threads), %d MiB float32 per rank, best of %d passes "
            "after a warm-up; each pass is timed between barriers on rank 0\n",
@@ -256,8 +264,8 @@ print_setup (MeshBenchOptions *options)
 }
 
 static void
-set_row_bytes (CpmeshBenchRow   *rows,
-               MeshBenchOptions *options)
+set_row_bytes (CpmeshBenchRow         *rows,
+               CpmeshMeshBenchOptions *options)
 {
   double piece = (double) options->mib * (1 << 20);
   double n = options->n_ranks;
@@ -265,27 +273,6 @@ set_row_bytes (CpmeshBenchRow   *rows,
   rows[MEMCPY_1].bytes = n * piece;
   rows[MEMCPY_PIECES].bytes = rows[MEMCPY_N].bytes = rows[GATHER].bytes = rows[GATHER_INTO].bytes = n * n * piece;
   rows[MEMCPY_BUFFER].bytes = rows[REDUCE].bytes = n * piece;
-}
-
-static int
-run_ranks (MeshBench *bench)
-{
-  g_autoptr(GError) error = NULL;
-  GList *meshes = cpmesh_local_group (bench->options->n_ranks, 60000, &error);
-  int status = 0;
-
-  if (meshes == NULL)
-    return cpmesh_fail_error (error);
-  cpmesh_run_ranks (meshes, rank_main, bench->ranks->pdata);
-  g_list_free_full (meshes, g_object_unref);
-  for (guint r = 0; r < bench->ranks->len && status == 0; r++)
-    {
-      MeshRank *rank = g_ptr_array_index (bench->ranks, r);
-
-      if (rank->error != NULL)
-        status = cpmesh_fail_error (rank->error);
-    }
-  return status;
 }
 
 static gboolean
@@ -317,48 +304,10 @@ mesh_bench_clear (MeshBench *bench)
 
 G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (MeshBench, mesh_bench_clear)
 
-static gboolean
-check_options (MeshBenchOptions *options)
+static int
+run_local (CpmeshMeshBenchOptions *options,
+           CpmeshOption           *entries)
 {
-  if (options->quick && options->mib == 0)
-    options->mib = 4;
-  if (options->mib == 0)
-    options->mib = 64;
-  if (options->reps == 0)
-    options->reps = options->quick ? 3 : 7;
-  if (options->n_ranks < 1 || options->mib < 1 || options->reps < 1)
-    {
-      cpmesh_fail (CPMESH_EXIT_USAGE, "--ranks, --mib and --reps must be positive");
-      return FALSE;
-    }
-  return TRUE;
-}
-
-/* `--backend ucx` times processes over UCX instead of threads
- * (cpmesh-bench-ucx.c), which takes the rest of the options itself. */
-static gboolean
-wants_ucx (int    argc,
-           char **argv)
-{
-  for (int i = 1; i < argc; i++)
-    if (g_str_equal (argv[i], "--backend=ucx") ||
-        (g_str_equal (argv[i], "--backend") && i + 1 < argc && g_str_equal (argv[i + 1], "ucx")))
-      return TRUE;
-  return FALSE;
-}
-
-int
-cpmesh_bench_mesh (int    argc,
-                   char **argv)
-{
-  MeshBenchOptions options = { .n_ranks = 4 };
-  const GOptionEntry entries[] = {
-    { "ranks", 'n', 0, G_OPTION_ARG_INT, &options.n_ranks, "Ranks, one thread each (default 4)", "N" },
-    { "mib", 'm', 0, G_OPTION_ARG_INT, &options.mib, "Mebibytes per rank (default 64, 4 with --quick)", "M" },
-    { "reps", 'r', 0, G_OPTION_ARG_INT, &options.reps, "Timed passes per operation (default 7, 3 with --quick)", "N" },
-    { "quick", 'q', 0, G_OPTION_ARG_NONE, &options.quick, "Small buffers, for a smoke run", NULL },
-    G_OPTION_ENTRY_NULL
-  };
   CpmeshBenchRow rows[N_ROWS] = {
     [MEMCPY_1] = { "memcpy, 1 thread", NULL, 0, 0 },
     [MEMCPY_PIECES] = { "memcpy per piece, N threads", NULL, 0, 0 },
@@ -368,27 +317,61 @@ cpmesh_bench_mesh (int    argc,
     [MEMCPY_BUFFER] = { "memcpy of the buffer, N threads", NULL, 0, 0 },
     [REDUCE] = { "all_reduce SUM", "memcpy of the buffer, N threads", 0, 0 },
   };
-  g_auto(MeshBench) bench = { &options, NULL, rows, NULL };
+  g_auto(MeshBench) bench = { options, NULL, rows, NULL };
   g_autoptr(GError) error = NULL;
-  int status;
 
-  if (wants_ucx (argc, argv))
-    return cpmesh_bench_mesh_ucx (argc, argv);
-  cpmesh_bench_rows_init (rows, N_ROWS);
-  if (!cpmesh_parse_options ("Time the in-process backend's all_gather of M MiB per rank over N "
-                             "ranks against memcpy of the same bytes by the same threads, and "
-                             "all_reduce against memcpy of its buffer.", entries, argc, argv) ||
-      !check_options (&options))
+  if (cpmesh_option_given (entries, "no-perftest") || cpmesh_option_given (entries, "no-failure"))
+    return cpmesh_fail (CPMESH_EXIT_USAGE, "--no-perftest and --no-failure go with --backend ucx");
+  if (options->mib == 0)
+    options->mib = options->run.quick ? 4 : DEFAULT_MIB;
+  if (options->reps == 0)
+    options->reps = options->run.quick ? 3 : 7;
+  if (!cpmesh_bench_begin (&options->run, options->n_ranks == DEFAULT_RANKS &&
+                           options->mib == DEFAULT_MIB, "--cp 4 --mib 64"))
     return CPMESH_EXIT_USAGE;
-  if (!mesh_bench_init (&bench, &error))
-    return cpmesh_fail_error (error);
+  cpmesh_bench_rows_init (rows, N_ROWS);
+  cpmesh_progress ("making %d ranks' buffers", options->n_ranks);
+  if (!mesh_bench_init (&bench, &error) ||
+      !cpmesh_bench_run_ranks (options->n_ranks, run_rank, bench.ranks->pdata, &error))
+    return cpmesh_bench_fail (error);
+  print_setup (options);
+  set_row_bytes (rows, options);
+  g_print ("every rank's all_gather and all_reduce output checked\n");
+  cpmesh_bench_report (&options->run, rows, N_ROWS);
+  return cpmesh_bench_end (&options->run);
+}
 
-  print_setup (&options);
-  set_row_bytes (rows, &options);
-  if ((status = run_ranks (&bench)) == 0)
-    {
-      cpmesh_bench_report (rows, N_ROWS, options.n_ranks == 4 && options.mib == 64);
-      g_print ("all_gather output verified\n");
-    }
-  return status;
+int
+cpmesh_bench_mesh (int    argc,
+                   char **argv)
+{
+  CpmeshMeshBenchOptions options = { .n_ranks = DEFAULT_RANKS };
+  CpmeshOption entries[] = {
+    CPMESH_OPTION_CP (&options.n_ranks, ": threads, or with --backend ucx processes (default 4)"),
+    { "mib", 'm', CPMESH_VALUE_INT, &options.mib, "Mebibytes per rank (default 64, 4 with "
+      "--quick; over UCX 1 and 64)", "M", 1, 1 << 16, NULL, FALSE },
+    CPMESH_OPTION_REPS (&options.reps, " (default 7, 3 with --quick; over UCX 200 calls at "
+                        "1 MiB and 10 at 64 MiB, 20 with --quick)"),
+    CPMESH_OPTION_QUICK (&options.run.quick, ": 4 MiB per rank; over UCX 1 MiB only, without "
+                         "ucx_perftest or the failure run"),
+    CPMESH_OPTION_BACKEND (&options.backend, " (default local)"),
+    { "no-perftest", 0, CPMESH_VALUE_FLAG, &options.skip_perftest,
+      "Over UCX: skip the ucx_perftest baseline", NULL, 0, 0, NULL, FALSE },
+    { "no-failure", 0, CPMESH_VALUE_FLAG, &options.skip_failure,
+      "Over UCX: skip the failure-detection run", NULL, 0, 0, NULL, FALSE },
+    CPMESH_OPTION_CHECK_TARGETS (&options.run.check_targets),
+    CPMESH_OPTION_END
+  };
+
+  if (!cpmesh_parse_options ("Time all_gather of M MiB per rank over C in-process ranks "
+                             "against memcpy of the same bytes by the same threads, and "
+                             "all_reduce against memcpy of its buffer; or, with --backend ucx, "
+                             "all_gather and all_reduce between C processes over UCX against "
+                             "ucx_perftest, then how fast the others notice a killed rank. "
+                             "Every rank's outputs are checked before any figure is printed.",
+                             entries, NULL, &argc, &argv))
+    return CPMESH_EXIT_USAGE;
+  if (options.backend == CPMESH_BACKEND_UCX)
+    return cpmesh_bench_mesh_ucx (&options, entries);
+  return run_local (&options, entries);
 }

@@ -9,11 +9,18 @@
 
 #define SEQ_DIM 1
 
+/* The sizes the targets are stated for: [4, 16384, 1024] float32 over 4
+ * ranks; --quick makes it [4, 1024, 1024]. */
+#define DEFAULT_CP 4
+#define DEFAULT_SEQ 16384
+#define QUICK_SEQ 1024
+
 typedef struct
 {
   int cp_size;
+  gint64 seq_len;
   int reps;
-  gboolean quick;
+  CpmeshBench run;
 } LayoutBenchOptions;
 
 /* Everything the passes touch is allocated and warmed before timing. */
@@ -112,21 +119,23 @@ layout_bench_clear (LayoutBench *bench)
 
 G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (LayoutBench, layout_bench_clear)
 
-/* Float32 [4, S, 1024]: 256 MiB for S = 16384, 16 MiB for --quick. */
+/* Float32 [4, S, 1024]: 256 MiB for S = 16384, 16 MiB for S = 1024.  Its
+ * elements differ, so that the check finds any of them out of place. */
 static gboolean
 layout_bench_init (LayoutBench         *bench,
                    LayoutBenchOptions  *options,
                    GError             **error)
 {
-  gint64 shape[] = { 4, options->quick ? 1024 : 16384, 1024 };
+  gint64 shape[] = { 4, options->seq_len, 1024 };
   int n = options->cp_size;
 
   bench->layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, shape[SEQ_DIM], n, error);
   if (bench->layout == NULL)
     return FALSE;
-  bench->full = cp_tensor_new_full (CP_DTYPE_FLOAT32, shape, G_N_ELEMENTS (shape), 1.5, error);
+  bench->full = cp_tensor_new (CP_DTYPE_FLOAT32, shape, G_N_ELEMENTS (shape), error);
   if (bench->full == NULL)
     return FALSE;
+  cpmesh_bench_fill_pattern (bench->full, 0);
   bench->nbytes = cp_tensor_get_nbytes (bench->full);
   bench->pieces = g_new0 (CpTensor *, n);
   for (int r = 0; r < n; r++)
@@ -148,15 +157,18 @@ layout_bench_run (LayoutBench     *bench,
                   GError         **error)
 {
   for (int round = 0; round <= reps; round++)
-    for (gsize i = 0; i < G_N_ELEMENTS (passes); i++)
+    {
+      cpmesh_progress ("round %d of %d (the first warms up)", round + 1, reps + 1);
+      for (gsize i = 0; i < G_N_ELEMENTS (passes); i++)
       {
-        double start = cpmesh_now_seconds ();
+          double start = cpmesh_now_seconds ();
 
-        if (!passes[i] (bench, error))
-          return FALSE;
-        if (round > 0)
-          cpmesh_bench_record (&rows[i], cpmesh_now_seconds () - start);
-      }
+          if (!passes[i] (bench, error))
+            return FALSE;
+          if (round > 0)
+            cpmesh_bench_record (&rows[i], cpmesh_now_seconds () - start);
+        }
+    }
   return TRUE;
 }
 
@@ -168,18 +180,24 @@ check_restored (CpTensor    *restored,
 {
   if (cp_tensor_equal (restored, original))
     return TRUE;
-  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_FAILED,
-               "%s did not restore the original tensor", what);
-  return FALSE;
+  return cpmesh_bench_wrong (error, "%s did not restore the original tensor", what);
 }
 
-/* The figures only count if the data came back intact. */
+/* The figures only count if every piece holds its rank's positions, as
+ * worked out here, and the data came back intact. */
 static gboolean
 layout_bench_verify (LayoutBench  *bench,
                      GError      **error)
 {
-  g_autoptr(CpTensor) restored = unshard_pieces (bench, error);
+  int n = cp_layout_get_cp_size (bench->layout);
+  g_autoptr(CpTensor) restored = NULL;
 
+  cpmesh_bench_corrupt (bench->pieces[n - 1]);
+  for (int r = 0; r < n; r++)
+    if (!cpmesh_bench_check_shard (bench->full, bench->pieces[r], SEQ_DIM, n, r,
+                                   "shard_into", error))
+      return FALSE;
+  restored = unshard_pieces (bench, error);
   return restored != NULL &&
          check_restored (restored, bench->full, "unshard_pieces", error) &&
          check_restored (bench->restored, bench->full, "unshard_pieces_into", error);
@@ -202,12 +220,15 @@ int
 cpmesh_bench_layout (int    argc,
                      char **argv)
 {
-  LayoutBenchOptions options = { .cp_size = 4, .reps = 0 };
-  const GOptionEntry entries[] = {
-    { "cp", 'c', 0, G_OPTION_ARG_INT, &options.cp_size, "Ranks to shard for (default 4)", "C" },
-    { "reps", 'r', 0, G_OPTION_ARG_INT, &options.reps, "Timed passes per operation (default 7, 3 with --quick)", "N" },
-    { "quick", 'q', 0, G_OPTION_ARG_NONE, &options.quick, "A 16 MiB tensor, for a smoke run", NULL },
-    G_OPTION_ENTRY_NULL
+  LayoutBenchOptions options = { .cp_size = DEFAULT_CP, .seq_len = DEFAULT_SEQ, .reps = 7 };
+  CpmeshOption entries[] = {
+    CPMESH_OPTION_CP (&options.cp_size, " to shard for (default 4)"),
+    CPMESH_OPTION_SEQ (&options.seq_len, " of the [4, S, 1024] float32 tensor (default 16384, "
+                       "1024 with --quick)"),
+    CPMESH_OPTION_REPS (&options.reps, " (default 7, 3 with --quick)"),
+    CPMESH_OPTION_QUICK (&options.run.quick, ": a 16 MiB tensor, 3 repetitions"),
+    CPMESH_OPTION_CHECK_TARGETS (&options.run.check_targets),
+    CPMESH_OPTION_END
   };
   CpmeshBenchRow rows[] = {
     { "memcpy, 1 thread", NULL, 0, 0 },
@@ -220,25 +241,33 @@ cpmesh_bench_layout (int    argc,
   g_autoptr(GError) error = NULL;
 
   cpmesh_bench_rows_init (rows, G_N_ELEMENTS (rows));
-  if (!cpmesh_parse_options ("Time sharding and unsharding of a float32 [4, 16384, 1024] tensor "
-                             "(256 MiB) along dim 1 against memcpy of the same bytes into a warm "
-                             "buffer. The library copies on one thread, as the baseline does.",
-                             entries, argc, argv))
+  if (!cpmesh_parse_options ("Time sharding and unsharding of a float32 [4, S, 1024] tensor "
+                             "(256 MiB at S = 16384) along dim 1 against memcpy of the same "
+                             "bytes into a warm buffer. The library copies on one thread, as "
+                             "the baseline does. Every piece and the restored tensor are "
+                             "checked before any figure is printed.",
+                             entries, NULL, &argc, &argv))
     return CPMESH_EXIT_USAGE;
-  if (options.reps < 0)
-    return cpmesh_fail (CPMESH_EXIT_USAGE, "--reps must be positive");
-  if (options.reps == 0)
-    options.reps = options.quick ? 3 : 7;
+  if (options.run.quick && !cpmesh_option_given (entries, "seq"))
+    options.seq_len = QUICK_SEQ;
+  if (options.run.quick && !cpmesh_option_given (entries, "reps"))
+    options.reps = 3;
+  if (!cpmesh_check_divisible ("--seq", options.seq_len, options.cp_size) ||
+      !cpmesh_bench_begin (&options.run, options.cp_size == DEFAULT_CP &&
+                           options.seq_len == DEFAULT_SEQ, "--cp 4 --seq 16384"))
+    return CPMESH_EXIT_USAGE;
 
+  cpmesh_progress ("making a [4, %" G_GINT64_FORMAT ", 1024] float32 tensor and its %d pieces",
+                   options.seq_len, options.cp_size);
   if (!layout_bench_init (&bench, &options, &error))
-    return cpmesh_fail_error (error);
+    return cpmesh_bench_fail (error);
   print_setup (&bench, &options);
   for (gsize i = 0; i < G_N_ELEMENTS (rows); i++)
     rows[i].bytes = (double) bench.nbytes;
   if (!layout_bench_run (&bench, rows, options.reps, &error) ||
       !layout_bench_verify (&bench, &error))
-    return cpmesh_fail_error (error);
-  cpmesh_bench_report (rows, G_N_ELEMENTS (rows), !options.quick && options.cp_size == 4);
-  g_print ("round trip verified bit-exact\n");
-  return 0;
+    return cpmesh_bench_fail (error);
+  g_print ("every piece holds its rank's positions; the round trip is bit-exact\n");
+  cpmesh_bench_report (&options.run, rows, G_N_ELEMENTS (rows));
+  return cpmesh_bench_end (&options.run);
 }
