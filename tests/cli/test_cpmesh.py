@@ -323,7 +323,7 @@ USAGE_ERRORS = (
     ("launch: -n that is not a number", ["launch", "-n", "two", "--", "true"],
      "--nproc two is not a whole number"),
     ("launch: --port out of range", ["launch", "-n", "2", "--port", "70000", "--", "true"],
-     "--port 70000 must be at most 65535"),
+     "--port 70000 must be at most 65534"),
     ("launch: no program", ["launch", "-n", "2"], "give the program to start after --"),
     ("bench layout: an unknown option", ["bench", "layout", "--frobnicate"],
      "Unknown option --frobnicate"),
