@@ -614,6 +614,14 @@ _cp_bootstrap_parse_table (GBytes        *payload,
   g_variant_get_child (table, 0, "i", &code);
   g_variant_get_child (table, 1, "&s", &reason);
   code = clamp_code (code);
+  /* An acceptance says nothing more: one with a reason is not one rank 0
+   * packs, and is refused like any other malformed table. */
+  if (code == CP_BOOTSTRAP_ACCEPTED && *reason != '\0')
+    {
+      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
+                   "a malformed address table from %s: an acceptance that gives a reason", where);
+      return NULL;
+    }
   if (code == CP_BOOTSTRAP_ACCEPTED)
     return take_blobs (table, world_size, error);
   g_set_error (error, CP_MESH_ERROR, code, "rank 0 at %s gave up: %s", where,
