@@ -502,6 +502,7 @@ cp_test_record_outcome (const char *subject,
 
 #undef g_test_add_func
 #undef g_test_add_data_func
+#undef g_test_add_data_func_full
 #undef g_test_skip
 
 typedef struct
@@ -620,6 +621,15 @@ cp_test_add_data_func_isolated (const char    *path,
   subtest->data_func = func;
   subtest->data = data;
   g_test_add_data_func (path, subtest, run_isolated);
+}
+
+void
+cp_test_add_data_func_full_isolated (const char     *path,
+                                     gpointer        data,
+                                     GTestDataFunc   func,
+                                     GDestroyNotify  destroy)
+{
+  cp_test_add_data_func_isolated (path, data, func);
 }
 
 void

@@ -180,6 +180,12 @@ void       cp_test_add_func_isolated  (const char     *path,
 void       cp_test_add_data_func_isolated (const char     *path,
                                            gconstpointer   data,
                                            GTestDataFunc   func);
+/* @data stays reachable until exit and @destroy is never called: the
+ * child process of another subtest never runs this one. */
+void       cp_test_add_data_func_full_isolated (const char     *path,
+                                                gpointer        data,
+                                                GTestDataFunc   func,
+                                                GDestroyNotify  destroy);
 /* For a subtest that starts GTest subprocesses of its own (to watch a
  * critical abort, say): it always runs in the test program's process. */
 void       cp_test_add_func_in_process (const char     *path,
@@ -191,6 +197,8 @@ void       cp_test_skip               (const char     *message);
 #define g_test_add_func(path, func) cp_test_add_func_isolated ((path), (func))
 #define g_test_add_data_func(path, data, func)                               \
   cp_test_add_data_func_isolated ((path), (data), (func))
+#define g_test_add_data_func_full(path, data, func, destroy)                \
+  cp_test_add_data_func_full_isolated ((path), (data), (func), (destroy))
 #define g_test_skip(message) cp_test_skip (message)
 
 G_END_DECLS
