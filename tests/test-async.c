@@ -966,7 +966,7 @@ assert_later_calls_fail (Scene *scene,
       g_assert_nonnull (strstr (error->message, "mesh broken"));
       assert_names_cancel (error, cancelled_rank, "a later barrier");
       if (r == 0)
-        cp_test_record_error ("CpMesh (local)", "a later call after an async call was cancelled", error);
+        cp_test_record_error ("CpMesh", "a later call after an async call was cancelled", error);
     }
 }
 
@@ -1021,8 +1021,8 @@ test_cancel (gconstpointer data)
       g_assert_error (error, CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED);
       assert_names_cancel (error, cancelled, what);
       if (r == cancelled || r == late || r == witness)
-        cp_test_record_error (c->family == PREPARE || c->family == ENTER ? "CpBatch"
-                              : c->family == FORWARD ? "CpAttention" : "CpMesh (local)", what, error);
+        cp_test_record_error (c->family == PREPARE ? "CpBatch" : c->family == ENTER ? "CpContext"
+                              : c->family == FORWARD ? "CpAttention" : "CpMesh", what, error);
     }
   assert_untouched (&scene, c);
   assert_later_calls_fail (&scene, cancelled);
