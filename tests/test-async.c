@@ -4,116 +4,20 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
-#include <math.h>
 #include <string.h>
 
+#include "cp-test-loop.h"
 #include "cp-test-util.h"
 
-#define MAX_RANKS 32
+#define MAX_RANKS CP_TEST_LOOP_MAX_RANKS
 
 /* Meshes whose timeout no test reaches: a call that fails here failed
  * for what the test did, not for the clock. */
 #define TIMEOUT_MS 30000
 
-/* How long the ranks of a cancelled call may take to fail, all of them:
- * a small part of the timeout. */
-#define PROMPT_MS 3000
+typedef CpTestLoopRanks Ranks;
 
-/* ---- ranks driven from this thread's main loop ---- */
-
-typedef struct
-{
-  int n;
-  GList *group;
-  CpMesh *meshes[MAX_RANKS];
-  GAsyncResult *results[MAX_RANKS];
-} Ranks;
-
-static void
-ranks_init (Ranks *ranks,
-            int    n,
-            guint  timeout_ms)
-{
-  memset (ranks, 0, sizeof *ranks);
-  ranks->n = n;
-  ranks->group = cp_test_local_group ("cp", n);
-  for (int r = 0; r < n; r++)
-    {
-      ranks->meshes[r] = g_list_nth_data (ranks->group, (guint) r);
-      cp_mesh_set_timeout_ms (ranks->meshes[r], timeout_ms * cp_test_time_factor ());
-    }
-}
-
-static void
-ranks_forget_results (Ranks *ranks)
-{
-  for (int r = 0; r < MAX_RANKS; r++)
-    g_clear_object (&ranks->results[r]);
-}
-
-static void
-ranks_clear (Ranks *ranks)
-{
-  ranks_forget_results (ranks);
-  cp_test_free_group (ranks->group);
-}
-
-static void
-on_done (GObject      *source,
-         GAsyncResult *result,
-         gpointer      user_data)
-{
-  GAsyncResult **slot = user_data;
-
-  g_assert_null (*slot);
-  *slot = g_object_ref (result);
-}
-
-static gboolean
-keep_awake (gpointer unused)
-{
-  return G_SOURCE_CONTINUE;
-}
-
-/* Runs the main loop until rank @r's call reported, at most @limit_ms
- * (times the test time factor) after @since. */
-static void
-await_rank (Ranks  *ranks,
-            int     r,
-            gint64  since,
-            guint   limit_ms)
-{
-  gint64 deadline = since + (gint64) limit_ms * cp_test_time_factor () * G_TIME_SPAN_MILLISECOND;
-  guint awake = g_timeout_add (20, keep_awake, NULL);
-
-  while (ranks->results[r] == NULL)
-    {
-      if (g_get_monotonic_time () > deadline)
-        g_error ("rank %d's call did not report within %u ms", r, limit_ms * cp_test_time_factor ());
-      g_main_context_iteration (NULL, TRUE);
-    }
-  g_source_remove (awake);
-}
-
-/* Every rank's call, in ranks [@first, @last). */
-static void
-await_ranks (Ranks  *ranks,
-             int     first,
-             int     last,
-             gint64  since,
-             guint   limit_ms)
-{
-  for (int r = first; r < last; r++)
-    await_rank (ranks, r, since, limit_ms);
-}
-
-static void
-await_all (Ranks *ranks)
-{
-  await_ranks (ranks, 0, ranks->n, g_get_monotonic_time (), TIMEOUT_MS);
-}
-
-#define DONE(ranks, r) on_done, &(ranks)->results[r]
+#define DONE CP_TEST_LOOP_DONE
 
 /* One tensor per rank. */
 typedef struct
@@ -170,7 +74,7 @@ check_all_gather (Ranks *ranks)
       pieces.t[r] = tensor_of (shape, 1, rank_and_index, r);
       cp_mesh_all_gather_async (ranks->meshes[r], pieces.t[r], 0, NULL, DONE (ranks, r));
     }
-  await_all (ranks);
+  cp_test_loop_await_all (ranks);
   for (int r = 0; r < ranks->n; r++)
     {
       g_autoptr(GError) error = NULL;
@@ -182,7 +86,7 @@ check_all_gather (Ranks *ranks)
         for (int i = 0; i < 2; i++)
           g_assert_cmpfloat (cp_tensor_get_value (gathered, 2 * s + i), ==, s * 100 + i);
     }
-  ranks_forget_results (ranks);
+  cp_test_loop_ranks_forget (ranks);
 }
 
 static void
@@ -199,7 +103,7 @@ check_all_gather_into (Ranks *ranks)
       outs.t[r] = cp_tensor_new (CP_DTYPE_FLOAT32, out_shape, 2, NULL);
       cp_mesh_all_gather_into_async (ranks->meshes[r], pieces.t[r], -1, outs.t[r], NULL, DONE (ranks, r));
     }
-  await_all (ranks);
+  cp_test_loop_await_all (ranks);
   for (int r = 0; r < ranks->n; r++)
     {
       g_autoptr(GError) error = NULL;
@@ -209,7 +113,7 @@ check_all_gather_into (Ranks *ranks)
       for (int s = 0; s < ranks->n; s++)
         g_assert_cmpfloat (cp_tensor_get_value (outs.t[r], 2 * s + 1), ==, s * 100 + 1);
     }
-  ranks_forget_results (ranks);
+  cp_test_loop_ranks_forget (ranks);
 }
 
 static void
@@ -223,7 +127,7 @@ check_all_to_all (Ranks *ranks)
       sent.t[r] = tensor_of (shape, 1, rank_and_index, r);
       cp_mesh_all_to_all_async (ranks->meshes[r], sent.t[r], 0, NULL, DONE (ranks, r));
     }
-  await_all (ranks);
+  cp_test_loop_await_all (ranks);
   for (int r = 0; r < ranks->n; r++)
     {
       g_autoptr(GError) error = NULL;
@@ -234,7 +138,7 @@ check_all_to_all (Ranks *ranks)
       for (int s = 0; s < ranks->n; s++)
         g_assert_cmpfloat (cp_tensor_get_value (received, s), ==, s * 100 + r);
     }
-  ranks_forget_results (ranks);
+  cp_test_loop_ranks_forget (ranks);
 }
 
 static void
@@ -248,7 +152,7 @@ check_all_reduce (Ranks *ranks)
       values.t[r] = tensor_of (shape, 1, rank_and_index, r);
       cp_mesh_all_reduce_async (ranks->meshes[r], values.t[r], CP_REDUCE_OP_MAX, NULL, DONE (ranks, r));
     }
-  await_all (ranks);
+  cp_test_loop_await_all (ranks);
   for (int r = 0; r < ranks->n; r++)
     {
       g_autoptr(GError) error = NULL;
@@ -258,7 +162,7 @@ check_all_reduce (Ranks *ranks)
       for (int i = 0; i < 3; i++)
         g_assert_cmpfloat (cp_tensor_get_value (values.t[r], i), ==, (ranks->n - 1) * 100 + i);
     }
-  ranks_forget_results (ranks);
+  cp_test_loop_ranks_forget (ranks);
 }
 
 static void
@@ -272,7 +176,7 @@ check_broadcast (Ranks *ranks)
       values.t[r] = tensor_of (shape, 1, rank_and_index, r);
       cp_mesh_broadcast_async (ranks->meshes[r], values.t[r], 1, NULL, DONE (ranks, r));
     }
-  await_all (ranks);
+  cp_test_loop_await_all (ranks);
   for (int r = 0; r < ranks->n; r++)
     {
       g_autoptr(GError) error = NULL;
@@ -281,7 +185,7 @@ check_broadcast (Ranks *ranks)
       g_assert_no_error (error);
       CP_TEST_ASSERT_VALUES (values.t[r], 100, 101, 102);
     }
-  ranks_forget_results (ranks);
+  cp_test_loop_ranks_forget (ranks);
 }
 
 /* Each rank sends to the next and receives from the one before. */
@@ -300,7 +204,7 @@ check_ring (Ranks *ranks)
       cp_mesh_send_recv_async (ranks->meshes[r], sent.t[r], (r + 1) % n, received.t[r], (r + n - 1) % n,
                                7, NULL, DONE (ranks, r));
     }
-  await_all (ranks);
+  cp_test_loop_await_all (ranks);
   for (int r = 0; r < n; r++)
     {
       g_autoptr(GError) error = NULL;
@@ -310,7 +214,7 @@ check_ring (Ranks *ranks)
       g_assert_no_error (error);
       CP_TEST_ASSERT_VALUES (received.t[r], from * 100, from * 100 + 1);
     }
-  ranks_forget_results (ranks);
+  cp_test_loop_ranks_forget (ranks);
 }
 
 /* Rank 0 sends to the last rank; the ranks between take no part. */
@@ -325,14 +229,14 @@ check_send_recv (Ranks *ranks)
 
   cp_mesh_send_async (ranks->meshes[0], sent, last, 3, NULL, DONE (ranks, 0));
   cp_mesh_recv_async (ranks->meshes[last], received, 0, 3, NULL, DONE (ranks, last));
-  await_rank (ranks, 0, g_get_monotonic_time (), TIMEOUT_MS);
-  await_rank (ranks, last, g_get_monotonic_time (), TIMEOUT_MS);
+  cp_test_loop_await (ranks, 0, 1, g_get_monotonic_time (), TIMEOUT_MS);
+  cp_test_loop_await (ranks, last, last + 1, g_get_monotonic_time (), TIMEOUT_MS);
   g_assert_true (cp_mesh_send_finish (ranks->meshes[0], ranks->results[0], &error));
   g_assert_no_error (error);
   g_assert_true (cp_mesh_recv_finish (ranks->meshes[last], ranks->results[last], &error));
   g_assert_no_error (error);
   CP_TEST_ASSERT_VALUES (received, 0, 1);
-  ranks_forget_results (ranks);
+  cp_test_loop_ranks_forget (ranks);
 }
 
 /* Unshards every rank's piece of @layout (NULL: head-tail) of
@@ -355,7 +259,7 @@ check_unshard (Ranks    *ranks,
       else
         cp_mesh_unshard_async (ranks->meshes[r], pieces.t[r], 1, NULL, DONE (ranks, r));
     }
-  await_all (ranks);
+  cp_test_loop_await_all (ranks);
   for (int r = 0; r < ranks->n; r++)
     {
       g_autoptr(GError) error = NULL;
@@ -368,7 +272,7 @@ check_unshard (Ranks    *ranks,
       g_assert_no_error (error);
       g_assert_true (cp_tensor_equal (whole, full));
     }
-  ranks_forget_results (ranks);
+  cp_test_loop_ranks_forget (ranks);
 }
 
 static void
@@ -376,7 +280,7 @@ check_barrier (Ranks *ranks)
 {
   for (int r = 0; r < ranks->n; r++)
     cp_mesh_barrier_async (ranks->meshes[r], NULL, DONE (ranks, r));
-  await_all (ranks);
+  cp_test_loop_await_all (ranks);
   for (int r = 0; r < ranks->n; r++)
     {
       g_autoptr(GError) error = NULL;
@@ -384,7 +288,7 @@ check_barrier (Ranks *ranks)
       g_assert_true (cp_mesh_barrier_finish (ranks->meshes[r], ranks->results[r], &error));
       g_assert_no_error (error);
     }
-  ranks_forget_results (ranks);
+  cp_test_loop_ranks_forget (ranks);
 }
 
 static void
@@ -397,7 +301,7 @@ test_mesh_calls (gconstpointer data)
 
   g_test_summary ("Every async call of a mesh, every rank driven from one main loop, gives the "
                   "values of its blocking twin");
-  ranks_init (&ranks, n, TIMEOUT_MS);
+  cp_test_loop_ranks_init (&ranks, n, TIMEOUT_MS);
   check_barrier (&ranks);
   check_all_gather (&ranks);
   check_all_gather_into (&ranks);
@@ -408,7 +312,7 @@ test_mesh_calls (gconstpointer data)
   check_send_recv (&ranks);
   check_unshard (&ranks, NULL, 4 * n);
   check_unshard (&ranks, thd, 10 * n);
-  ranks_clear (&ranks);
+  cp_test_loop_ranks_clear (&ranks);
 }
 
 /* ---- a batch: prepare, enter, unshard, exit ---- */
@@ -461,7 +365,7 @@ prepare_all (Ranks   *ranks,
 {
   for (int r = 0; r < ranks->n; r++)
     cp_batch_prepare_async (b->batches[r], ranks->meshes[r], NULL, NULL, DONE (ranks, r));
-  await_all (ranks);
+  cp_test_loop_await_all (ranks);
   for (int r = 0; r < ranks->n; r++)
     {
       g_autoptr(GError) error = NULL;
@@ -470,7 +374,7 @@ prepare_all (Ranks   *ranks,
       g_assert_no_error (error);
       g_assert_nonnull (b->contexts[r]);
     }
-  ranks_forget_results (ranks);
+  cp_test_loop_ranks_forget (ranks);
 }
 
 static void
@@ -479,7 +383,7 @@ enter_all (Ranks   *ranks,
 {
   for (int r = 0; r < ranks->n; r++)
     cp_context_enter_async (b->contexts[r], NULL, DONE (ranks, r));
-  await_all (ranks);
+  cp_test_loop_await_all (ranks);
   for (int r = 0; r < ranks->n; r++)
     {
       g_autoptr(GError) error = NULL;
@@ -487,7 +391,7 @@ enter_all (Ranks   *ranks,
       g_assert_true (cp_context_enter_finish (b->contexts[r], ranks->results[r], &error));
       g_assert_no_error (error);
     }
-  ranks_forget_results (ranks);
+  cp_test_loop_ranks_forget (ranks);
 }
 
 /* Rank r holds chunks r and 2n−1−r of 2n, two tokens each; the padding
@@ -519,7 +423,7 @@ test_batch_calls (gconstpointer data)
 
   g_test_summary ("prepare_async, enter_async, unshard_async and exit_async on every rank from one "
                   "main loop give each rank its head-tail share, and the whole back");
-  ranks_init (&ranks, n, TIMEOUT_MS);
+  cp_test_loop_ranks_init (&ranks, n, TIMEOUT_MS);
   batches_init (&b, n);
   prepare_all (&ranks, &b);
   enter_all (&ranks, &b);
@@ -529,7 +433,7 @@ test_batch_calls (gconstpointer data)
       cp_context_unshard_async (b.contexts[r], cp_batch_get (b.batches[r], "position_ids"), 1, NULL,
                                 DONE (&ranks, r));
     }
-  await_all (&ranks);
+  cp_test_loop_await_all (&ranks);
   for (int r = 0; r < n; r++)
     {
       g_autoptr(GError) error = NULL;
@@ -541,10 +445,10 @@ test_batch_calls (gconstpointer data)
       for (int i = 0; i < 4 * n; i++)
         g_assert_cmpfloat (cp_tensor_get_value (positions, i), ==, i < 3 * n + 1 ? i : 0);
     }
-  ranks_forget_results (&ranks);
+  cp_test_loop_ranks_forget (&ranks);
   for (int r = 0; r < n; r++)
     cp_context_exit_async (b.contexts[r], NULL, DONE (&ranks, r));
-  await_all (&ranks);
+  cp_test_loop_await_all (&ranks);
   for (int r = 0; r < n; r++)
     {
       g_autoptr(GError) error = NULL;
@@ -557,197 +461,7 @@ test_batch_calls (gconstpointer data)
       assert_local_ids (cp_batch_get (b.batches[r], "input_ids"), r, n);
     }
   batches_clear (&b);
-  ranks_clear (&ranks);
-}
-
-/* ---- attention, against one rank holding the whole sequence ---- */
-
-#define HEADS 2
-#define KV_HEADS 1
-#define HEAD_DIM 8
-
-static CpTensor *
-smooth_tensor (int    heads,
-               gint64 seq_len,
-               guint  seed)
-{
-  const gint64 shape[] = { 1, heads, seq_len, HEAD_DIM };
-  CpTensor *tensor = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 4, NULL);
-
-  for (gint64 i = 0; i < cp_tensor_get_numel (tensor); i++)
-    cp_tensor_set_value (tensor, i, sin ((double) i * 0.37 + seed) * 0.5);
-  return tensor;
-}
-
-static CpAttention *
-attention_on (CpMesh *mesh)
-{
-  g_autoptr(CpAttentionOptions) options = cp_attention_options_new ();
-  g_autoptr(GError) error = NULL;
-  CpAttention *attention;
-
-  cp_attention_options_set_causal (options, TRUE);
-  cp_attention_options_set_heads (options, HEADS, KV_HEADS);
-  attention = cp_attention_new (mesh, options, &error);
-  g_assert_no_error (error);
-  return attention;
-}
-
-typedef struct
-{
-  CpTensor *q, *k, *v, *dout;
-  CpTensor *out, *lse, *dq, *dk, *dv;
-} Pass;
-
-static void
-pass_clear (Pass *p)
-{
-  CpTensor **all[] = { &p->q, &p->k, &p->v, &p->dout, &p->out, &p->lse, &p->dq, &p->dk, &p->dv };
-
-  for (gsize i = 0; i < G_N_ELEMENTS (all); i++)
-    g_clear_object (all[i]);
-}
-
-/* Forward and backward over the whole sequence, on a mesh of one rank,
- * with the blocking calls. */
-static void
-reference_pass (Pass *p)
-{
-  GList *one = cp_test_local_group ("cp", 1);
-  g_autoptr(CpAttention) attention = attention_on (one->data);
-  g_autoptr(GError) error = NULL;
-
-  g_assert_true (cp_attention_forward (attention, p->q, p->k, p->v, &p->out, &p->lse, &error));
-  g_assert_no_error (error);
-  g_assert_true (cp_attention_backward (attention, p->dout, p->q, p->k, p->v, p->out, p->lse,
-                                        &p->dq, &p->dk, &p->dv, &error));
-  g_assert_no_error (error);
-  cp_test_free_group (one);
-}
-
-static void
-assert_close (CpTensor   *actual,
-              CpTensor   *expected,
-              const char *what)
-{
-  double worst = 0.0;
-
-  g_assert_cmpint (cp_tensor_get_numel (actual), ==, cp_tensor_get_numel (expected));
-  for (gint64 i = 0; i < cp_tensor_get_numel (actual); i++)
-    worst = MAX (worst, fabs (cp_tensor_get_value (actual, i) - cp_tensor_get_value (expected, i)));
-  /* float32 products summed in another order: a few ulps of values of
-   * order 1. */
-  if (worst > 1e-5)
-    g_error ("%s: max error %g against the one-rank reference", what, worst);
-}
-
-/* Unshards every rank's @pieces with async calls and compares with
- * @expected. */
-static void
-assert_unsharded (Ranks      *ranks,
-                  CpTensor  **pieces,
-                  int         seq_dim,
-                  CpTensor   *expected,
-                  const char *what)
-{
-  for (int r = 0; r < ranks->n; r++)
-    cp_mesh_unshard_async (ranks->meshes[r], pieces[r], seq_dim, NULL, DONE (ranks, r));
-  await_all (ranks);
-  for (int r = 0; r < ranks->n; r++)
-    {
-      g_autoptr(GError) error = NULL;
-      g_autoptr(CpTensor) whole = cp_mesh_unshard_finish (ranks->meshes[r], ranks->results[r], &error);
-
-      g_assert_no_error (error);
-      assert_close (whole, expected, what);
-    }
-  ranks_forget_results (ranks);
-}
-
-static CpTensor *
-shard (CpTensor *full,
-       int       seq_dim,
-       int       rank,
-       int       n)
-{
-  g_autoptr(CpLayout) layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, cp_tensor_get_dim (full, seq_dim),
-                                              n, NULL);
-
-  return cp_layout_shard (layout, full, seq_dim, rank, NULL);
-}
-
-static void
-test_attention_calls (gconstpointer data)
-{
-  int n = GPOINTER_TO_INT (data);
-  gint64 seq_len = 8 * n;
-  Pass ref = { smooth_tensor (HEADS, seq_len, 1), smooth_tensor (KV_HEADS, seq_len, 2),
-               smooth_tensor (KV_HEADS, seq_len, 3), smooth_tensor (HEADS, seq_len, 4) };
-  Pass local[MAX_RANKS] = { { NULL } };
-  CpAttention *attentions[MAX_RANKS] = { NULL };
-  Ranks ranks;
-
-  g_test_summary ("forward_async and backward_async on every rank from one main loop give, "
-                  "unsharded, what one rank computes over the whole sequence");
-  reference_pass (&ref);
-  ranks_init (&ranks, n, TIMEOUT_MS);
-  for (int r = 0; r < n; r++)
-    {
-      local[r].q = shard (ref.q, 2, r, n);
-      local[r].k = shard (ref.k, 2, r, n);
-      local[r].v = shard (ref.v, 2, r, n);
-      local[r].dout = shard (ref.dout, 2, r, n);
-      attentions[r] = attention_on (ranks.meshes[r]);
-      cp_attention_forward_async (attentions[r], local[r].q, local[r].k, local[r].v, NULL, DONE (&ranks, r));
-    }
-  await_all (&ranks);
-  for (int r = 0; r < n; r++)
-    {
-      g_autoptr(GError) error = NULL;
-
-      g_assert_true (cp_attention_forward_finish (attentions[r], ranks.results[r], &local[r].out,
-                                                  &local[r].lse, &error));
-      g_assert_no_error (error);
-    }
-  ranks_forget_results (&ranks);
-  for (int r = 0; r < n; r++)
-    cp_attention_backward_async (attentions[r], local[r].dout, local[r].q, local[r].k, local[r].v,
-                                 local[r].out, local[r].lse, NULL, DONE (&ranks, r));
-  await_all (&ranks);
-  for (int r = 0; r < n; r++)
-    {
-      g_autoptr(GError) error = NULL;
-
-      g_assert_true (cp_attention_backward_finish (attentions[r], ranks.results[r], &local[r].dq,
-                                                   &local[r].dk, &local[r].dv, &error));
-      g_assert_no_error (error);
-    }
-  ranks_forget_results (&ranks);
-
-  {
-    CpTensor *outs[MAX_RANKS], *lses[MAX_RANKS], *dqs[MAX_RANKS], *dks[MAX_RANKS], *dvs[MAX_RANKS];
-
-    for (int r = 0; r < n; r++)
-      {
-        outs[r] = local[r].out;
-        lses[r] = local[r].lse;
-        dqs[r] = local[r].dq;
-        dks[r] = local[r].dk;
-        dvs[r] = local[r].dv;
-      }
-    assert_unsharded (&ranks, outs, 2, ref.out, "out");
-    assert_unsharded (&ranks, lses, 2, ref.lse, "lse");
-    assert_unsharded (&ranks, dqs, 2, ref.dq, "dq");
-    assert_unsharded (&ranks, dks, 2, ref.dk, "dk");
-    assert_unsharded (&ranks, dvs, 2, ref.dv, "dv");
-  }
-  for (int r = 0; r < n; r++)
-    {
-      pass_clear (&local[r]);
-      g_object_unref (attentions[r]);
-    }
-  pass_clear (&ref);
-  ranks_clear (&ranks);
+  cp_test_loop_ranks_clear (&ranks);
 }
 
 /* ---- many ranks at once ---- */
@@ -764,13 +478,13 @@ test_many_ranks (void)
 
   g_test_summary ("32 in-process ranks driven from one main loop all run at once: none waits "
                   "for a free worker");
-  ranks_init (&ranks, MAX_RANKS, 2000);
+  cp_test_loop_ranks_init (&ranks, MAX_RANKS, 2000);
   for (int r = 0; r < MAX_RANKS; r++)
     {
       values.t[r] = cp_tensor_new_full (CP_DTYPE_FLOAT32, shape, 1, 1.0, NULL);
       cp_mesh_all_reduce_async (ranks.meshes[r], values.t[r], CP_REDUCE_OP_SUM, NULL, DONE (&ranks, r));
     }
-  await_ranks (&ranks, 0, MAX_RANKS, g_get_monotonic_time (), 2000);
+  cp_test_loop_await (&ranks, 0, MAX_RANKS, g_get_monotonic_time (), 2000);
   for (int r = 0; r < MAX_RANKS; r++)
     {
       g_autoptr(GError) error = NULL;
@@ -779,12 +493,12 @@ test_many_ranks (void)
       g_assert_no_error (error);
       CP_TEST_ASSERT_VALUES (values.t[r], MAX_RANKS);
     }
-  ranks_clear (&ranks);
+  cp_test_loop_ranks_clear (&ranks);
 }
 
 /* ---- cancellation ---- */
 
-typedef enum { BARRIER, ALL_GATHER, RECV, PREPARE, ENTER, FORWARD } Family;
+typedef enum { BARRIER, ALL_GATHER, RECV, PREPARE, ENTER } Family;
 typedef enum { BEFORE, WAITING } When;
 
 typedef struct
@@ -799,13 +513,11 @@ typedef struct
 /* What the ranks of one cancelled call work on. */
 typedef struct
 {
+  const CancelCase *c;
   Ranks ranks;
   CpTensor *tensors[MAX_RANKS];
   Batches batches;
   GPtrArray *snapshots[MAX_RANKS];
-  CpAttention *attentions[MAX_RANKS];
-  CpTensor *q[MAX_RANKS];
-  CpTensor *kv[MAX_RANKS];
 } Scene;
 
 static void
@@ -816,7 +528,8 @@ scene_init (Scene           *scene,
   int n = c->n;
 
   memset (scene, 0, sizeof *scene);
-  ranks_init (&scene->ranks, n, TIMEOUT_MS);
+  scene->c = c;
+  cp_test_loop_ranks_init (&scene->ranks, n, TIMEOUT_MS);
   batches_init (&scene->batches, n);
   if (c->family == ENTER)
     prepare_all (&scene->ranks, &scene->batches);
@@ -824,9 +537,6 @@ scene_init (Scene           *scene,
     {
       scene->tensors[r] = tensor_of (shape, 1, rank_and_index, r);
       scene->snapshots[r] = cp_test_snapshot_batch (scene->batches.batches[r]);
-      scene->attentions[r] = attention_on (scene->ranks.meshes[r]);
-      scene->q[r] = smooth_tensor (HEADS, 8, (guint) r);
-      scene->kv[r] = smooth_tensor (KV_HEADS, 8, (guint) r);
     }
 }
 
@@ -837,45 +547,39 @@ scene_clear (Scene *scene)
     {
       g_clear_object (&scene->tensors[r]);
       g_clear_pointer (&scene->snapshots[r], g_ptr_array_unref);
-      g_clear_object (&scene->attentions[r]);
-      g_clear_object (&scene->q[r]);
-      g_clear_object (&scene->kv[r]);
     }
   batches_clear (&scene->batches);
-  ranks_clear (&scene->ranks);
+  cp_test_loop_ranks_clear (&scene->ranks);
 }
 
 /* Starts rank @r's call of @c.  In a receive, every rank waits for a
  * message from the next one, which never sends it. */
 static void
-start_call (Scene            *scene,
-            const CancelCase *c,
-            int               r,
-            GCancellable     *cancellable)
+start_call (int           r,
+            GCancellable *cancellable,
+            gpointer      data)
 {
+  Scene *scene = data;
+  const CancelCase *c = scene->c;
   CpMesh *mesh = scene->ranks.meshes[r];
   GAsyncResult **slot = &scene->ranks.results[r];
 
   switch (c->family)
     {
     case BARRIER:
-      cp_mesh_barrier_async (mesh, cancellable, on_done, slot);
+      cp_mesh_barrier_async (mesh, cancellable, cp_test_loop_done, slot);
       break;
     case ALL_GATHER:
-      cp_mesh_all_gather_async (mesh, scene->tensors[r], 0, cancellable, on_done, slot);
+      cp_mesh_all_gather_async (mesh, scene->tensors[r], 0, cancellable, cp_test_loop_done, slot);
       break;
     case RECV:
-      cp_mesh_recv_async (mesh, scene->tensors[r], (r + 1) % c->n, 5, cancellable, on_done, slot);
+      cp_mesh_recv_async (mesh, scene->tensors[r], (r + 1) % c->n, 5, cancellable, cp_test_loop_done, slot);
       break;
     case PREPARE:
-      cp_batch_prepare_async (scene->batches.batches[r], mesh, NULL, cancellable, on_done, slot);
+      cp_batch_prepare_async (scene->batches.batches[r], mesh, NULL, cancellable, cp_test_loop_done, slot);
       break;
     case ENTER:
-      cp_context_enter_async (scene->batches.contexts[r], cancellable, on_done, slot);
-      break;
-    case FORWARD:
-      cp_attention_forward_async (scene->attentions[r], scene->q[r], scene->kv[r], scene->kv[r],
-                                  cancellable, on_done, slot);
+      cp_context_enter_async (scene->batches.contexts[r], cancellable, cp_test_loop_done, slot);
       break;
     default:
       g_assert_not_reached ();
@@ -884,10 +588,11 @@ start_call (Scene            *scene,
 
 /* The outcome of rank @r's call, which must have failed. */
 static GError *
-finish_call (Scene            *scene,
-             const CancelCase *c,
-             int               r)
+finish_call (int      r,
+             gpointer data)
 {
+  Scene *scene = data;
+  const CancelCase *c = scene->c;
   GAsyncResult *result = scene->ranks.results[r];
   g_autoptr(CpTensor) out = NULL;
   g_autoptr(CpContext) context = NULL;
@@ -913,26 +618,12 @@ finish_call (Scene            *scene,
     case ENTER:
       ok = cp_context_enter_finish (scene->batches.contexts[r], result, &error);
       break;
-    case FORWARD:
-      ok = cp_attention_forward_finish (scene->attentions[r], result, &out, NULL, &error);
-      break;
     default:
       g_assert_not_reached ();
     }
   g_assert_false (ok);
   g_assert_nonnull (error);
   return error;
-}
-
-static void
-assert_names_cancel (const GError *error,
-                     int           cancelled_rank,
-                     const char   *which)
-{
-  g_autofree char *fragment = g_strdup_printf ("rank %d was cancelled", cancelled_rank);
-
-  if (strstr (error->message, fragment) == NULL)
-    g_error ("%s: \"%s\" does not say \"%s\"", which, error->message, fragment);
 }
 
 /* After the cancellation, nothing the ranks of the call held changed. */
@@ -948,84 +639,17 @@ assert_untouched (Scene            *scene,
     }
 }
 
-/* Every later call, on every rank, fails at once, naming the
- * cancellation. */
-static void
-assert_later_calls_fail (Scene *scene,
-                         int    cancelled_rank)
-{
-  for (int r = 0; r < scene->ranks.n; r++)
-    {
-      g_autoptr(GError) error = NULL;
-      gint64 started = g_get_monotonic_time ();
-
-      g_assert_false (cp_mesh_barrier (scene->ranks.meshes[r], &error));
-      g_assert_cmpint (g_get_monotonic_time () - started, <,
-                       (gint64) 500 * cp_test_time_factor () * G_TIME_SPAN_MILLISECOND);
-      g_assert_error (error, CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED);
-      g_assert_nonnull (strstr (error->message, "mesh broken"));
-      assert_names_cancel (error, cancelled_rank, "a later barrier");
-      if (r == 0)
-        cp_test_record_error ("CpMesh", "a later call after an async call was cancelled", error);
-    }
-}
-
-static gboolean
-cancel_now (gpointer cancellable)
-{
-  g_cancellable_cancel (cancellable);
-  return G_SOURCE_REMOVE;
-}
-
 static void
 test_cancel (gconstpointer data)
 {
   const CancelCase *c = data;
-  int n = c->n;
-  /* Waiting: the last rank comes late, so the others wait in the call
-   * until one of them, the cancelled rank, gives up. */
-  int cancelled = c->when == BEFORE ? n / 2 : 0;
-  int late = c->when == WAITING ? n - 1 : n;
-  int witness = cancelled == 0 ? 1 : 0;
-  g_autoptr(GCancellable) cancellable = g_cancellable_new ();
-  gint64 since;
   Scene scene;
 
   scene_init (&scene, c);
-  if (c->when == BEFORE)
-    g_cancellable_cancel (cancellable);
-  since = g_get_monotonic_time ();
-  for (int r = 0; r < late; r++)
-    start_call (&scene, c, r, r == cancelled ? cancellable : NULL);
-  if (c->when == WAITING)
-    {
-      g_timeout_add (100, cancel_now, cancellable);
-      since = g_get_monotonic_time () + 100 * G_TIME_SPAN_MILLISECOND;
-    }
-  await_ranks (&scene.ranks, 0, late, since, PROMPT_MS);
-  /* The late rank's call fails at once. */
-  if (late < n)
-    {
-      since = g_get_monotonic_time ();
-      start_call (&scene, c, late, NULL);
-      await_rank (&scene.ranks, late, since, 500);
-    }
-  for (int r = 0; r < n; r++)
-    {
-      g_autoptr(GError) error = finish_call (&scene, c, r);
-      g_autofree char *what = g_strdup_printf ("%s: %s", c->what,
-                                               r == cancelled ? "the cancelled rank"
-                                               : r == late ? "the late rank"
-                                               : "a rank waiting in the call");
-
-      g_assert_error (error, CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED);
-      assert_names_cancel (error, cancelled, what);
-      if (r == cancelled || r == late || r == witness)
-        cp_test_record_error (c->family == PREPARE ? "CpBatch" : c->family == ENTER ? "CpContext"
-                              : c->family == FORWARD ? "CpAttention" : "CpMesh", what, error);
-    }
+  cp_test_loop_cancel_one (&scene.ranks, c->when == BEFORE, start_call, finish_call, &scene,
+                           c->family == PREPARE ? "CpBatch" : c->family == ENTER ? "CpContext" : "CpMesh",
+                           c->what);
   assert_untouched (&scene, c);
-  assert_later_calls_fail (&scene, cancelled);
   scene_clear (&scene);
 }
 
@@ -1038,8 +662,6 @@ static const CancelCase cancel_cases[] = {
     "recv_async, one of 2 ranks cancelled before the call" },
   { PREPARE, BEFORE, 4, "/Cp/Async/cancel/before/prepare/4",
     "prepare_async of 4 ranks, one cancelled before the call" },
-  { FORWARD, BEFORE, 4, "/Cp/Async/cancel/before/attention-forward/4",
-    "attention forward_async of 4 ranks, one cancelled before the call" },
   { BARRIER, WAITING, 2, "/Cp/Async/cancel/waiting/barrier/2",
     "barrier_async of 2 ranks, one cancelled while it waits" },
   { ALL_GATHER, WAITING, 2, "/Cp/Async/cancel/waiting/all-gather/2",
@@ -1054,8 +676,6 @@ static const CancelCase cancel_cases[] = {
     "prepare_async of 4 ranks, one cancelled while it waits" },
   { ENTER, WAITING, 4, "/Cp/Async/cancel/waiting/enter/4",
     "enter_async of 4 ranks, one cancelled while it waits" },
-  { FORWARD, WAITING, 2, "/Cp/Async/cancel/waiting/attention-forward/2",
-    "attention forward_async of 2 ranks, one cancelled while it waits" },
 };
 
 /* Cancelled once every rank has completed: the results stand and the
@@ -1070,7 +690,7 @@ test_cancel_after (void)
 
   g_test_summary ("Cancelling an async call after it completed changes nothing: the result "
                   "stands and the mesh stays usable");
-  ranks_init (&ranks, 4, TIMEOUT_MS);
+  cp_test_loop_ranks_init (&ranks, 4, TIMEOUT_MS);
   for (int r = 0; r < 4; r++)
     {
       values.t[r] = tensor_of (shape, 1, rank_and_index, r);
@@ -1078,7 +698,7 @@ test_cancel_after (void)
       cp_mesh_all_reduce_async (ranks.meshes[r], values.t[r], CP_REDUCE_OP_SUM, cancellables[r],
                                 DONE (&ranks, r));
     }
-  await_all (&ranks);
+  cp_test_loop_await_all (&ranks);
   for (int r = 0; r < 4; r++)
     g_cancellable_cancel (cancellables[r]);
   for (int r = 0; r < 4; r++)
@@ -1089,11 +709,11 @@ test_cancel_after (void)
       g_assert_no_error (error);
       CP_TEST_ASSERT_VALUES (values.t[r], 600, 604);
     }
-  ranks_forget_results (&ranks);
+  cp_test_loop_ranks_forget (&ranks);
   check_barrier (&ranks);
   for (int r = 0; r < 4; r++)
     g_object_unref (cancellables[r]);
-  ranks_clear (&ranks);
+  cp_test_loop_ranks_clear (&ranks);
 }
 
 int
@@ -1106,8 +726,6 @@ main (int   argc,
   g_test_add_data_func ("/Cp/Async/mesh/4", GINT_TO_POINTER (4), test_mesh_calls);
   g_test_add_data_func ("/Cp/Async/batch/2", GINT_TO_POINTER (2), test_batch_calls);
   g_test_add_data_func ("/Cp/Async/batch/4", GINT_TO_POINTER (4), test_batch_calls);
-  g_test_add_data_func ("/Cp/Async/attention/2", GINT_TO_POINTER (2), test_attention_calls);
-  g_test_add_data_func ("/Cp/Async/attention/4", GINT_TO_POINTER (4), test_attention_calls);
   g_test_add_func ("/Cp/Async/pool/many-ranks", test_many_ranks);
   for (gsize i = 0; i < G_N_ELEMENTS (cancel_cases); i++)
     g_test_add_data_func (cancel_cases[i].path, &cancel_cases[i], test_cancel);
