@@ -44,7 +44,11 @@
  * during which a peer stalled; [Meshes](mesh.html) tells how.
  *
  * A mesh is used by one thread at a time — normally the thread of its
- * rank. Its properties never change apart from the timeout.
+ * rank. Its properties never change apart from the timeout. Every call
+ * that waits on other ranks has an `_async`/`_finish` pair that runs it on
+ * a worker thread, so that one main loop can drive every in-process rank;
+ * cancelling one fails every rank of the call with
+ * %CP_MESH_ERROR_CANCELLED and breaks the mesh ([Threading](threading.html)).
  *
  * Since: 1.0
  */
