@@ -41,6 +41,18 @@ gboolean  _cp_task_run_tensor (gpointer     source,
                                CpTaskArgs  *args,
                                GError     **error);
 
+/* Runs @func on this thread as a worker runs it for _cp_task_start():
+ * with @cancellable current, whose cancellation wakes the waits of @mesh
+ * (nullable) and fails the call and the mesh; a @cancellable cancelled
+ * already breaks @mesh without running @func. */
+gboolean  _cp_task_run        (gpointer       source,
+                               CpMesh        *mesh,
+                               const char    *what,
+                               CpTaskFunc     func,
+                               CpTaskArgs    *args,
+                               GCancellable  *cancellable,
+                               GError       **error);
+
 /* Runs @func on a worker thread and reports to @callback in the
  * thread-default main context of the caller, as GIO's asynchronous calls
  * do.  @mesh (nullable) is the mesh the call waits on: a cancellation of

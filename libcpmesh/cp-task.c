@@ -10,8 +10,11 @@
 
 #include "cp-error.h"
 #include "cp-mesh-private.h"
-#include "cp-sync-private.h"
 #include "cp-task-private.h"
+
+#if defined(__SANITIZE_THREAD__)
+# include <sanitizer/tsan_interface.h>
+#endif
 
 /* An asynchronous call runs its blocking twin on a worker thread and
  * reports through a GTask to the main context of its caller.
@@ -42,9 +45,9 @@
  * do.
  *
  * ThreadSanitizer cannot see the hand-offs of GThreadPool and GMainContext
- * (GLib's futexes), so each call has a fence the caller, the worker and
- * the finish function pass in turn: it orders the call's memory for the
- * tool, and costs an uncontended lock. */
+ * (GLib's futexes), so a ThreadSanitizer build tells it of them: the
+ * thread that hands a call on releases it, the one that takes it over
+ * acquires it (hand_off, take_over; nothing in other builds). */
 
 typedef struct
 {
@@ -52,16 +55,24 @@ typedef struct
   const char *what;
   CpMesh *mesh;
   CpTaskArgs args;
-  CpMutex fence;
 } Call;
 
 static GPrivate current_cancellable = G_PRIVATE_INIT (NULL);
 
 static void
-pass_fence (Call *call)
+hand_off (Call *call)
 {
-  _cp_mutex_lock (&call->fence);
-  _cp_mutex_unlock (&call->fence);
+#if defined(__SANITIZE_THREAD__)
+  __tsan_release (call);
+#endif
+}
+
+static void
+take_over (Call *call)
+{
+#if defined(__SANITIZE_THREAD__)
+  __tsan_acquire (call);
+#endif
 }
 
 static void
@@ -75,12 +86,11 @@ clear_objects (gpointer *objects,
 static void
 call_free (Call *call)
 {
-  pass_fence (call);
+  take_over (call);
   clear_objects (call->args.objects, G_N_ELEMENTS (call->args.objects));
   clear_objects (call->args.results, G_N_ELEMENTS (call->args.results));
   g_clear_pointer (&call->args.layout, cp_layout_unref);
   g_clear_object (&call->mesh);
-  _cp_mutex_clear (&call->fence);
   g_free (call);
 }
 
@@ -102,7 +112,6 @@ call_new (CpMesh           *mesh,
   if (call->args.layout != NULL)
     cp_layout_ref (call->args.layout);
   memset (call->args.results, 0, sizeof call->args.results);
-  _cp_mutex_init (&call->fence);
   return call;
 }
 
@@ -152,43 +161,46 @@ wake_waits (GCancellable *cancellable,
  * as it would had this rank been cancelled while waiting, and this rank
  * fails as every later call will, naming itself. */
 static gboolean
-fail_before_start (Call    *call,
-                   GError **error)
+fail_before_start (CpMesh      *mesh,
+                   const char  *what,
+                   GError     **error)
 {
   g_autoptr(GError) failure = g_error_new_literal (CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED,
                                                    "cancelled before it began");
   CpTransport *transport;
 
-  if (call->mesh == NULL)
+  if (mesh == NULL)
     {
-      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED, "%s: %s", call->what,
-                   failure->message);
+      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED, "%s: %s", what, failure->message);
       return FALSE;
     }
-  transport = transport_of (call->mesh);
-  transport->ops->fail (transport, call->what, failure);
-  g_propagate_error (error, _cp_transport_describe_failure (transport->rank, call->what, failure));
+  transport = transport_of (mesh);
+  transport->ops->fail (transport, what, failure);
+  g_propagate_error (error, _cp_transport_describe_failure (transport->rank, what, failure));
   return FALSE;
 }
 
-static gboolean
-run_cancellable (Call          *call,
-                 gpointer       source,
-                 GCancellable  *cancellable,
-                 GError       **error)
+gboolean
+_cp_task_run (gpointer       source,
+              CpMesh        *mesh,
+              const char    *what,
+              CpTaskFunc     func,
+              CpTaskArgs    *args,
+              GCancellable  *cancellable,
+              GError       **error)
 {
-  CpTransport *transport = call->mesh ? transport_of (call->mesh) : NULL;
+  CpTransport *transport = mesh ? transport_of (mesh) : NULL;
   gulong handler = 0;
   gboolean ok;
 
   if (g_cancellable_is_cancelled (cancellable))
-    return fail_before_start (call, error);
+    return fail_before_start (mesh, what, error);
   /* Transports that poll while they wait see the cancellation by
    * themselves. */
   if (cancellable != NULL && transport != NULL && transport->ops->interrupt != NULL)
     handler = g_cancellable_connect (cancellable, G_CALLBACK (wake_waits), transport, NULL);
   g_private_set (&current_cancellable, cancellable);
-  ok = call->func (source, &call->args, error);
+  ok = func (source, args, error);
   g_private_set (&current_cancellable, NULL);
   /* Waits for a wake-up running in another thread: the transport is
    * still held. */
@@ -205,9 +217,10 @@ run_call (gpointer task_data,
   GError *error = NULL;
   gboolean ok;
 
-  pass_fence (call);
-  ok = run_cancellable (call, g_task_get_source_object (task), g_task_get_cancellable (task), &error);
-  pass_fence (call);
+  take_over (call);
+  ok = _cp_task_run (g_task_get_source_object (task), call->mesh, call->what, call->func, &call->args,
+                     g_task_get_cancellable (task), &error);
+  hand_off (call);
   if (ok)
     g_task_return_boolean (task, TRUE);
   else
@@ -243,7 +256,7 @@ _cp_task_start (gpointer             source,
   g_task_set_name (task, name);
   g_task_set_check_cancellable (task, FALSE);
   g_task_set_task_data (task, call, (GDestroyNotify) call_free);
-  pass_fence (call);
+  hand_off (call);
   /* Never fails to take the call: when no thread can be started, it
    * waits for a worker to finish, and the mesh timeout bounds that. */
   g_thread_pool_push (get_workers (), task, NULL);
@@ -266,7 +279,7 @@ _cp_task_finish (gpointer       source,
 
   call = g_task_get_task_data (G_TASK (result));
   g_assert (n_results <= G_N_ELEMENTS (call->args.results));
-  pass_fence (call);
+  take_over (call);
   if (!g_task_propagate_boolean (G_TASK (result), error))
     return FALSE;
   va_start (locations, n_results);
@@ -278,6 +291,8 @@ _cp_task_finish (gpointer       source,
         *location = g_steal_pointer (&call->args.results[i]);
     }
   va_end (locations);
+  /* The worker may free the call, if it holds the last reference. */
+  hand_off (call);
   return TRUE;
 }
 
