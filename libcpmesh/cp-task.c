@@ -24,10 +24,11 @@
  * their calls, so no call may wait in a queue for a free worker: the
  * calls holding every worker would wait for it until they time out.
  * GTask's own pool has ten threads and grows by one only after its tasks
- * have blocked for a while (about ten more in the first second), so
- * sixteen ranks started together there, or four behind other blocked
- * work of the program, would stall for seconds, past a short timeout;
- * and the long waits of ranks would hold up the I/O GIO queues there.
+ * have blocked for a while (about ten more in the first second), so the
+ * last of sixteen ranks started together there would start about a
+ * second late, and later still behind other blocked work of the
+ * program; and the long waits of ranks would hold up the I/O GIO queues
+ * there.
  * An unbounded GThreadPool starts a thread whenever none is idle and
  * keeps finished ones for the next calls, as GLib does for unused
  * threads, so a burst of ranks costs thread starts only the first time.
