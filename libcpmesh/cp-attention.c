@@ -14,6 +14,7 @@
 #include "cp-error.h"
 #include "cp-layout-private.h"
 #include "cp-mesh-private.h"
+#include "cp-task-private.h"
 #include "cp-tensor-private.h"
 
 /* The largest head dimension: K, V and score tiles of 128 rows then still
@@ -2342,4 +2343,159 @@ cp_attention_backward (CpAttention  *self,
   *dk = g_steal_pointer (&bufs.results[1]);
   *dv = g_steal_pointer (&bufs.results[2]);
   return TRUE;
+}
+
+static gboolean
+run_forward (gpointer     self,
+             CpTaskArgs  *args,
+             GError     **error)
+{
+  return cp_attention_forward (self, args->objects[0], args->objects[1], args->objects[2],
+                               (CpTensor **) &args->results[0], (CpTensor **) &args->results[1],
+                               error);
+}
+
+/**
+ * cp_attention_forward_async:
+ * @self: an attention operator
+ * @q: this rank's queries: [B, H, S, D], or [T, H, D] for packed inputs
+ * @k: this rank's keys: [B, H_kv, S, D] or [T, H_kv, D], the dtype of @q
+ * @v: this rank's values, shaped like @k
+ * @cancellable: (nullable): cancels the call on every rank, which breaks
+ *   the mesh ([Threading](threading.html))
+ * @callback: called in the thread-default main context of the caller
+ *   when done
+ * @user_data: data for @callback
+ *
+ * Runs [method@Cp.Attention.forward] on a worker thread, so that one main
+ * loop can drive every in-process rank. The operator and the tensors
+ * belong to the call until @callback runs.
+ *
+ * Since: 1.0
+ */
+void
+cp_attention_forward_async (CpAttention         *self,
+                            CpTensor            *q,
+                            CpTensor            *k,
+                            CpTensor            *v,
+                            GCancellable        *cancellable,
+                            GAsyncReadyCallback  callback,
+                            gpointer             user_data)
+{
+  g_return_if_fail (CP_IS_ATTENTION (self));
+  g_return_if_fail (CP_IS_TENSOR (q) && CP_IS_TENSOR (k) && CP_IS_TENSOR (v));
+
+  _cp_task_start (self, self->mesh, "attention forward", cp_attention_forward_async, run_forward,
+                  &(CpTaskArgs) { .objects = { q, k, v } }, cancellable, callback, user_data);
+}
+
+/**
+ * cp_attention_forward_finish:
+ * @self: an attention operator
+ * @result: the result given to the callback
+ * @out: (out) (transfer full): the attention output, shaped like the
+ *   queries
+ * @lse: (out) (optional) (transfer full): the float32 log-sum-exp of every
+ *   query row
+ * @error: return location for a #GError
+ *
+ * Completes [method@Cp.Attention.forward_async].
+ *
+ * Returns: (skip): %TRUE on success; %FALSE with the errors of
+ *   [method@Cp.Attention.forward], or %CP_MESH_ERROR_CANCELLED
+ *
+ * Since: 1.0
+ */
+gboolean
+cp_attention_forward_finish (CpAttention   *self,
+                             GAsyncResult  *result,
+                             CpTensor     **out,
+                             CpTensor     **lse,
+                             GError       **error)
+{
+  g_return_val_if_fail (out != NULL, FALSE);
+
+  return _cp_task_finish (self, result, cp_attention_forward_async, error, 2, out, lse);
+}
+
+static gboolean
+run_backward (gpointer     self,
+              CpTaskArgs  *args,
+              GError     **error)
+{
+  gpointer *in = args->objects;
+
+  return cp_attention_backward (self, in[0], in[1], in[2], in[3], in[4], in[5],
+                                (CpTensor **) &args->results[0], (CpTensor **) &args->results[1],
+                                (CpTensor **) &args->results[2], error);
+}
+
+/**
+ * cp_attention_backward_async:
+ * @self: an attention operator
+ * @dout: the gradient of the loss with respect to @out
+ * @q: the queries given to [method@Cp.Attention.forward]
+ * @k: the keys given to forward
+ * @v: the values given to forward
+ * @out: the output forward returned
+ * @lse: the log-sum-exp forward returned
+ * @cancellable: (nullable): cancels the call on every rank, which breaks
+ *   the mesh ([Threading](threading.html))
+ * @callback: called in the thread-default main context of the caller
+ *   when done
+ * @user_data: data for @callback
+ *
+ * Runs [method@Cp.Attention.backward] on a worker thread. The operator
+ * and the tensors belong to the call until @callback runs.
+ *
+ * Since: 1.0
+ */
+void
+cp_attention_backward_async (CpAttention         *self,
+                             CpTensor            *dout,
+                             CpTensor            *q,
+                             CpTensor            *k,
+                             CpTensor            *v,
+                             CpTensor            *out,
+                             CpTensor            *lse,
+                             GCancellable        *cancellable,
+                             GAsyncReadyCallback  callback,
+                             gpointer             user_data)
+{
+  g_return_if_fail (CP_IS_ATTENTION (self));
+  g_return_if_fail (CP_IS_TENSOR (dout) && CP_IS_TENSOR (q) && CP_IS_TENSOR (k));
+  g_return_if_fail (CP_IS_TENSOR (v) && CP_IS_TENSOR (out) && CP_IS_TENSOR (lse));
+
+  _cp_task_start (self, self->mesh, "attention backward", cp_attention_backward_async, run_backward,
+                  &(CpTaskArgs) { .objects = { dout, q, k, v, out, lse } },
+                  cancellable, callback, user_data);
+}
+
+/**
+ * cp_attention_backward_finish:
+ * @self: an attention operator
+ * @result: the result given to the callback
+ * @dq: (out) (transfer full): the gradient with respect to the queries
+ * @dk: (out) (transfer full): the gradient with respect to the keys
+ * @dv: (out) (transfer full): the gradient with respect to the values
+ * @error: return location for a #GError
+ *
+ * Completes [method@Cp.Attention.backward_async].
+ *
+ * Returns: (skip): %TRUE on success; %FALSE with the errors of
+ *   [method@Cp.Attention.backward], or %CP_MESH_ERROR_CANCELLED
+ *
+ * Since: 1.0
+ */
+gboolean
+cp_attention_backward_finish (CpAttention   *self,
+                              GAsyncResult  *result,
+                              CpTensor     **dq,
+                              CpTensor     **dk,
+                              CpTensor     **dv,
+                              GError       **error)
+{
+  g_return_val_if_fail (dq != NULL && dk != NULL && dv != NULL, FALSE);
+
+  return _cp_task_finish (self, result, cp_attention_backward_async, error, 3, dq, dk, dv);
 }

@@ -121,6 +121,39 @@ gboolean            cp_attention_backward                    (CpAttention       
                                                               CpTensor                **dv,
                                                               GError                  **error);
 
+CP_AVAILABLE_IN_ALL
+void                cp_attention_forward_async               (CpAttention              *self,
+                                                              CpTensor                 *q,
+                                                              CpTensor                 *k,
+                                                              CpTensor                 *v,
+                                                              GCancellable             *cancellable,
+                                                              GAsyncReadyCallback       callback,
+                                                              gpointer                  user_data);
+CP_AVAILABLE_IN_ALL
+gboolean            cp_attention_forward_finish              (CpAttention              *self,
+                                                              GAsyncResult             *result,
+                                                              CpTensor                **out,
+                                                              CpTensor                **lse,
+                                                              GError                  **error);
+CP_AVAILABLE_IN_ALL
+void                cp_attention_backward_async              (CpAttention              *self,
+                                                              CpTensor                 *dout,
+                                                              CpTensor                 *q,
+                                                              CpTensor                 *k,
+                                                              CpTensor                 *v,
+                                                              CpTensor                 *out,
+                                                              CpTensor                 *lse,
+                                                              GCancellable             *cancellable,
+                                                              GAsyncReadyCallback       callback,
+                                                              gpointer                  user_data);
+CP_AVAILABLE_IN_ALL
+gboolean            cp_attention_backward_finish             (CpAttention              *self,
+                                                              GAsyncResult             *result,
+                                                              CpTensor                **dq,
+                                                              CpTensor                **dk,
+                                                              CpTensor                **dv,
+                                                              GError                  **error);
+
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (CpAttentionOptions, cp_attention_options_free)
 
 G_END_DECLS

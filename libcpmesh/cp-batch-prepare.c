@@ -13,6 +13,7 @@
 #include "cp-dtype-private.h"
 #include "cp-error.h"
 #include "cp-mesh-private.h"
+#include "cp-task-private.h"
 #include "cp-tensor-private.h"
 
 /* Prepare runs in phases so that a bad batch is never half modified:
@@ -689,4 +690,69 @@ cp_batch_prepare (CpBatch         *self,
   if (!_cp_mesh_agree (group, "prepare", agreed_on, &cp_size, 1, invalid, error))
     return NULL;
   return plan_commit (&plan, self, group, rotate_method_of (options));
+}
+
+static gboolean
+prepare_run (gpointer     self,
+             CpTaskArgs  *args,
+             GError     **error)
+{
+  args->results[0] = cp_batch_prepare (self, args->objects[0], args->objects[1], error);
+  return args->results[0] != NULL;
+}
+
+/**
+ * cp_batch_prepare_async:
+ * @self: a batch
+ * @mesh: (nullable): the mesh: a 1-D context-parallel mesh, or one with a
+ *   `cp` dimension; %NULL for no context parallelism
+ * @options: (nullable): loss mask, rotate method and extra buffers, or
+ *   %NULL for the defaults
+ * @cancellable: (nullable): cancels the call on every rank, which breaks
+ *   the mesh ([Threading](threading.html))
+ * @callback: called in the thread-default main context of the caller
+ *   when done
+ * @user_data: data for @callback
+ *
+ * Runs [method@Cp.Batch.prepare] on a worker thread, so that one main
+ * loop can drive every in-process rank. The batch, its tensors, @mesh and
+ * @options belong to the call until @callback runs.
+ *
+ * Since: 1.0
+ */
+void
+cp_batch_prepare_async (CpBatch             *self,
+                        CpMesh              *mesh,
+                        CpBatchOptions      *options,
+                        GCancellable        *cancellable,
+                        GAsyncReadyCallback  callback,
+                        gpointer             user_data)
+{
+  g_return_if_fail (CP_IS_BATCH (self));
+  g_return_if_fail (mesh == NULL || CP_IS_MESH (mesh));
+  g_return_if_fail (options == NULL || CP_IS_BATCH_OPTIONS (options));
+
+  _cp_task_start (self, mesh, "prepare", cp_batch_prepare_async, prepare_run,
+                  &(CpTaskArgs) { .objects = { mesh, options } }, cancellable, callback, user_data);
+}
+
+/**
+ * cp_batch_prepare_finish:
+ * @self: a batch
+ * @result: the result given to the callback
+ * @error: return location for a #GError
+ *
+ * Completes [method@Cp.Batch.prepare_async].
+ *
+ * Returns: (transfer full): the context, or %NULL with the errors of
+ *   [method@Cp.Batch.prepare], or %CP_MESH_ERROR_CANCELLED
+ *
+ * Since: 1.0
+ */
+CpContext *
+cp_batch_prepare_finish (CpBatch       *self,
+                         GAsyncResult  *result,
+                         GError       **error)
+{
+  return _cp_task_finish_object (self, result, cp_batch_prepare_async, error);
 }

@@ -66,6 +66,17 @@ CpContext          *cp_batch_prepare        (CpBatch         *self,
                                              CpBatchOptions  *options,
                                              GError         **error) G_GNUC_WARN_UNUSED_RESULT;
 CP_AVAILABLE_IN_ALL
+void                cp_batch_prepare_async  (CpBatch             *self,
+                                             CpMesh              *mesh,
+                                             CpBatchOptions      *options,
+                                             GCancellable        *cancellable,
+                                             GAsyncReadyCallback  callback,
+                                             gpointer             user_data);
+CP_AVAILABLE_IN_ALL
+CpContext          *cp_batch_prepare_finish (CpBatch             *self,
+                                             GAsyncResult        *result,
+                                             GError             **error) G_GNUC_WARN_UNUSED_RESULT;
+CP_AVAILABLE_IN_ALL
 CpBatch            *cp_batch_to_thd         (CpBatch         *self,
                                              CpMesh          *mesh,
                                              CpThdOptions    *options,

@@ -12,6 +12,7 @@
 #include "cp-error.h"
 #include "cp-layout-private.h"
 #include "cp-mesh-private.h"
+#include "cp-task-private.h"
 #include "cp-tensor-private.h"
 
 /**
@@ -1079,4 +1080,154 @@ cp_context_unshard (CpContext  *self,
   if (self->mesh == NULL)
     return g_object_ref (tensor);
   return cp_mesh_unshard (self->mesh, tensor, seq_dim, error);
+}
+
+/**
+ * cp_context_enter_async:
+ * @self: a context that is not entered
+ * @cancellable: (nullable): cancels the call on every rank, which breaks
+ *   the mesh ([Threading](threading.html))
+ * @callback: called in the thread-default main context of the caller
+ *   when done
+ * @user_data: data for @callback
+ *
+ * Runs [method@Cp.Context.enter] on a worker thread, so that one main
+ * loop can drive every in-process rank. The context and its buffers
+ * belong to the call until @callback runs.
+ *
+ * Since: 1.0
+ */
+void
+cp_context_enter_async (CpContext           *self,
+                        GCancellable        *cancellable,
+                        GAsyncReadyCallback  callback,
+                        gpointer             user_data)
+{
+  g_return_if_fail (CP_IS_CONTEXT (self));
+
+  _cp_task_start (self, self->mesh, "enter", cp_context_enter_async, _cp_task_run_plain,
+                  &(CpTaskArgs) { .blocking = G_CALLBACK (cp_context_enter) },
+                  cancellable, callback, user_data);
+}
+
+/**
+ * cp_context_enter_finish:
+ * @self: a context
+ * @result: the result given to the callback
+ * @error: return location for a #GError
+ *
+ * Completes [method@Cp.Context.enter_async].
+ *
+ * Returns: %TRUE when the buffers hold this rank's pieces; %FALSE with the
+ *   errors of [method@Cp.Context.enter], or %CP_MESH_ERROR_CANCELLED
+ *
+ * Since: 1.0
+ */
+gboolean
+cp_context_enter_finish (CpContext     *self,
+                         GAsyncResult  *result,
+                         GError       **error)
+{
+  return _cp_task_finish (self, result, cp_context_enter_async, error, 0);
+}
+
+/**
+ * cp_context_exit_async:
+ * @self: an entered context
+ * @cancellable: (nullable): cancels the call before it begins, which
+ *   breaks the mesh on every rank ([Threading](threading.html))
+ * @callback: called in the thread-default main context of the caller
+ *   when done
+ * @user_data: data for @callback
+ *
+ * Runs [method@Cp.Context.exit] on a worker thread. Exit does not wait
+ * for the other ranks; the pair lets a program that drives its ranks from
+ * a main loop chain every step of a context the same way. The context
+ * and its buffers belong to the call until @callback runs.
+ *
+ * Since: 1.0
+ */
+void
+cp_context_exit_async (CpContext           *self,
+                       GCancellable        *cancellable,
+                       GAsyncReadyCallback  callback,
+                       gpointer             user_data)
+{
+  g_return_if_fail (CP_IS_CONTEXT (self));
+
+  _cp_task_start (self, self->mesh, "exit", cp_context_exit_async, _cp_task_run_plain,
+                  &(CpTaskArgs) { .blocking = G_CALLBACK (cp_context_exit) },
+                  cancellable, callback, user_data);
+}
+
+/**
+ * cp_context_exit_finish:
+ * @self: a context
+ * @result: the result given to the callback
+ * @error: return location for a #GError
+ *
+ * Completes [method@Cp.Context.exit_async].
+ *
+ * Returns: %TRUE when the restorable buffers are whole again
+ *
+ * Since: 1.0
+ */
+gboolean
+cp_context_exit_finish (CpContext     *self,
+                        GAsyncResult  *result,
+                        GError       **error)
+{
+  return _cp_task_finish (self, result, cp_context_exit_async, error, 0);
+}
+
+/**
+ * cp_context_unshard_async:
+ * @self: a context
+ * @tensor: this rank's head-tail piece, for example local logits
+ * @seq_dim: its sequence dimension; negative values count from the last
+ * @cancellable: (nullable): cancels the call on every rank, which breaks
+ *   the mesh ([Threading](threading.html))
+ * @callback: called in the thread-default main context of the caller
+ *   when done
+ * @user_data: data for @callback
+ *
+ * Runs [method@Cp.Context.unshard] on a worker thread. The context and
+ * @tensor belong to the call until @callback runs.
+ *
+ * Since: 1.0
+ */
+void
+cp_context_unshard_async (CpContext           *self,
+                          CpTensor            *tensor,
+                          int                  seq_dim,
+                          GCancellable        *cancellable,
+                          GAsyncReadyCallback  callback,
+                          gpointer             user_data)
+{
+  g_return_if_fail (CP_IS_CONTEXT (self));
+  g_return_if_fail (CP_IS_TENSOR (tensor));
+
+  _cp_task_start (self, self->mesh, "unshard", cp_context_unshard_async, _cp_task_run_tensor,
+                  &(CpTaskArgs) { G_CALLBACK (cp_context_unshard), { tensor }, { seq_dim } },
+                  cancellable, callback, user_data);
+}
+
+/**
+ * cp_context_unshard_finish:
+ * @self: a context
+ * @result: the result given to the callback
+ * @error: return location for a #GError
+ *
+ * Completes [method@Cp.Context.unshard_async].
+ *
+ * Returns: (transfer full): the full tensor, or %NULL with an error
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_context_unshard_finish (CpContext     *self,
+                           GAsyncResult  *result,
+                           GError       **error)
+{
+  return _cp_task_finish_object (self, result, cp_context_unshard_async, error);
 }

@@ -90,4 +90,34 @@ CpTensor       *cp_context_unshard              (CpContext       *self,
                                                  int              seq_dim,
                                                  GError         **error) G_GNUC_WARN_UNUSED_RESULT;
 
+CP_AVAILABLE_IN_ALL
+void            cp_context_enter_async          (CpContext           *self,
+                                                 GCancellable        *cancellable,
+                                                 GAsyncReadyCallback  callback,
+                                                 gpointer             user_data);
+CP_AVAILABLE_IN_ALL
+gboolean        cp_context_enter_finish         (CpContext           *self,
+                                                 GAsyncResult        *result,
+                                                 GError             **error);
+CP_AVAILABLE_IN_ALL
+void            cp_context_exit_async           (CpContext           *self,
+                                                 GCancellable        *cancellable,
+                                                 GAsyncReadyCallback  callback,
+                                                 gpointer             user_data);
+CP_AVAILABLE_IN_ALL
+gboolean        cp_context_exit_finish          (CpContext           *self,
+                                                 GAsyncResult        *result,
+                                                 GError             **error);
+CP_AVAILABLE_IN_ALL
+void            cp_context_unshard_async        (CpContext           *self,
+                                                 CpTensor            *tensor,
+                                                 int                  seq_dim,
+                                                 GCancellable        *cancellable,
+                                                 GAsyncReadyCallback  callback,
+                                                 gpointer             user_data);
+CP_AVAILABLE_IN_ALL
+CpTensor       *cp_context_unshard_finish       (CpContext           *self,
+                                                 GAsyncResult        *result,
+                                                 GError             **error) G_GNUC_WARN_UNUSED_RESULT;
+
 G_END_DECLS

@@ -82,6 +82,9 @@ typedef enum
  *   valid mesh, or ranks disagree about the operation they are running
  * @CP_MESH_ERROR_UNSUPPORTED: the backend cannot do this
  * @CP_MESH_ERROR_NO_DEVICE: no device of the required kind is available
+ * @CP_MESH_ERROR_CANCELLED: an asynchronous call was cancelled, on this
+ *   rank or on another: cancelling breaks the mesh like any other failure,
+ *   so every rank of the call fails with this code
  *
  * Errors of the [error@Cp.MeshError] domain.
  *
@@ -97,6 +100,7 @@ typedef enum
   CP_MESH_ERROR_INVALID_TOPOLOGY,
   CP_MESH_ERROR_UNSUPPORTED,
   CP_MESH_ERROR_NO_DEVICE,
+  CP_MESH_ERROR_CANCELLED,
 } CpMeshError;
 
 /**

@@ -44,7 +44,11 @@
  * during which a peer stalled; [Meshes](mesh.html) tells how.
  *
  * A mesh is used by one thread at a time — normally the thread of its
- * rank. Its properties never change apart from the timeout.
+ * rank. Its properties never change apart from the timeout. Every call
+ * that waits on other ranks has an `_async`/`_finish` pair that runs it on
+ * a worker thread, so that one main loop can drive every in-process rank;
+ * cancelling one fails every rank of the call with
+ * %CP_MESH_ERROR_CANCELLED and breaks the mesh ([Threading](threading.html)).
  *
  * Since: 1.0
  */
@@ -1321,77 +1325,6 @@ cp_mesh_barrier (CpMesh  *self,
 
   describe_operand (&coll, CP_COLL_BARRIER, NULL);
   return run_collective (self, &coll, NULL, error);
-}
-
-/* Each pending barrier gets a thread of its own rather than one of GTask's
- * pool: the ranks of an in-process mesh wait for each other, so a bounded
- * pool could hold some of them back and stall all. */
-static gpointer
-barrier_thread (gpointer data)
-{
-  g_autoptr(GTask) task = data;
-  GError *error = NULL;
-
-  if (cp_mesh_barrier (g_task_get_source_object (task), &error))
-    g_task_return_boolean (task, TRUE);
-  else
-    g_task_return_error (task, error);
-  return NULL;
-}
-
-/**
- * cp_mesh_barrier_async:
- * @self: a mesh
- * @cancellable: (nullable): a #GCancellable; cancelling stops waiting for
- *   the result, not the barrier
- * @callback: called in the thread-default main context when done
- * @user_data: data for @callback
- *
- * Runs [method@Cp.Mesh.barrier] in a worker thread, so that main-loop
- * programs (gjs, GTK) do not block. Do not use the mesh from another
- * thread until @callback ran.
- *
- * Since: 1.0
- */
-void
-cp_mesh_barrier_async (CpMesh              *self,
-                       GCancellable        *cancellable,
-                       GAsyncReadyCallback  callback,
-                       gpointer             user_data)
-{
-  g_autoptr(GTask) task = NULL;
-
-  g_return_if_fail (CP_IS_MESH (self));
-  g_return_if_fail (cancellable == NULL || G_IS_CANCELLABLE (cancellable));
-
-  task = g_task_new (self, cancellable, callback, user_data);
-  g_task_set_source_tag (task, cp_mesh_barrier_async);
-  g_task_set_name (task, "[libcpmesh] barrier");
-  g_thread_unref (g_thread_new ("cp-mesh-barrier", barrier_thread, g_steal_pointer (&task)));
-}
-
-/**
- * cp_mesh_barrier_finish:
- * @self: a mesh
- * @result: the result given to the callback
- * @error: return location for a #GError
- *
- * Completes [method@Cp.Mesh.barrier_async].
- *
- * Returns: %TRUE when every rank reached the barrier
- *
- * Since: 1.0
- */
-gboolean
-cp_mesh_barrier_finish (CpMesh        *self,
-                        GAsyncResult  *result,
-                        GError       **error)
-{
-  g_return_val_if_fail (CP_IS_MESH (self), FALSE);
-  g_return_val_if_fail (g_task_is_valid (result, self), FALSE);
-  g_return_val_if_fail (g_task_get_source_tag (G_TASK (result)) == cp_mesh_barrier_async, FALSE);
-
-  return g_task_propagate_boolean (G_TASK (result), error);
 }
 
 void

@@ -150,4 +150,122 @@ CpTensor           *cp_mesh_unshard_layout    (CpMesh              *self,
                                                CpLayout            *layout,
                                                GError             **error) G_GNUC_WARN_UNUSED_RESULT;
 
+CP_AVAILABLE_IN_ALL
+void                cp_mesh_all_gather_async  (CpMesh              *self,
+                                               CpTensor            *tensor,
+                                               int                  dim,
+                                               GCancellable        *cancellable,
+                                               GAsyncReadyCallback  callback,
+                                               gpointer             user_data);
+CP_AVAILABLE_IN_ALL
+CpTensor           *cp_mesh_all_gather_finish (CpMesh              *self,
+                                               GAsyncResult        *result,
+                                               GError             **error) G_GNUC_WARN_UNUSED_RESULT;
+CP_AVAILABLE_IN_ALL
+void                cp_mesh_all_gather_into_async (CpMesh          *self,
+                                               CpTensor            *tensor,
+                                               int                  dim,
+                                               CpTensor            *out,
+                                               GCancellable        *cancellable,
+                                               GAsyncReadyCallback  callback,
+                                               gpointer             user_data);
+CP_AVAILABLE_IN_ALL
+gboolean            cp_mesh_all_gather_into_finish (CpMesh         *self,
+                                               GAsyncResult        *result,
+                                               GError             **error);
+CP_AVAILABLE_IN_ALL
+void                cp_mesh_all_to_all_async  (CpMesh              *self,
+                                               CpTensor            *tensor,
+                                               int                  dim,
+                                               GCancellable        *cancellable,
+                                               GAsyncReadyCallback  callback,
+                                               gpointer             user_data);
+CP_AVAILABLE_IN_ALL
+CpTensor           *cp_mesh_all_to_all_finish (CpMesh              *self,
+                                               GAsyncResult        *result,
+                                               GError             **error) G_GNUC_WARN_UNUSED_RESULT;
+CP_AVAILABLE_IN_ALL
+void                cp_mesh_all_reduce_async  (CpMesh              *self,
+                                               CpTensor            *tensor,
+                                               CpReduceOp           op,
+                                               GCancellable        *cancellable,
+                                               GAsyncReadyCallback  callback,
+                                               gpointer             user_data);
+CP_AVAILABLE_IN_ALL
+gboolean            cp_mesh_all_reduce_finish (CpMesh              *self,
+                                               GAsyncResult        *result,
+                                               GError             **error);
+CP_AVAILABLE_IN_ALL
+void                cp_mesh_broadcast_async   (CpMesh              *self,
+                                               CpTensor            *tensor,
+                                               int                  root,
+                                               GCancellable        *cancellable,
+                                               GAsyncReadyCallback  callback,
+                                               gpointer             user_data);
+CP_AVAILABLE_IN_ALL
+gboolean            cp_mesh_broadcast_finish  (CpMesh              *self,
+                                               GAsyncResult        *result,
+                                               GError             **error);
+CP_AVAILABLE_IN_ALL
+void                cp_mesh_send_async        (CpMesh              *self,
+                                               CpTensor            *tensor,
+                                               int                  dst,
+                                               guint                tag,
+                                               GCancellable        *cancellable,
+                                               GAsyncReadyCallback  callback,
+                                               gpointer             user_data);
+CP_AVAILABLE_IN_ALL
+gboolean            cp_mesh_send_finish       (CpMesh              *self,
+                                               GAsyncResult        *result,
+                                               GError             **error);
+CP_AVAILABLE_IN_ALL
+void                cp_mesh_recv_async        (CpMesh              *self,
+                                               CpTensor            *tensor,
+                                               int                  src,
+                                               guint                tag,
+                                               GCancellable        *cancellable,
+                                               GAsyncReadyCallback  callback,
+                                               gpointer             user_data);
+CP_AVAILABLE_IN_ALL
+gboolean            cp_mesh_recv_finish       (CpMesh              *self,
+                                               GAsyncResult        *result,
+                                               GError             **error);
+CP_AVAILABLE_IN_ALL
+void                cp_mesh_send_recv_async   (CpMesh              *self,
+                                               CpTensor            *send_tensor,
+                                               int                  dst,
+                                               CpTensor            *recv_tensor,
+                                               int                  src,
+                                               guint                tag,
+                                               GCancellable        *cancellable,
+                                               GAsyncReadyCallback  callback,
+                                               gpointer             user_data);
+CP_AVAILABLE_IN_ALL
+gboolean            cp_mesh_send_recv_finish  (CpMesh              *self,
+                                               GAsyncResult        *result,
+                                               GError             **error);
+CP_AVAILABLE_IN_ALL
+void                cp_mesh_unshard_async     (CpMesh              *self,
+                                               CpTensor            *tensor,
+                                               int                  seq_dim,
+                                               GCancellable        *cancellable,
+                                               GAsyncReadyCallback  callback,
+                                               gpointer             user_data);
+CP_AVAILABLE_IN_ALL
+CpTensor           *cp_mesh_unshard_finish    (CpMesh              *self,
+                                               GAsyncResult        *result,
+                                               GError             **error) G_GNUC_WARN_UNUSED_RESULT;
+CP_AVAILABLE_IN_ALL
+void                cp_mesh_unshard_layout_async (CpMesh           *self,
+                                               CpTensor            *tensor,
+                                               int                  seq_dim,
+                                               CpLayout            *layout,
+                                               GCancellable        *cancellable,
+                                               GAsyncReadyCallback  callback,
+                                               gpointer             user_data);
+CP_AVAILABLE_IN_ALL
+CpTensor           *cp_mesh_unshard_layout_finish (CpMesh          *self,
+                                               GAsyncResult        *result,
+                                               GError             **error) G_GNUC_WARN_UNUSED_RESULT;
+
 G_END_DECLS

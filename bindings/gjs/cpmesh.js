@@ -14,7 +14,23 @@ import GLib from 'gi://GLib';
 import Gio from 'gi://Gio';
 import Cp from 'gi://Cp?version=1';
 
-Gio._promisify(Cp.Mesh.prototype, 'barrier_async', 'barrier_finish');
+// Every call that waits on other ranks: `await mesh.all_gather_async(t, 0,
+// null)` resolves to what all_gather() returns; a finish function with
+// several outputs resolves to an array of them
+// (`const [out, lse] = await attention.forward_async(q, k, v, null)`; the
+// blocking call puts a `true` first: `const [, out, lse] =
+// attention.forward(q, k, v)`).
+const ASYNC_CALLS = new Map([
+    [Cp.Mesh.prototype, ['barrier', 'all_gather', 'all_gather_into', 'all_to_all', 'all_reduce',
+        'broadcast', 'send', 'recv', 'send_recv', 'unshard', 'unshard_layout']],
+    [Cp.Batch.prototype, ['prepare']],
+    [Cp.Context.prototype, ['enter', 'exit', 'unshard']],
+    [Cp.Attention.prototype, ['forward', 'backward']],
+]);
+for (const [proto, names] of ASYNC_CALLS) {
+    for (const name of names)
+        Gio._promisify(proto, `${name}_async`, `${name}_finish`);
+}
 Gio._promisify(Cp.Mesh, 'connect_async', 'connect_finish');
 
 const TYPED_ARRAYS = new Map([

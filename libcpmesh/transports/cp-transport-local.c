@@ -12,6 +12,7 @@
 #include "cp-fault-private.h"
 #include "cp-host-memory-private.h"
 #include "cp-sync-private.h"
+#include "cp-task-private.h"
 #include "cp-transport-private.h"
 
 /* Ranks share an address space, so a collective is a rendezvous followed
@@ -34,7 +35,10 @@
  * A rank whose transport goes away (every mesh of that rank was freed)
  * has left the group: peers waiting for it fail at once with PEER_LOST
  * instead of waiting for the timeout, and that failure breaks the group
- * as a timeout does. */
+ * as a timeout does.  So does a rank whose asynchronous call is cancelled
+ * while it waits at the entry of a collective or for a message: the
+ * cancellation wakes the group (interrupt), and the rank fails with
+ * CANCELLED and breaks the group. */
 
 typedef struct
 {
@@ -230,19 +234,26 @@ propagate_broken (SharedComm  *shared,
   g_propagate_error (error, g_error_copy (shared->broken));
 }
 
-/* With the group lock held: records @failure, which this rank suffered in
- * its running operation, as the group's first failure unless it has one,
- * and wakes every rank waiting anywhere in the group. */
+/* With the group lock held: records @failure, which world rank @rank
+ * suffered in @operation, as the group's first failure unless it has
+ * one, and wakes every rank waiting anywhere in the group. */
+static void
+record_failure (LocalGroup   *group,
+                int           rank,
+                const char   *operation,
+                const GError *failure)
+{
+  if (group->broken == NULL)
+    group->broken = _cp_transport_describe_failure (rank, operation, failure);
+  _cp_cond_broadcast (&group->cond);
+}
+
+/* The same for a failure this rank suffered in its running operation. */
 static void
 break_group (LocalComm    *self,
              const GError *failure)
 {
-  LocalGroup *group = self->group;
-
-  if (group->broken == NULL)
-    group->broken = _cp_transport_describe_failure (self->parent.transport->rank, self->operation,
-                                                    failure);
-  _cp_cond_broadcast (&group->cond);
+  record_failure (self->group, self->parent.transport->rank, self->operation, failure);
 }
 
 /* With the group lock held: fails @what when an earlier failure broke the
@@ -304,6 +315,25 @@ break_on_departure (LocalComm  *self,
   return FALSE;
 }
 
+/* With the group lock held: breaks the communicator when the
+ * asynchronous call this rank waits in was cancelled. */
+static gboolean
+break_on_cancel (LocalComm  *self,
+                 const char *what)
+{
+  SharedComm *shared = self->shared;
+  g_autofree char *missing = NULL;
+
+  if (!_cp_task_cancelled ())
+    return FALSE;
+  missing = list_missing (shared);
+  g_set_error (&shared->broken, CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED,
+               "%s: rank %d was cancelled while it waited for communicator ranks %s",
+               what, self->parent.index, missing);
+  break_group (self, shared->broken);
+  return TRUE;
+}
+
 /* Waits, with the group lock held, until every rank of the communicator
  * has reached this point.  @deadline 0 waits without limit, and nothing
  * breaks such a wait: it follows the arrival, when peers may be reading
@@ -340,7 +370,7 @@ sync_point (LocalComm   *self,
   while (shared->generation == generation && shared->broken == NULL &&
          !(breakable && self->group->broken != NULL))
     {
-      if (break_on_departure (self, what))
+      if (break_on_departure (self, what) || (breakable && break_on_cancel (self, what)))
         break;
       if (!breakable)
         _cp_cond_wait (cond, lock);
@@ -537,7 +567,7 @@ wait_without_arriving (LocalComm   *self,
   gint64 started = g_get_monotonic_time ();
 
   _cp_mutex_lock (&self->group->lock);
-  while (shared->broken == NULL && self->group->broken == NULL &&
+  while (shared->broken == NULL && self->group->broken == NULL && !break_on_cancel (self, what) &&
          _cp_cond_wait_until (&self->group->cond, &self->group->lock, deadline))
     ;
   if (shared->broken == NULL && self->group->broken == NULL)
@@ -777,8 +807,19 @@ peer_left (LocalComm *self,
   return self->group->left[self->parent.members[peer]];
 }
 
+/* With the group lock held: whether a message may still go through, as
+ * far as this rank waits for it. */
+static gboolean
+still_deliverable (LocalComm *self,
+                   int        peer,
+                   gboolean   timed_out)
+{
+  return !timed_out && !peer_left (self, peer) && !_cp_task_cancelled ();
+}
+
 /* With the group lock held: PEER_LOST when @peer left the group,
- * TIMED_OUT otherwise. */
+ * CANCELLED when this rank's asynchronous call was, TIMED_OUT
+ * otherwise. */
 static void
 set_undelivered (LocalComm   *self,
                  GError     **error,
@@ -793,6 +834,10 @@ set_undelivered (LocalComm   *self,
                  "rank %d lost rank %d, which left the group, before its message from rank %d "
                  "to rank %d (tag %" G_GUINT64_FORMAT ") went through",
                  self->parent.index, peer, src, dst, tag);
+  else if (_cp_task_cancelled ())
+    g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED,
+                 "rank %d was cancelled before the message from rank %d to rank %d (tag %"
+                 G_GUINT64_FORMAT ") went through", self->parent.index, src, dst, tag);
   else
     g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT,
                  "the message from rank %d to rank %d (tag %" G_GUINT64_FORMAT
@@ -833,7 +878,7 @@ wait_send (LocalComm  *self,
         _cp_cond_wait (&group->cond, &group->lock);
       else if (!check_unbroken (self, "send", error))
         ok = FALSE;
-      else if (timed_out || peer_left (self, envelope->dst))
+      else if (!still_deliverable (self, envelope->dst, timed_out))
         {
           fail_undelivered (self, error, envelope->src, envelope->dst, envelope->tag);
           ok = FALSE;
@@ -896,7 +941,7 @@ await_envelope (LocalComm  *self,
   while (check_unbroken (self, "recv", error) &&
          (envelope = take_envelope (self, request->peer, request->tag)) == NULL)
     {
-      if (timed_out || peer_left (self, request->peer))
+      if (!still_deliverable (self, request->peer, timed_out))
         {
           fail_undelivered (self, error, request->peer, self->parent.index, request->tag);
           break;
@@ -967,6 +1012,30 @@ local_wait (CpComm     *comm,
   return ok;
 }
 
+/* From any thread: the waits of every rank of the group look again at
+ * what they wait for, and at their cancellables. */
+static void
+local_interrupt (CpTransport *transport)
+{
+  LocalGroup *group = ((LocalTransport *) transport)->group;
+
+  _cp_mutex_lock (&group->lock);
+  _cp_cond_broadcast (&group->cond);
+  _cp_mutex_unlock (&group->lock);
+}
+
+static void
+local_fail (CpTransport  *transport,
+            const char   *operation,
+            const GError *failure)
+{
+  LocalGroup *group = ((LocalTransport *) transport)->group;
+
+  _cp_mutex_lock (&group->lock);
+  record_failure (group, transport->rank, operation, failure);
+  _cp_mutex_unlock (&group->lock);
+}
+
 static const CpTransportOps local_ops = {
   .name = "local",
   .transport_free = local_transport_free,
@@ -976,6 +1045,8 @@ static const CpTransportOps local_ops = {
   .isend = local_isend,
   .irecv = local_irecv,
   .wait = local_wait,
+  .interrupt = local_interrupt,
+  .fail = local_fail,
 };
 
 CpTransport **

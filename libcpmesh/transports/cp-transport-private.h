@@ -21,7 +21,9 @@ G_BEGIN_DECLS
  *
  * Every blocking operation takes an absolute deadline in g_get_monotonic_time()
  * microseconds and fails with CP_MESH_ERROR_TIMED_OUT (or PEER_LOST) rather
- * than wait past it.
+ * than wait past it.  A wait that an asynchronous call runs also ends as
+ * soon as that call is cancelled (cp-task-private.h), with
+ * CP_MESH_ERROR_CANCELLED: a failure like a timeout.
  *
  * A failure breaks the whole transport, on every rank: a rank whose
  * operation times out, loses a peer or gets a message it cannot use
@@ -129,6 +131,20 @@ struct _CpTransportOps
    * inside the transport, so that lost peers are noticed while the
    * program is idle. */
   void       (*poll)           (CpTransport   *transport);
+
+  /* Optional, for backends whose waits sleep: wakes this rank's waits,
+   * from any thread, so that they see at once that the asynchronous call
+   * running them was cancelled (_cp_task_cancelled()).  Backends whose
+   * waits poll look at it in every round instead. */
+  void       (*interrupt)      (CpTransport   *transport);
+
+  /* Records @failure, which this rank suffered outside any wait of the
+   * transport during @operation (an asynchronous call cancelled before it
+   * began), as the first failure, and makes every rank record it, as a
+   * failure inside a wait does. */
+  void       (*fail)           (CpTransport   *transport,
+                                const char    *operation,
+                                const GError  *failure);
 };
 
 /* Told that the transport lost the process of world rank @rank.  Called

@@ -11,6 +11,7 @@
 #include "cp-error.h"
 #include "cp-fault-private.h"
 #include "cp-host-memory-private.h"
+#include "cp-task-private.h"
 #include "cp-ucx-private.h"
 #include "cp-ucx-wire-private.h"
 
@@ -388,7 +389,7 @@ read_failure (const Notice *notice)
   guint32 code = GUINT32_FROM_LE (notice->code);
   g_autofree char *text = g_utf8_make_valid (notice->text, strnlen (notice->text, sizeof notice->text));
 
-  if (code > CP_MESH_ERROR_NO_DEVICE)
+  if (code > CP_MESH_ERROR_CANCELLED)
     code = CP_MESH_ERROR_FAILED;
   return g_error_new_literal (CP_MESH_ERROR, (int) code, text);
 }
@@ -552,6 +553,20 @@ set_timeout (UcxTransport  *self,
                "answered", what, self->parent.rank, waited_us / 1000, peers);
 }
 
+static void
+set_cancelled (UcxTransport  *self,
+               CpUcxOp       *ops,
+               guint          n,
+               const char    *what,
+               GError       **error)
+{
+  g_autofree char *peers = list_peers (ops, n);
+
+  g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED,
+               "%s: rank %d was cancelled while it waited for mesh ranks %s", what,
+               self->parent.rank, peers);
+}
+
 /* After a failure: cancels the receives, then closes by force the
  * endpoints of whatever is still in flight, so that no peer can touch
  * this rank's buffers once the caller has the error. */
@@ -612,8 +627,9 @@ find_failure (UcxTransport    *self,
 }
 
 /* Waits until every op of @ops completed, or fails: the mesh broke, an op
- * failed, a peer was lost, @deadline passed or @cancellable was
- * cancelled.  The ops are cleared either way.  Before it reports success
+ * failed, a peer was lost, @deadline passed, or @cancellable or the
+ * asynchronous call running the wait was cancelled (which it sees within
+ * a round of progress).  The ops are cleared either way.  Before it reports success
  * it looks for notices once more, so that a rank that finished its part
  * of a call a peer failed fails too. */
 static gboolean
@@ -648,6 +664,8 @@ wait_for (UcxTransport     *self,
         set_timeout (self, ops, n, op->what, g_get_monotonic_time () - started, &failure);
       if (failure == NULL)
         g_cancellable_set_error_if_cancelled (cancellable, &failure);
+      if (failure == NULL && _cp_task_cancelled ())
+        set_cancelled (self, ops, n, op->what, &failure);
       if (failure != NULL)
         {
           lock (self);
@@ -1559,6 +1577,21 @@ ucx_poll (CpTransport *transport)
   _cp_mutex_unlock (&self->worker->lock);
 }
 
+static void
+ucx_fail (CpTransport  *transport,
+          const char   *operation,
+          const GError *failure)
+{
+  UcxTransport *self = (UcxTransport *) transport;
+
+  lock (self);
+  drain (self);
+  read_notices (self);
+  if (self->broken == NULL)
+    set_broken (self, _cp_transport_describe_failure (transport->rank, operation, failure), 0, 0);
+  unlock (self);
+}
+
 static const CpTransportOps ucx_ops = {
   .name = "ucx",
   .transport_free = ucx_transport_free,
@@ -1569,6 +1602,7 @@ static const CpTransportOps ucx_ops = {
   .irecv = ucx_irecv,
   .wait = ucx_wait,
   .poll = ucx_poll,
+  .fail = ucx_fail,
 };
 
 /* With the lock held, from inside progress. */

@@ -164,6 +164,8 @@ failure_verb (const GError *failure)
     return "timed out";
   if (g_error_matches (failure, CP_MESH_ERROR, CP_MESH_ERROR_PEER_LOST))
     return "lost a peer";
+  if (g_error_matches (failure, CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED))
+    return "was cancelled";
   return "failed";
 }
 

@@ -25,11 +25,21 @@ included:
   tensor on it is freed.
 * ``torch.from_dlpack(tensor)`` and ``numpy.from_dlpack(tensor)`` see the
   tensor's storage; it is kept until they free their side.
+
+Every ``_async`` method (``mesh.all_gather_async(t, 0)``,
+``batch.prepare_async(mesh, None)``, ``attention.forward_async(q, k, v)``,
+``ctx.enter_async()``…) called without a callback returns an awaitable for
+asyncio, as PyGObject 3.50 does for GIO calls; with a callback it is the
+plain GIO call. Cancelling the asyncio task cancels the call, which fails
+every rank of it with ``Cp.MeshError.CANCELLED`` and breaks the mesh; the
+awaiting task then raises CancelledError once the call has ended. ``async
+with ctx:`` enters and exits with the async calls.
 """
 
 import ctypes
+import threading
 
-from gi.repository import GObject
+from gi.repository import Gio, GLib, GObject
 
 from .._gi import FunctionInfo
 from ..module import get_introspection_module
@@ -433,6 +443,136 @@ class Context(Cp.Context):
 
 Context = override(Context)
 __all__.append('Context')
+
+
+class Attention(Cp.Attention):
+    """Context-parallel attention; ``forward_async`` and ``backward_async``
+    are awaitable (see the module's documentation)."""
+
+
+Attention = override(Attention)
+__all__.append('Attention')
+
+
+# ---- awaiting _async calls from asyncio ----
+#
+# Debian's PyGObject (3.42) cannot await a GTask, and asyncio does not run
+# GLib's main context, where a GTask reports.  So the calls are started
+# from a daemon thread that runs a GLib main context of its own: each
+# call's GTask reports there, and the callback hands the result to the
+# asyncio loop with call_soon_threadsafe; the _finish function runs on the
+# asyncio thread.  The thread only dispatches: the calls themselves run on
+# libcpmesh's workers.
+
+_dispatcher = None
+_dispatcher_lock = threading.Lock()
+
+
+def _dispatcher_context():
+    """The main context of the dispatching thread, started on first use."""
+    global _dispatcher
+    with _dispatcher_lock:
+        if _dispatcher is None:
+            context = GLib.MainContext.new()
+            running = threading.Event()
+
+            def run():
+                # Sources attached before the loop runs wait for it.
+                context.push_thread_default()
+                loop = GLib.MainLoop.new(context, False)
+                running.set()
+                loop.run()
+
+            threading.Thread(target=run, name='cpmesh-dispatch', daemon=True).start()
+            running.wait()
+            _dispatcher = context
+    return _dispatcher
+
+
+def _settle(future, result):
+    if not future.done():
+        future.set_result(result)
+
+
+async def _await_call(start, finish, cancellable):
+    """Runs start(cancellable, callback) on the dispatching thread and
+    returns finish(result) once the call ends. A cancelled await cancels
+    the call and waits for it to end before it raises, so that the mesh
+    and tensors are free again when the caller gets control back."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    cancellable = cancellable or Gio.Cancellable()
+
+    def on_ready(source, result, *unused):
+        try:
+            loop.call_soon_threadsafe(_settle, done, result)
+        except RuntimeError:  # the asyncio loop was closed: nobody waits
+            pass
+
+    def begin(*unused):
+        start(cancellable, on_ready)
+        return GLib.SOURCE_REMOVE
+
+    _dispatcher_context().invoke_full(GLib.PRIORITY_DEFAULT, begin)
+    try:
+        result = await asyncio.shield(done)
+    except asyncio.CancelledError:
+        cancellable.cancel()
+        await asyncio.wait([done])
+        raise
+    return finish(result)
+
+
+def _awaitable_method(cls, name):
+    """cls.<name>_async that returns an awaitable when called without a
+    callback, and is the GIO call with one."""
+    native = getattr(getattr(Cp, cls.__name__), name + '_async')
+    finish = getattr(getattr(Cp, cls.__name__), name + '_finish')
+    n_inputs = [a.get_name() for a in native.get_arguments()].index('cancellable')
+
+    def method(self, *args, **kwargs):
+        if len(args) > n_inputs + 1 or 'callback' in kwargs:
+            return native(self, *args, **kwargs)
+        inputs = args[:n_inputs]
+        cancellable = args[n_inputs] if len(args) > n_inputs else kwargs.pop('cancellable', None)
+        if kwargs:
+            raise TypeError('%s_async() got unexpected keyword arguments %s' % (name, sorted(kwargs)))
+        return _await_call(lambda c, callback: native(self, *inputs, c, callback),
+                           lambda result: finish(self, result), cancellable)
+
+    method.__name__ = name + '_async'
+    method.__doc__ = ('%s(...) on a worker thread: awaitable without a callback, the GIO call '
+                      'with one.' % name)
+    return method
+
+
+_ASYNC_CALLS = {
+    Mesh: ('barrier', 'all_gather', 'all_gather_into', 'all_to_all', 'all_reduce', 'broadcast',
+           'send', 'recv', 'send_recv', 'unshard', 'unshard_layout'),
+    Batch: ('prepare',),
+    Context: ('enter', 'exit', 'unshard'),
+    Attention: ('forward', 'backward'),
+}
+
+for _cls, _names in _ASYNC_CALLS.items():
+    for _name in _names:
+        setattr(_cls, _name + '_async', _awaitable_method(_cls, _name))
+
+
+async def _context_aenter(self):
+    await self.enter_async()
+    return self
+
+
+async def _context_aexit(self, exc_type, exc_value, traceback):
+    await self.exit_async()
+    return False
+
+
+Context.__aenter__ = _context_aenter
+Context.__aexit__ = _context_aexit
 
 
 def float32_to_bfloat16(array):
