@@ -88,7 +88,8 @@ class UserProgram(unittest.TestCase):
         cls.tmp = tempfile.mkdtemp(prefix="cpmesh-user-")
         cls.work = os.path.join(cls.tmp, "work")
         os.mkdir(cls.work)
-        for name in ("example.c", "example.vala", "example.py", "example.js"):
+        for name in ("example.c", "example.vala", "example.py", "example.js",
+                     "train-step.c", "train-step.vala", "train-step.py", "train-step.js"):
             shutil.copy(os.path.join(SOURCE_ROOT, "examples", name), cls.work)
 
     @classmethod
@@ -213,7 +214,8 @@ class Installed(UserProgram):
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("No module named 'gi'", result.stderr)
 
-    def test_gjs_example_runs(self):
+    def gjs_program(self, name):
+        """gjs, with @name importing the helper from the installed copy."""
         gjs = shutil.which("gjs", path="/usr/bin:/bin")
         if gjs is None:
             self.skipTest("gjs is not installed")
@@ -221,14 +223,41 @@ class Installed(UserProgram):
         # installed location, which pkg-config names.
         helper = os.path.join(self.pkg_config("--variable=gjsmoduledir"), "cpmesh.js")
         self.assertTrue(os.path.isfile(helper), helper)
-        path = os.path.join(self.work, "example.js")
+        path = os.path.join(self.work, name)
         with open(path, encoding="utf-8") as source:
             program = source.read()
         self.assertEqual(program.count(GJS_HELPER_IMPORT), 1)
         with open(path, "w", encoding="utf-8") as out:
             out.write(program.replace(GJS_HELPER_IMPORT, "'file://%s'" % os.path.realpath(helper)))
+        return gjs
+
+    def test_gjs_example_runs(self):
+        gjs = self.gjs_program("example.js")
         result = self.run_in_work([gjs, "-m", "example.js"], self.user_env())
         self.assertEqual(result.stdout, GJS_OUTPUT)
+
+    def test_train_step_prints_one_checksum_in_every_language(self):
+        """The same training step from C, Vala, Python and gjs (4 ranks
+        driven from one main loop), built and run against the installed
+        copy, prints the same line."""
+        self.require_python_override()
+        vapi = find_one(self.destdir, "libcpmesh-1.vapi", required=False)
+        if vapi is None:
+            self.skipTest("built without the Vala API")
+        flags = self.pkg_config("--cflags", "--libs").split()
+        self.run_in_work(["cc", "-o", "train-step-c", "train-step.c", *flags, "-lm"], clean_env(self.tmp))
+        self.run_in_work(["valac", "--vapidir", os.path.dirname(vapi), "--pkg", "libcpmesh-1",
+                          "-X", "-w", "-X", "-lm", "-o", "train-step-vala", "train-step.vala"],
+                         clean_env(self.tmp, PKG_CONFIG_PATH=self.pkgconfig_dir))
+        gjs = self.gjs_program("train-step.js")
+        lines = {}
+        for language, command in (("C", ["./train-step-c"]), ("Vala", ["./train-step-vala"]),
+                                  ("Python", ["/usr/bin/python3", "train-step.py"]),
+                                  ("gjs", [gjs, "-m", "train-step.js"])):
+            lines[language] = self.run_in_work(command, self.user_env(), timeout=300).stdout
+        self.assertRegex(lines["C"], r"^train-step: 4 ranks, 250 positions padded to 256, checksum -?\d+\n$")
+        for language, line in lines.items():
+            self.assertEqual(line, lines["C"], language)
 
     def assert_loads_installed_library(self, program):
         """The dynamic linker resolves libcpmesh to the installed copy."""
