@@ -89,7 +89,8 @@ class UserProgram(unittest.TestCase):
         cls.work = os.path.join(cls.tmp, "work")
         os.mkdir(cls.work)
         for name in ("example.c", "example.vala", "example.py", "example.js",
-                     "train-step.c", "train-step.vala", "train-step.py", "train-step.js"):
+                     "train-step.c", "train-step.vala", "train-step.py", "train-step.js",
+                     "torch-roundtrip.py"):
             shutil.copy(os.path.join(SOURCE_ROOT, "examples", name), cls.work)
 
     @classmethod
@@ -192,6 +193,20 @@ class Installed(UserProgram):
         for path in lines:
             self.assertTrue(os.path.realpath(path).startswith(os.path.realpath(self.destdir)),
                             "%s is not in the installed copy" % path)
+
+    def test_torch_tensor_goes_in_and_out_without_a_copy(self):
+        self.require_python_override()
+        if "libasan" in os.environ.get("LD_PRELOAD", ""):
+            # Importing PyTorch under AddressSanitizer takes minutes; the
+            # python-dlpack test checks the exchange there.
+            self.skipTest("PyTorch under AddressSanitizer")
+        result = subprocess.run(["/usr/bin/python3", "torch-roundtrip.py"], cwd=self.work,
+                                env=self.user_env(), capture_output=True, text=True, timeout=300)
+        if result.returncode == 77:
+            self.skipTest("PyTorch is not installed")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertEqual(result.stdout, "x shared: True\npiece shared: True\n"
+                         "rank 0 holds [8.0, 9.0, 14.0, 15.0] torch.bfloat16\n")
 
     def test_python_example_runs_in_a_venv_with_system_site_packages(self):
         self.require_python_override()
