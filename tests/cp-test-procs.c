@@ -11,6 +11,7 @@
 #include <libcpmesh.h>
 
 #include "cp-test-procs.h"
+#include "cp-test-util.h"
 
 /* Time a whole case may take before the processes count as hung. */
 #define CASE_LIMIT_MS 60000
@@ -242,7 +243,7 @@ cp_test_run_until (CpTestRank      **ranks,
                    CpTestCondition   condition)
 {
   gboolean late = FALSE;
-  guint timer = g_timeout_add (CASE_LIMIT_MS, time_is_up, &late);
+  guint timer = g_timeout_add (CASE_LIMIT_MS * cp_test_time_factor (), time_is_up, &late);
 
   while (!condition (ranks, n) && !late)
     g_main_context_iteration (NULL, TRUE);
