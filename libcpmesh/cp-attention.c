@@ -940,12 +940,8 @@ check_tensor (const Plan   *plan,
   g_autofree char *have = cp_tensor_describe (tensor);
   g_autofree char *want = _cp_shape_to_string (shape, n_dims);
 
-  if (cp_tensor_get_device (tensor) != CP_DEVICE_KIND_HOST)
-    {
-      g_set_error (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_UNSUPPORTED,
-                   "%s (%s) is not in host memory; CpAttention computes on the host", name, have);
-      return FALSE;
-    }
+  if (!_cp_tensor_require_device (tensor, "attention", name, CP_DEVICE_KINDS_HOST, error))
+    return FALSE;
   if (cp_tensor_get_dtype (tensor) != dtype)
     {
       g_set_error (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_SHAPE,
@@ -1009,12 +1005,8 @@ read_query (Plan      *plan,
   const gint64 *shape = cp_tensor_get_shape (q, NULL);
 
   plan->dtype = cp_tensor_get_dtype (q);
-  if (cp_tensor_get_device (q) != CP_DEVICE_KIND_HOST)
-    {
-      g_set_error (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_UNSUPPORTED,
-                   "q (%s) is not in host memory; CpAttention computes on the host", have);
-      return FALSE;
-    }
+  if (!_cp_tensor_require_device (q, "attention", "q", CP_DEVICE_KINDS_HOST, error))
+    return FALSE;
   if (plan->dtype != CP_DTYPE_FLOAT32 && plan->dtype != CP_DTYPE_BFLOAT16)
     {
       g_set_error (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_UNSUPPORTED,

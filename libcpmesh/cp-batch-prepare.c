@@ -371,14 +371,11 @@ check_item (Plan     *plan,
             Item     *item,
             GError  **error)
 {
+  g_autofree char *label = g_strdup_printf ("'%s'", item->key);
   gint64 length;
 
-  if (cp_tensor_get_device (item->tensor) != CP_DEVICE_KIND_HOST)
-    {
-      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
-                   "prepare: '%s' is not in host memory", item->key);
-      return FALSE;
-    }
+  if (!_cp_tensor_require_device (item->tensor, "prepare", label, CP_DEVICE_KINDS_HOST, error))
+    return FALSE;
   length = cp_tensor_get_dim (item->tensor, (int) item->dim);
   if (length != plan->seq_len)
     {

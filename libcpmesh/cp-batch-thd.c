@@ -140,19 +140,22 @@ check_lengths_tensor (Thd         *thd,
 }
 
 static gboolean
-check_host (Thd     *thd,
-            GError **error)
+check_devices (Thd     *thd,
+               GError **error)
 {
   CpTensor *all[] = { thd->primary, thd->labels, thd->positions, thd->seq_lens,
                       thd->seq_lens_padded, thd->cu_seqlens, thd->cu_seqlens_padded };
+  const char *keys[] = { thd->primary_key, "labels", "position_ids", "seq_lens",
+                         "seq_lens_padded", "cu_seqlens", "cu_seqlens_padded" };
 
   for (guint i = 0; i < G_N_ELEMENTS (all); i++)
-    if (all[i] != NULL && cp_tensor_get_device (all[i]) != CP_DEVICE_KIND_HOST)
-      {
-        g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
-                     "to_thd: the batch's tensors must be in host memory");
+    {
+      g_autofree char *label = g_strdup_printf ("'%s'", keys[i]);
+
+      if (all[i] != NULL &&
+          !_cp_tensor_require_device (all[i], "to_thd", label, CP_DEVICE_KINDS_HOST, error))
         return FALSE;
-      }
+    }
   return TRUE;
 }
 
@@ -250,7 +253,7 @@ collect (Thd           *thd,
       !require (batch, "labels", &thd->labels, error) ||
       !require (batch, "position_ids", &thd->positions, error) ||
       !collect_shapes (thd, batch, error) ||
-      !check_host (thd, error))
+      !check_devices (thd, error))
     return FALSE;
   if (thd->rule == CP_PADDING_MASK_RULE_TOKEN_ID && !holds_token_ids (thd))
     {

@@ -876,20 +876,6 @@ check_rank (CpLayout  *self,
   return TRUE;
 }
 
-static gboolean
-check_host (CpTensor    *tensor,
-            const char  *what,
-            GError     **error)
-{
-  if (cp_tensor_get_device (tensor) != CP_DEVICE_KIND_HOST)
-    {
-      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
-                   "%s: the tensor is not in host memory", what);
-      return FALSE;
-    }
-  return TRUE;
-}
-
 /* Checks that dimension @dim of @tensor has length @expected. */
 static gboolean
 check_seq_len (CpTensor    *tensor,
@@ -941,7 +927,7 @@ check_output (CpTensor    *out,
                    what, have, cp_dtype_get_name (cp_tensor_get_dtype (template)), want);
       return FALSE;
     }
-  return check_host (out, what, error);
+  return _cp_tensor_require_device (out, what, "the output", CP_DEVICE_KINDS_HOST, error);
 }
 
 static gboolean
@@ -953,7 +939,7 @@ shard_validate (CpLayout  *self,
                 GError   **error)
 {
   return check_rank (self, rank, error) &&
-         check_host (tensor, "shard", error) &&
+         _cp_tensor_require_device (tensor, "shard", "the tensor", CP_DEVICE_KINDS_HOST, error) &&
          _cp_tensor_normalize_dim (tensor, "shard", seq_dim, dim, error) &&
          check_seq_len (tensor, "shard", *dim, self->seq_len, error);
 }
@@ -1107,7 +1093,8 @@ cp_layout_shard_backward (CpLayout  *self,
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
   if (!check_rank (self, rank, error) ||
-      !check_host (grad_local, "shard_backward", error) ||
+      !_cp_tensor_require_device (grad_local, "shard_backward", "the tensor", CP_DEVICE_KINDS_HOST,
+                                  error) ||
       !_cp_tensor_normalize_dim (grad_local, "shard_backward", seq_dim, &dim, error) ||
       !check_seq_len (grad_local, "shard_backward", dim, self->local_len[rank], error))
     return NULL;
@@ -1146,7 +1133,7 @@ check_pieces (CpLayout   *self,
       g_autofree char *what = g_strdup_printf ("unshard_pieces: piece %u", r);
 
       gboolean ok = r == 0
-        ? check_host (pieces[0], what, error) &&
+        ? _cp_tensor_require_device (pieces[0], what, "the tensor", CP_DEVICE_KINDS_HOST, error) &&
           check_seq_len (pieces[0], what, *dim, self->local_len[0], error)
         : check_output (pieces[r], pieces[0], what, *dim, self->local_len[r], error);
 

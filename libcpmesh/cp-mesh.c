@@ -879,21 +879,6 @@ run_collective (CpMesh        *self,
   return ok;
 }
 
-static gboolean
-check_host (CpMesh      *self,
-            CpTensor    *tensor,
-            const char  *what,
-            GError     **error)
-{
-  if (cp_tensor_get_device (tensor) != CP_DEVICE_KIND_HOST)
-    {
-      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED,
-                   "%s: the %s backend moves host memory only", what, cp_mesh_get_backend (self));
-      return FALSE;
-    }
-  return TRUE;
-}
-
 /* Fills the byte geometry of an all-gather along @dim. */
 static void
 plan_gather (CpCollective *coll,
@@ -981,7 +966,7 @@ check_gather_output (CpMesh     *self,
                    have, cp_dtype_get_name (cp_tensor_get_dtype (tensor)), want);
       return FALSE;
     }
-  return check_host (self, out, "all_gather", error);
+  return _cp_tensor_require_device (out, "all_gather", "the output", CP_DEVICE_KINDS_HOST, error);
 }
 
 static gboolean
@@ -996,7 +981,7 @@ gather_into (CpMesh    *self,
   guint d = 0;
 
   describe_operand (&coll, CP_COLL_ALL_GATHER, tensor);
-  if (check_host (self, tensor, "all_gather", &invalid) &&
+  if (_cp_tensor_require_device (tensor, "all_gather", "the tensor", CP_DEVICE_KINDS_HOST, &invalid) &&
       _cp_tensor_normalize_dim (tensor, "all_gather", dim, &d, &invalid) &&
       (out == NULL || check_gather_output (self, tensor, d, out, &invalid)))
     {
@@ -1093,7 +1078,7 @@ plan_all_to_all (CpMesh        *self,
   gsize step;
   guint d;
 
-  if (!check_host (self, tensor, "all_to_all", error) ||
+  if (!_cp_tensor_require_device (tensor, "all_to_all", "the tensor", CP_DEVICE_KINDS_HOST, error) ||
       !_cp_tensor_normalize_dim (tensor, "all_to_all", dim, &d, error))
     return FALSE;
   _cp_tensor_split_at (tensor, d, &coll->outer, &length, &step);
@@ -1187,7 +1172,7 @@ cp_mesh_all_reduce (CpMesh      *self,
 
   describe_operand (&coll, CP_COLL_ALL_REDUCE, tensor);
   coll.op = op;
-  if (check_host (self, tensor, "all_reduce", &invalid))
+  if (_cp_tensor_require_device (tensor, "all_reduce", "the tensor", CP_DEVICE_KINDS_HOST, &invalid))
     {
       coll.count = (gsize) cp_tensor_get_numel (tensor);
       coll.recv = cp_tensor_get_data (tensor);
@@ -1226,7 +1211,7 @@ cp_mesh_broadcast (CpMesh    *self,
   if (root < 0 || root >= self->comm->size)
     g_set_error (&invalid, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
                  "broadcast: root %d is outside [0, %d)", root, self->comm->size);
-  else if (check_host (self, tensor, "broadcast", &invalid))
+  else if (_cp_tensor_require_device (tensor, "broadcast", "the tensor", CP_DEVICE_KINDS_HOST, &invalid))
     {
       coll.count = (gsize) cp_tensor_get_numel (tensor);
       coll.recv = cp_tensor_get_data (tensor);
@@ -1352,7 +1337,7 @@ check_peer (CpMesh      *self,
                    "%s: rank %d is outside [0, %d)", what, peer, self->comm->size);
       return FALSE;
     }
-  return check_host (self, tensor, what, error);
+  return _cp_tensor_require_device (tensor, what, "the tensor", CP_DEVICE_KINDS_HOST, error);
 }
 
 /* Posts every operation before waiting for any, so that exchanges in a

@@ -7,10 +7,10 @@
 
 #include <string.h>
 
-#include "cp-copy-private.h"
 #include "cp-dtype-private.h"
 #include "cp-enum-types.h"
 #include "cp-error.h"
+#include "cp-memory-private.h"
 #include "cp-storage-private.h"
 #include "cp-tensor-private.h"
 
@@ -292,19 +292,21 @@ tensor_wrap (CpDType       dtype,
   return self;
 }
 
-static CpTensor *
-tensor_new_host (CpDType        dtype,
-                 const gint64  *shape,
-                 guint          n_dims,
-                 gboolean       zeroed,
-                 GError       **error)
+CpTensor *
+_cp_tensor_new_on_device (CpDeviceKind   device,
+                          CpDType        dtype,
+                          const gint64  *shape,
+                          guint          n_dims,
+                          gboolean       zeroed,
+                          GError       **error)
 {
   gint64 numel;
   CpStorage *storage;
 
   if (!_cp_shape_check (dtype, shape, n_dims, &numel, error))
     return NULL;
-  storage = _cp_storage_new_host ((gsize) numel * cp_dtype_get_size (dtype), zeroed, error);
+  storage = _cp_storage_new_on_device (device, (gsize) numel * cp_dtype_get_size (dtype), zeroed,
+                                       error);
   if (storage == NULL)
     return NULL;
   return tensor_wrap (dtype, shape, n_dims, numel, storage, 0);
@@ -316,7 +318,7 @@ _cp_tensor_new_uninit (CpDType        dtype,
                        guint          n_dims,
                        GError       **error)
 {
-  return tensor_new_host (dtype, shape, n_dims, FALSE, error);
+  return _cp_tensor_new_on_device (CP_DEVICE_KIND_HOST, dtype, shape, n_dims, FALSE, error);
 }
 
 #define RETURN_IF_BAD_DTYPE(dtype, val) \
@@ -347,7 +349,7 @@ cp_tensor_new (CpDType        dtype,
   g_return_val_if_fail (shape != NULL || n_dims == 0, NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  return tensor_new_host (dtype, shape, n_dims, TRUE, error);
+  return _cp_tensor_new_on_device (CP_DEVICE_KIND_HOST, dtype, shape, n_dims, TRUE, error);
 }
 
 /**
@@ -1053,7 +1055,7 @@ cp_tensor_describe (CpTensor *self)
 
   shape = _cp_shape_to_string (self->shape, self->n_dims);
   return g_strdup_printf ("%s%s on %s", cp_dtype_get_name (self->dtype), shape,
-                          cp_tensor_get_device (self) == CP_DEVICE_KIND_HOST ? "host" : "cuda");
+                          _cp_device_kind_get_name (cp_tensor_get_device (self)));
 }
 
 /**
@@ -1126,7 +1128,7 @@ cp_tensor_copy (CpTensor  *self,
   copy = _cp_tensor_new_uninit (self->dtype, self->shape, self->n_dims, error);
   if (copy == NULL)
     return NULL;
-  _cp_copy (cp_tensor_get_data (copy), cp_tensor_get_data (self), cp_tensor_get_nbytes (self), FALSE);
+  _cp_memory_copy (copy, 0, self, 0, cp_tensor_get_nbytes (self), FALSE);
   copy->requires_grad = self->requires_grad;
   return copy;
 }
@@ -1352,6 +1354,54 @@ cp_tensor_to_device (CpTensor      *self,
                "cannot move %s to %s memory: this build of libcpmesh has no CUDA support",
                cp_dtype_get_name (self->dtype), device == CP_DEVICE_KIND_CUDA ? "CUDA" : "host");
   return NULL;
+}
+
+const char *
+_cp_device_kind_get_name (CpDeviceKind kind)
+{
+  switch (kind)
+    {
+    case CP_DEVICE_KIND_HOST:
+      return "host";
+    case CP_DEVICE_KIND_CUDA:
+      return "cuda";
+    default:
+      return "unknown";
+    }
+}
+
+/* "host or test" */
+static char *
+describe_kinds (guint kinds)
+{
+  g_autoptr(GString) text = g_string_new (NULL);
+
+  for (guint kind = 0; kind < 32; kind++)
+    if (kinds & (1u << kind))
+      g_string_append_printf (text, "%s%s", text->len > 0 ? " or " : "",
+                              _cp_device_kind_get_name ((CpDeviceKind) kind));
+  return g_string_free (g_steal_pointer (&text), FALSE);
+}
+
+gboolean
+_cp_tensor_require_device (CpTensor    *self,
+                           const char  *what,
+                           const char  *label,
+                           guint        kinds,
+                           GError     **error)
+{
+  CpDeviceKind device = cp_tensor_get_device (self);
+  g_autofree char *description = NULL;
+  g_autofree char *accepted = NULL;
+
+  if ((kinds & (1u << device)) && _cp_storage_get_memory (self->storage) != NULL)
+    return TRUE;
+  description = cp_tensor_describe (self);
+  accepted = describe_kinds (kinds & CP_DEVICE_KINDS_REACHABLE);
+  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
+               "%s: %s (%s) is in %s memory, which this operation cannot reach; it works on %s "
+               "memory", what, label, description, _cp_device_kind_get_name (device), accepted);
+  return FALSE;
 }
 
 void

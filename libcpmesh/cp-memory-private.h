@@ -1,0 +1,107 @@
+/* cp-memory-private.h: the one place tensor bytes are touched
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include "cp-copy-private.h"
+#include "cp-tensor.h"
+
+G_BEGIN_DECLS
+
+/* Every kind of memory a tensor may live in brings a table of operations,
+ * as a GstAllocator does for GStreamer: allocation, copies in and out of
+ * it and within it, fills, and the address its kernels compute on.
+ * Storage carries the table of its memory, and every layer above (layout,
+ * batch, THD, context, mesh, attention) moves tensor bytes only through
+ * the _cp_memory_*() calls below, never with memcpy on a tensor's
+ * address: on a device that address is not host-dereferenceable.
+ *
+ * Addresses given to the operations are device addresses — what
+ * cp_tensor_get_data_address() shows — and host addresses on the host
+ * side of an upload or download. */
+
+typedef enum
+{
+  CP_MEMORY_HOST_TO_DEVICE,
+  CP_MEMORY_DEVICE_TO_HOST,
+  CP_MEMORY_DEVICE_TO_DEVICE,
+} CpMemoryDirection;
+
+typedef struct
+{
+  CpDeviceKind kind;
+  const char *name;
+
+  /* Zero-filled when @zeroed; CP_TENSOR_ERROR_OUT_OF_MEMORY otherwise. */
+  gpointer (*alloc)          (gsize              size,
+                              gboolean           zeroed,
+                              GError           **error);
+  void     (*free)           (gpointer           address,
+                              gsize              size);
+  /* @height rows of @width bytes, each @dst_pitch / @src_pitch bytes after
+   * the one before; @streaming asks for stores that bypass the cache
+   * (see _cp_copy_wants_streaming). */
+  void     (*copy_2d)        (gpointer           dst,
+                              gsize              dst_pitch,
+                              gconstpointer      src,
+                              gsize              src_pitch,
+                              gsize              width,
+                              gsize              height,
+                              CpMemoryDirection  direction,
+                              gboolean           streaming);
+  /* @count copies of the @pattern_size bytes at @pattern (host memory). */
+  void     (*fill)           (gpointer           dst,
+                              gconstpointer      pattern,
+                              gsize              pattern_size,
+                              gsize              count);
+  /* Waits until every copy and fill issued so far is complete. */
+  void     (*synchronize)    (void);
+  /* The address this device's kernels use for the byte at @address. */
+  gpointer (*kernel_address) (gpointer           address);
+} CpMemoryOps;
+
+/* The operations of @kind, or NULL when this build cannot reach it. */
+const CpMemoryOps *_cp_memory_ops_for_kind (CpDeviceKind kind);
+
+extern const CpMemoryOps _cp_memory_host_ops;
+
+/* Tensor-level moves.  Offsets and pitches are in bytes from the first
+ * byte of the tensor they belong to; the tensors must be reachable
+ * (_cp_tensor_require_device).  Regions must not overlap. */
+void      _cp_memory_copy_2d        (CpTensor      *dst,
+                                     gsize          dst_offset,
+                                     gsize          dst_pitch,
+                                     CpTensor      *src,
+                                     gsize          src_offset,
+                                     gsize          src_pitch,
+                                     gsize          width,
+                                     gsize          height,
+                                     gboolean       streaming);
+void      _cp_memory_copy           (CpTensor      *dst,
+                                     gsize          dst_offset,
+                                     CpTensor      *src,
+                                     gsize          src_offset,
+                                     gsize          n,
+                                     gboolean       streaming);
+/* Brings @n bytes of @src at @src_offset to @host, and back. */
+void      _cp_memory_download       (gpointer       host,
+                                     CpTensor      *src,
+                                     gsize          src_offset,
+                                     gsize          n);
+void      _cp_memory_upload         (CpTensor      *dst,
+                                     gsize          dst_offset,
+                                     gconstpointer  host,
+                                     gsize          n);
+/* Sets @count elements of @dst from @offset on to @value, converted to
+ * @dst's dtype as cp_tensor_new_full() does. */
+void      _cp_memory_fill           (CpTensor      *dst,
+                                     gsize          offset,
+                                     gsize          count,
+                                     double         value);
+void      _cp_memory_synchronize    (CpTensor      *tensor);
+/* Where @tensor's first byte is for the kernels of its device. */
+gpointer  _cp_memory_kernel_address (CpTensor      *tensor);
+
+G_END_DECLS

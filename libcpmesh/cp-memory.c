@@ -1,0 +1,135 @@
+/* cp-memory.c: tensor byte moves, dispatched to the memory that holds them
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include "cp-dtype-private.h"
+#include "cp-memory-private.h"
+#include "cp-storage-private.h"
+
+const CpMemoryOps *
+_cp_memory_ops_for_kind (CpDeviceKind kind)
+{
+  switch (kind)
+    {
+    case CP_DEVICE_KIND_HOST:
+      return &_cp_memory_host_ops;
+    case CP_DEVICE_KIND_CUDA:
+    default:
+      return NULL;
+    }
+}
+
+static const CpMemoryOps *
+tensor_ops (CpTensor *tensor)
+{
+  const CpMemoryOps *ops = _cp_storage_get_memory (cp_tensor_get_storage (tensor));
+
+  /* Callers checked reachability with _cp_tensor_require_device(). */
+  g_assert (ops != NULL);
+  return ops;
+}
+
+static guint8 *
+device_address (CpTensor *tensor,
+                gsize     offset)
+{
+  return (guint8 *) cp_tensor_get_data (tensor) + offset;
+}
+
+void
+_cp_memory_copy_2d (CpTensor *dst,
+                    gsize     dst_offset,
+                    gsize     dst_pitch,
+                    CpTensor *src,
+                    gsize     src_offset,
+                    gsize     src_pitch,
+                    gsize     width,
+                    gsize     height,
+                    gboolean  streaming)
+{
+  const CpMemoryOps *to = tensor_ops (dst);
+  const CpMemoryOps *from = tensor_ops (src);
+  const CpMemoryOps *ops;
+  CpMemoryDirection direction;
+
+  /* Empty tensors may have no address at all. */
+  if (width == 0 || height == 0)
+    return;
+  if (to == from)
+    ops = to, direction = CP_MEMORY_DEVICE_TO_DEVICE;
+  else if (from == &_cp_memory_host_ops)
+    ops = to, direction = CP_MEMORY_HOST_TO_DEVICE;
+  else
+    {
+      /* Two different devices: the next device brings a staged copy. */
+      g_assert (to == &_cp_memory_host_ops);
+      ops = from, direction = CP_MEMORY_DEVICE_TO_HOST;
+    }
+  ops->copy_2d (device_address (dst, dst_offset), dst_pitch, device_address (src, src_offset),
+                src_pitch, width, height, direction, streaming);
+}
+
+void
+_cp_memory_copy (CpTensor *dst,
+                 gsize     dst_offset,
+                 CpTensor *src,
+                 gsize     src_offset,
+                 gsize     n,
+                 gboolean  streaming)
+{
+  _cp_memory_copy_2d (dst, dst_offset, n, src, src_offset, n, n, 1, streaming);
+}
+
+void
+_cp_memory_download (gpointer  host,
+                     CpTensor *src,
+                     gsize     src_offset,
+                     gsize     n)
+{
+  if (n > 0)
+    tensor_ops (src)->copy_2d (host, n, device_address (src, src_offset), n, n, 1,
+                               CP_MEMORY_DEVICE_TO_HOST, FALSE);
+}
+
+void
+_cp_memory_upload (CpTensor      *dst,
+                   gsize          dst_offset,
+                   gconstpointer  host,
+                   gsize          n)
+{
+  if (n > 0)
+    tensor_ops (dst)->copy_2d (device_address (dst, dst_offset), n, host, n, n, 1,
+                               CP_MEMORY_HOST_TO_DEVICE, FALSE);
+}
+
+void
+_cp_memory_fill (CpTensor *dst,
+                 gsize     offset,
+                 gsize     count,
+                 double    value)
+{
+  CpDType dtype = cp_tensor_get_dtype (dst);
+  guint64 pattern = 0;
+
+  if (count == 0)
+    return;
+  _cp_dtype_write (dtype, &pattern, 0, value);
+  tensor_ops (dst)->fill (device_address (dst, offset), &pattern, cp_dtype_get_size (dtype), count);
+}
+
+void
+_cp_memory_synchronize (CpTensor *tensor)
+{
+  tensor_ops (tensor)->synchronize ();
+}
+
+gpointer
+_cp_memory_kernel_address (CpTensor *tensor)
+{
+  guint8 *address = cp_tensor_get_data (tensor);
+
+  return address != NULL ? tensor_ops (tensor)->kernel_address (address) : NULL;
+}
