@@ -66,6 +66,7 @@ typedef struct
 const CpMemoryOps *_cp_memory_ops_for_kind (CpDeviceKind kind);
 
 extern const CpMemoryOps _cp_memory_host_ops;
+extern const CpMemoryOps _cp_memory_test_ops;
 
 /* Tensor-level moves.  Offsets and pitches are in bytes from the first
  * byte of the tensor they belong to; the tensors must be reachable
@@ -100,6 +101,10 @@ void      _cp_memory_fill           (CpTensor      *dst,
                                      gsize          offset,
                                      gsize          count,
                                      double         value);
+/* Whether the first @n bytes of @a and @b are the same. */
+gboolean  _cp_memory_equal          (CpTensor      *a,
+                                     CpTensor      *b,
+                                     gsize          n);
 void      _cp_memory_synchronize    (CpTensor      *tensor);
 /* Where @tensor's first byte is for the kernels of its device. */
 gpointer  _cp_memory_kernel_address (CpTensor      *tensor);

@@ -5,6 +5,8 @@
 
 #include "config.h"
 
+#include <string.h>
+
 #include "cp-dtype-private.h"
 #include "cp-memory-private.h"
 #include "cp-storage-private.h"
@@ -16,6 +18,8 @@ _cp_memory_ops_for_kind (CpDeviceKind kind)
     {
     case CP_DEVICE_KIND_HOST:
       return &_cp_memory_host_ops;
+    case CP_DEVICE_KIND_TEST:
+      return &_cp_memory_test_ops;
     case CP_DEVICE_KIND_CUDA:
     default:
       return NULL;
@@ -118,6 +122,26 @@ _cp_memory_fill (CpTensor *dst,
     return;
   _cp_dtype_write (dtype, &pattern, 0, value);
   tensor_ops (dst)->fill (device_address (dst, offset), &pattern, cp_dtype_get_size (dtype), count);
+}
+
+/* Device bytes are compared on the host, after a download. */
+gboolean
+_cp_memory_equal (CpTensor *a,
+                  CpTensor *b,
+                  gsize     n)
+{
+  g_autofree guint8 *bytes_a = NULL;
+  g_autofree guint8 *bytes_b = NULL;
+
+  if (n == 0)
+    return TRUE;
+  if (tensor_ops (a) == &_cp_memory_host_ops && tensor_ops (b) == &_cp_memory_host_ops)
+    return memcmp (device_address (a, 0), device_address (b, 0), n) == 0;
+  bytes_a = g_malloc (n);
+  bytes_b = g_malloc (n);
+  _cp_memory_download (bytes_a, a, 0, n);
+  _cp_memory_download (bytes_b, b, 0, n);
+  return memcmp (bytes_a, bytes_b, n) == 0;
 }
 
 void

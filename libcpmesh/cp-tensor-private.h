@@ -40,8 +40,9 @@ CpTensor *_cp_tensor_new_on_device   (CpDeviceKind   device,
 
 /* Device kinds as a set, for _cp_tensor_require_device(). */
 #define CP_DEVICE_KINDS_HOST      (1u << CP_DEVICE_KIND_HOST)
+#define CP_DEVICE_KINDS_TEST      (1u << CP_DEVICE_KIND_TEST)
 /* Every kind the memory interface reaches in this build. */
-#define CP_DEVICE_KINDS_REACHABLE CP_DEVICE_KINDS_HOST
+#define CP_DEVICE_KINDS_REACHABLE (CP_DEVICE_KINDS_HOST | CP_DEVICE_KINDS_TEST)
 
 /* The one check that a tensor lives where an operation can reach it:
  * in one of @kinds, and in memory this build reaches at all.  Otherwise
