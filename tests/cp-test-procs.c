@@ -52,8 +52,8 @@ cp_test_group_spawn (CpTestGroup         *group,
 {
   g_autoptr(GSubprocessLauncher) launcher = g_subprocess_launcher_new (G_SUBPROCESS_FLAGS_STDOUT_PIPE |
                                                                       G_SUBPROCESS_FLAGS_STDIN_PIPE);
-  g_autofree char *path = g_test_build_filename (G_TEST_BUILT, group->program ? group->program : "cp-test-ucx-rank",
-                                                 NULL);
+  const char *program = group->program ? group->program : "cp-test-ucx-rank";
+  g_autofree char *path = g_test_build_filename (G_TEST_BUILT, program, NULL);
   const char *argv[] = { path, scenario, NULL };
   CpHarnessWorld world = {
     .size = world_size, .master_port = port, .rendezvous_port = port, .timeout_ms = CP_TEST_RANK_TIMEOUT_MS,

@@ -143,7 +143,8 @@ await_jobs (RankJob  *jobs,
     g_usleep (G_TIME_SPAN_MILLISECOND);
   for (guint i = 0; i < n; i++)
     if (!g_atomic_int_get (&jobs[i].done))
-      g_string_append_printf (running, "%s rank %d", running->len ? "," : "", cp_mesh_get_rank (jobs[i].mesh));
+      g_string_append_printf (running, "%s rank %d", running->len ? "," : "",
+                              cp_mesh_get_rank (jobs[i].mesh));
   if (running->len == 0)
     return TRUE;
   g_set_error (error, G_IO_ERROR, G_IO_ERROR_TIMED_OUT,
