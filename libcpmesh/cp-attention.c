@@ -1144,7 +1144,7 @@ append_rank_runs (const Plan *plan,
                   GArray     *out)
 {
   guint n_runs;
-  const CpRun *runs = _cp_layout_get_runs (plan->layout, rank, &n_runs);
+  const cp_index_run *runs = _cp_layout_get_runs (plan->layout, rank, &n_runs);
   gint64 row = first_row;
   guint doc = 0;
 

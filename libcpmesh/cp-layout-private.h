@@ -6,19 +6,17 @@
 #pragma once
 
 #include "cp-layout.h"
+#include "kernels/cp-index-math.h"
 
 G_BEGIN_DECLS
 
-/* A run of consecutive global positions a rank holds. */
-typedef struct
-{
-  gint64 start;
-  gint64 length;
-} CpRun;
+/* The layout's runs are kernels/cp-index-math.h's cp_index_run; the old
+ * name stays for code that has not moved to it yet. */
+typedef cp_index_run CpRun;
 
 /* The runs of @rank in local order: its local sequence is their
  * concatenation. */
-const CpRun *_cp_layout_get_runs        (CpLayout      *self,
+const cp_index_run *_cp_layout_get_runs (CpLayout      *self,
                                          int            rank,
                                          guint         *n_runs);
 

@@ -42,7 +42,7 @@ struct _CpLayout
   gint64 seq_len;
   guint n_documents;
   gint64 *bounds;        /* n_documents + 1 document boundaries */
-  CpRun *runs;           /* every rank's runs, rank after rank */
+  cp_index_run *runs;           /* every rank's runs, rank after rank */
   guint *first_run;      /* cp_size + 1 indices into runs */
   gint64 *local_len;     /* per rank */
   gint64 *rank_offset;   /* per rank: prefix sums of local_len */
@@ -69,75 +69,18 @@ check_cp_size (int      cp_size,
   return TRUE;
 }
 
-/* Causal attention work of positions [start, start + length) of a document
- * starting at @doc_start: position p attends to p − doc_start + 1 keys. */
-static double
-causal_cost (gint64 doc_start,
-             gint64 start,
-             gint64 length)
+/* Whether each document is cut into 2·C chunks (head-tail) or C. */
+static gboolean
+is_head_tail (CpLayout *self)
 {
-  double first = (double) (start - doc_start + 1);
-
-  return (double) length * first + (double) length * (double) (length - 1) / 2.0;
-}
-
-/* Appends a run to the rank whose runs start at index @first, merging it
- * with that rank's previous run when they touch. */
-static void
-append_run (GArray *runs,
-            guint   first,
-            gint64  start,
-            gint64  length)
-{
-  CpRun *last = runs->len > first ? &g_array_index (runs, CpRun, runs->len - 1) : NULL;
-  CpRun run = { start, length };
-
-  if (length == 0)
-    return;
-  if (last != NULL && last->start + last->length == start)
-    last->length += length; /* C = 1: head and tail chunks are adjacent */
-  else
-    g_array_append_val (runs, run);
+  return self->balance == CP_LOAD_BALANCE_HEAD_TAIL;
 }
 
 /* How many chunks each rank takes from every document. */
 static guint
 chunks_per_document (CpLayout *self)
 {
-  return self->balance == CP_LOAD_BALANCE_CONTIGUOUS ? 1 : 2;
-}
-
-/* The chunks rank @rank takes from document [@lo, @hi), in local order:
- * chunk r of C (contiguous), or chunks r and 2·C−1−r of 2·C (head-tail).
- * This is the partition; everything else is derived from it. */
-static void
-document_chunks (CpLayout *self,
-                 int       rank,
-                 gint64    lo,
-                 gint64    hi,
-                 CpRun     chunks[2])
-{
-  gint64 n_chunks = chunks_per_document (self) * (gint64) self->cp_size;
-  gint64 length = (hi - lo) / n_chunks;
-
-  chunks[0] = (CpRun) { lo + rank * length, length };
-  if (chunks_per_document (self) == 2)
-    chunks[1] = (CpRun) { lo + (n_chunks - 1 - rank) * length, length };
-}
-
-/* The runs rank @rank takes from document [@lo, @hi). */
-static void
-append_document_runs (CpLayout *self,
-                      int       rank,
-                      gint64    lo,
-                      gint64    hi,
-                      GArray   *runs)
-{
-  CpRun chunks[2];
-
-  document_chunks (self, rank, lo, hi, chunks);
-  for (guint i = 0; i < chunks_per_document (self); i++)
-    append_run (runs, self->first_run[rank], chunks[i].start, chunks[i].length);
+  return (guint) cp_index_chunks_per_document (is_head_tail (self));
 }
 
 static guint64
@@ -178,7 +121,8 @@ layout_build (CpLoadBalance  balance,
               guint          n_documents)
 {
   CpLayout *self = g_new0 (CpLayout, 1);
-  g_autoptr(GArray) runs = g_array_new (FALSE, FALSE, sizeof (CpRun));
+  g_autoptr(GArray) runs = g_array_new (FALSE, FALSE, sizeof (cp_index_run));
+  g_autofree cp_index_run *rank_runs = NULL;
 
   g_atomic_ref_count_init (&self->ref_count);
   self->balance = balance;
@@ -190,71 +134,23 @@ layout_build (CpLoadBalance  balance,
   self->local_len = g_new0 (gint64, cp_size);
   self->rank_offset = g_new0 (gint64, cp_size);
   self->cost = g_new0 (double, cp_size);
+  rank_runs = g_new (cp_index_run, MAX (cp_index_max_runs (is_head_tail (self), n_documents), 1));
 
   for (int r = 0; r < cp_size; r++)
     {
+      gsize n_runs = cp_index_rank_runs (is_head_tail (self), cp_size, r,
+                                         bounds, n_documents, rank_runs);
+
       self->first_run[r] = runs->len;
-      for (guint d = 0; d < n_documents; d++)
-        append_document_runs (self, r, bounds[d], bounds[d + 1], runs);
-      for (guint i = self->first_run[r]; i < runs->len; i++)
-        self->local_len[r] += g_array_index (runs, CpRun, i).length;
+      g_array_append_vals (runs, rank_runs, (guint) n_runs);
+      self->local_len[r] = cp_index_runs_length (rank_runs, n_runs);
+      self->cost[r] = cp_index_rank_cost (bounds, n_documents, rank_runs, n_runs);
       if (r > 0)
         self->rank_offset[r] = self->rank_offset[r - 1] + self->local_len[r - 1];
     }
   self->first_run[cp_size] = runs->len;
-  self->runs = (CpRun *) g_array_steal (runs, NULL);
+  self->runs = (cp_index_run *) g_array_steal (runs, NULL);
   self->fingerprint = compute_fingerprint (self);
-  return self;
-}
-
-/* The first document that ends after @position: bounds are sorted, so
- * a run's documents are found by bisection, not by a scan of them all. */
-static guint
-first_document_after (CpLayout *self,
-                      gint64    position)
-{
-  guint lo = 0;
-  guint hi = self->n_documents;
-
-  while (lo < hi)
-    {
-      guint mid = lo + (hi - lo) / 2;
-
-      if (self->bounds[mid + 1] > position)
-        hi = mid;
-      else
-        lo = mid + 1;
-    }
-  return lo;
-}
-
-/* A run can be merged across a document boundary (C = 1, consecutive
- * documents), so the cost walks the documents a run overlaps. */
-static double
-run_cost (CpLayout    *self,
-          const CpRun *run)
-{
-  double total = 0.0;
-  gint64 end = run->start + run->length;
-
-  for (guint d = first_document_after (self, run->start);
-       d < self->n_documents && self->bounds[d] < end; d++)
-    {
-      gint64 lo = MAX (run->start, self->bounds[d]);
-      gint64 hi = MIN (end, self->bounds[d + 1]);
-
-      if (hi > lo)
-        total += causal_cost (self->bounds[d], lo, hi - lo);
-    }
-  return total;
-}
-
-static CpLayout *
-layout_finish (CpLayout *self)
-{
-  for (int r = 0; r < self->cp_size; r++)
-    for (guint i = self->first_run[r]; i < self->first_run[r + 1]; i++)
-      self->cost[r] += run_cost (self, &self->runs[i]);
   return self;
 }
 
@@ -302,7 +198,7 @@ cp_layout_new (CpLoadBalance   balance,
                    cp_size);
       return NULL;
     }
-  return layout_finish (layout_build (balance, cp_size, bounds, 1));
+  return layout_build (balance, cp_size, bounds, 1);
 }
 
 static gboolean
@@ -383,8 +279,8 @@ cp_layout_new_thd (const gint64  *cu_seqlens_padded,
   if (!check_cp_size (cp_size, error) ||
       !check_thd_bounds (cu_seqlens_padded, n_bounds, cp_size, error))
     return NULL;
-  return layout_finish (layout_build (CP_LOAD_BALANCE_HEAD_TAIL, cp_size,
-                                      cu_seqlens_padded, (guint) n_bounds - 1));
+  return layout_build (CP_LOAD_BALANCE_HEAD_TAIL, cp_size,
+                       cu_seqlens_padded, (guint) n_bounds - 1);
 }
 
 /**
@@ -550,8 +446,8 @@ cp_layout_get_n_documents (CpLayout *self)
 #define RETURN_IF_BAD_RANK(self, rank, val) \
   g_return_val_if_fail ((rank) >= 0 && (rank) < (self)->cp_size, val)
 
-/* A row of cp_layout_get_chunks() is a CpRun: start, then length. */
-G_STATIC_ASSERT (sizeof (CpRun) == 2 * sizeof (gint64));
+/* A row of cp_layout_get_chunks() is a cp_index_run: start, then length. */
+G_STATIC_ASSERT (sizeof (cp_index_run) == 2 * sizeof (gint64));
 
 /**
  * cp_layout_get_local_len:
@@ -574,7 +470,7 @@ cp_layout_get_local_len (CpLayout *self,
   return self->local_len[rank];
 }
 
-const CpRun *
+const cp_index_run *
 _cp_layout_get_runs (CpLayout *self,
                      int       rank,
                      guint    *n_runs)
@@ -589,19 +485,6 @@ _cp_layout_get_rank_offset (CpLayout *self,
                             int       rank)
 {
   return self->rank_offset[rank];
-}
-
-static void
-write_local_indices (CpLayout *self,
-                     int       rank,
-                     gint64   *out)
-{
-  guint n_runs;
-  const CpRun *runs = _cp_layout_get_runs (self, rank, &n_runs);
-
-  for (guint i = 0; i < n_runs; i++)
-    for (gint64 p = 0; p < runs[i].length; p++)
-      *out++ = runs[i].start + p;
 }
 
 /**
@@ -621,13 +504,16 @@ cp_layout_get_local_indices (CpLayout *self,
                              int       rank)
 {
   CpTensor *indices;
+  const cp_index_run *runs;
+  guint n_runs;
 
   g_return_val_if_fail (self != NULL, NULL);
   RETURN_IF_BAD_RANK (self, rank, NULL);
 
   indices = _cp_tensor_new_uninit (CP_DTYPE_INT64, &self->local_len[rank], 1, NULL);
   g_return_val_if_fail (indices != NULL, NULL);
-  write_local_indices (self, rank, cp_tensor_get_data (indices));
+  runs = _cp_layout_get_runs (self, rank, &n_runs);
+  cp_index_runs_positions (runs, n_runs, cp_tensor_get_data (indices));
   return indices;
 }
 
@@ -655,7 +541,7 @@ cp_layout_get_chunks (CpLayout *self,
                       int       rank)
 {
   CpTensor *chunks;
-  CpRun *rows;
+  cp_index_run *rows;
   gint64 shape[2];
 
   g_return_val_if_fail (self != NULL, NULL);
@@ -667,13 +553,9 @@ cp_layout_get_chunks (CpLayout *self,
   g_return_val_if_fail (chunks != NULL, NULL);
   rows = cp_tensor_get_data (chunks);
   for (guint d = 0; d < self->n_documents; d++)
-    {
-      CpRun document[2];
-
-      document_chunks (self, rank, self->bounds[d], self->bounds[d + 1], document);
-      memcpy (rows + (gsize) d * chunks_per_document (self), document,
-              chunks_per_document (self) * sizeof (CpRun));
-    }
+    cp_index_document_chunks (is_head_tail (self), self->cp_size, rank,
+                              self->bounds[d], self->bounds[d + 1],
+                              rows + (gsize) d * chunks_per_document (self));
   return chunks;
 }
 
@@ -838,7 +720,7 @@ _cp_layout_transfer_runs (CpLayout *self,
                           gboolean  to_local)
 {
   guint n_runs;
-  const CpRun *runs = _cp_layout_get_runs (self, rank, &n_runs);
+  const cp_index_run *runs = _cp_layout_get_runs (self, rank, &n_runs);
   gsize full_row = (gsize) self->seq_len * step;
   gsize local_stride = (gsize) local_row * step;
   gboolean streaming = _cp_copy_wants_streaming (outer * (gsize) self->local_len[rank] * step);
