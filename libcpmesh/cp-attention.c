@@ -8,7 +8,6 @@
 #include <math.h>
 #include <string.h>
 
-#include "attention/cp-attention-kernel-private.h"
 #include "cp-attention.h"
 #include "cp-dtype-private.h"
 #include "cp-error.h"
@@ -16,6 +15,7 @@
 #include "cp-mesh-private.h"
 #include "cp-task-private.h"
 #include "cp-tensor-private.h"
+#include "kernels/cp-kernel-private.h"
 
 /* The largest head dimension: K, V and score tiles of 128 rows then still
  * fit a core's L2 cache. */
@@ -795,8 +795,10 @@ configure (CpAttention               *self,
         }
     }
   self->options = cp_attention_options_copy (options);
-  self->n_threads = options->n_threads > 0 ? options->n_threads
-                                           : _cp_attn_default_threads (ranks_in_process (self));
+  /* Threads are the host's, whichever device computes. */
+  self->n_threads = options->n_threads > 0
+    ? options->n_threads
+    : _cp_kernel_for_device (CP_DEVICE_KIND_HOST)->default_threads (ranks_in_process (self));
   return TRUE;
 }
 
@@ -903,6 +905,8 @@ typedef struct
   int rank;
   int size;
   CpAttnType type;          /* what the kernel multiplies */
+  CpDeviceKind device;      /* of every operand */
+  const CpKernel *kernel;   /* of that device */
   CpLayout *layout;
   gint64 bshd_bounds[2];
   const gint64 *bounds;     /* document bounds: n_docs + 1 */
@@ -940,10 +944,10 @@ check_tensor (const Plan   *plan,
   g_autofree char *have = cp_tensor_describe (tensor);
   g_autofree char *want = _cp_shape_to_string (shape, n_dims);
 
-  if (cp_tensor_get_device (tensor) != CP_DEVICE_KIND_HOST)
+  if (cp_tensor_get_device (tensor) != plan->device)
     {
       g_set_error (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_UNSUPPORTED,
-                   "%s (%s) is not in host memory; CpAttention computes on the host", name, have);
+                   "%s (%s) is not on q's device; CpAttention computes where q is", name, have);
       return FALSE;
     }
   if (cp_tensor_get_dtype (tensor) != dtype)
@@ -1009,10 +1013,12 @@ read_query (Plan      *plan,
   const gint64 *shape = cp_tensor_get_shape (q, NULL);
 
   plan->dtype = cp_tensor_get_dtype (q);
-  if (cp_tensor_get_device (q) != CP_DEVICE_KIND_HOST)
+  plan->device = cp_tensor_get_device (q);
+  plan->kernel = _cp_kernel_for_device (plan->device);
+  if (plan->kernel == NULL)
     {
       g_set_error (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_UNSUPPORTED,
-                   "q (%s) is not in host memory; CpAttention computes on the host", have);
+                   "q (%s) is in memory no attention kernel of this build computes on", have);
       return FALSE;
     }
   if (plan->dtype != CP_DTYPE_FLOAT32 && plan->dtype != CP_DTYPE_BFLOAT16)
@@ -1276,7 +1282,7 @@ plan_build (CpAttention  *self,
     return FALSE;
   /* bfloat16 is multiplied as such where the CPU does it in hardware,
    * and converted to float32 once everywhere else. */
-  plan->type = plan->dtype == CP_DTYPE_BFLOAT16 && _cp_attn_gemm_has_bfloat16 ()
+  plan->type = plan->dtype == CP_DTYPE_BFLOAT16 && plan->kernel->multiplies_bfloat16 ()
     ? CP_ATTN_BFLOAT16 : CP_ATTN_FLOAT32;
   fill_problem (self, plan);
   return TRUE;
@@ -1433,30 +1439,28 @@ agree (CpAttention  *self,
 /* Float32 operands: the tensor's own memory, or @copy, a float32 buffer
  * of at least as many elements, converted into. */
 static float *
-as_float32 (CpTensor *tensor,
-            CpTensor *copy)
+as_float32 (const Plan *plan,
+            CpTensor   *tensor,
+            CpTensor   *copy)
 {
   gsize n = (gsize) cp_tensor_get_numel (tensor);
-  const guint16 *bf16;
   float *values;
 
   if (cp_tensor_get_dtype (tensor) == CP_DTYPE_FLOAT32)
     return cp_tensor_get_data (tensor);
   g_assert (cp_tensor_get_dtype (tensor) == CP_DTYPE_BFLOAT16);
   g_assert (copy != NULL && (gsize) cp_tensor_get_numel (copy) >= n);
-  bf16 = cp_tensor_get_data (tensor);
   values = cp_tensor_get_data (copy);
-  for (gsize i = 0; i < n; i++)
-    values[i] = _cp_bf16_to_float (bf16[i]);
+  plan->kernel->bfloat16_to_float32 (values, cp_tensor_get_data (tensor), n);
   return values;
 }
 
 static void
-store_float32 (CpTensor    *tensor,
+store_float32 (const Plan  *plan,
+               CpTensor    *tensor,
                const float *values)
 {
   gsize n = (gsize) cp_tensor_get_numel (tensor);
-  guint16 *bf16;
 
   if (cp_tensor_get_dtype (tensor) == CP_DTYPE_FLOAT32)
     {
@@ -1464,9 +1468,7 @@ store_float32 (CpTensor    *tensor,
         memcpy (cp_tensor_get_data (tensor), values, n * sizeof (float));
       return;
     }
-  bf16 = cp_tensor_get_data (tensor);
-  for (gsize i = 0; i < n; i++)
-    bf16[i] = _cp_float_to_bf16 (values[i]);
+  plan->kernel->float32_to_bfloat16 (cp_tensor_get_data (tensor), values, n);
 }
 
 /* Whether the kernel multiplies float32 copies of the inputs: bfloat16
@@ -1486,7 +1488,7 @@ as_operand (const Plan *plan,
 {
   if (!converts_operands (plan))
     return cp_tensor_get_data (tensor);
-  return as_float32 (tensor, copy);
+  return as_float32 (plan, tensor, copy);
 }
 
 static gsize
@@ -1830,7 +1832,7 @@ forward_on (const Plan *plan,
   CpAttnKeys keys;
 
   keys_init (plan, data, operand_size (plan), first_rank, n_ranks, runs, &keys);
-  _cp_attn_forward_block (&plan->problem, &fwd->q, &keys, &fwd->state);
+  plan->kernel->forward_block (&plan->problem, &fwd->q, &keys, &fwd->state);
 }
 
 static gboolean
@@ -1881,52 +1883,14 @@ forward_ring (CpAttention  *self,
   return TRUE;
 }
 
-/* out = acc / l and lse = m + log l for a real query row, whatever they
- * hold, so that NaN and ∞ reach the output as the float64 formula carries
- * them: a row whose every score is −∞ gives 0 / 0.  A padding row, which
- * attends to nothing, gets 0 and −∞. */
-static void
-finish_row (const Plan *plan,
-            Forward    *fwd,
-            int         b,
-            int         h,
-            gint64      i,
-            gboolean    real,
-            float      *lse)
-{
-  const CpAttnView *view = &fwd->state.acc;
-  float *acc = (float *) view->data + b * view->batch_stride + h * view->head_stride +
-               (gsize) i * view->row_stride;
-  gsize row = ((gsize) b * plan->n_heads + (gsize) h) * (gsize) plan->local_len + (gsize) i;
-  float m = fwd->state.m[row] == -INFINITY ? NAN : fwd->state.m[row];
-  float l = fwd->state.l[row];
-  float inverse = 1.0f / l;
-
-  for (int j = 0; j < plan->head_dim; j++)
-    acc[j] = real ? acc[j] * inverse : 0.0f;
-  lse[row] = real ? m + logf (l) : -INFINITY;
-}
-
 static void
 finish_forward (const Plan *plan,
                 Forward    *fwd,
                 CpTensor   *out,
                 CpTensor   *lse)
 {
-  const CpAttnProblem *p = &plan->problem;
-  float *lse_data = cp_tensor_get_data (lse);
-
-  for (int b = 0; b < plan->batch; b++)
-    for (int h = 0; h < plan->n_heads; h++)
-      for (guint r = 0; r < p->n_q_runs; r++)
-        {
-          const CpAttnRun *run = &p->q_runs[r];
-          gint64 real = p->real_end[(gsize) b * p->n_docs + run->doc] - run->pos;
-
-          for (gint64 i = 0; i < run->length; i++)
-            finish_row (plan, fwd, b, h, run->row + i, i < real, lse_data);
-        }
-  store_float32 (out, fwd->state.acc.data);
+  plan->kernel->finalize (&plan->problem, &fwd->state, cp_tensor_get_data (lse));
+  store_float32 (plan, out, fwd->state.acc.data);
 }
 
 /* A float32 output accumulates in place. */
@@ -2025,16 +1989,6 @@ cp_attention_forward (CpAttention  *self,
 
 /* Backward. */
 
-static inline float
-load (CpDType       dtype,
-      gconstpointer data,
-      gsize         i)
-{
-  if (dtype == CP_DTYPE_FLOAT32)
-    return ((const float *) data)[i];
-  return _cp_bf16_to_float (((const guint16 *) data)[i]);
-}
-
 /* delta = rowsum (dout ∘ out), the softmax-gradient term of each row. */
 static void
 row_deltas (const Plan *plan,
@@ -2042,22 +1996,11 @@ row_deltas (const Plan *plan,
             CpTensor   *out,
             float      *delta)
 {
-  CpAttnView view = view_of (plan, NULL, plan->n_heads, plan->local_len);
-  gconstpointer dout_data = cp_tensor_get_data (dout);
-  gconstpointer out_data = cp_tensor_get_data (out);
-  gsize row = 0;
+  CpAttnType type = plan->dtype == CP_DTYPE_FLOAT32 ? CP_ATTN_FLOAT32 : CP_ATTN_BFLOAT16;
+  CpAttnView dout_view = view_of (plan, cp_tensor_get_data (dout), plan->n_heads, plan->local_len);
+  CpAttnView out_view = view_of (plan, cp_tensor_get_data (out), plan->n_heads, plan->local_len);
 
-  for (int b = 0; b < plan->batch; b++)
-    for (int h = 0; h < plan->n_heads; h++)
-      for (gint64 i = 0; i < plan->local_len; i++, row++)
-        {
-          gsize at = b * view.batch_stride + h * view.head_stride + (gsize) i * view.row_stride;
-          float sum = 0.0f;
-
-          for (int j = 0; j < plan->head_dim; j++)
-            sum += load (plan->dtype, dout_data, at + j) * load (plan->dtype, out_data, at + j);
-          delta[row] = sum;
-        }
+  plan->kernel->row_deltas (&plan->problem, type, &dout_view, &out_view, delta);
 }
 
 /* Adds to @dkv the gradients of the keys of @kv, a K/V block of @n_ranks
@@ -2079,7 +2022,7 @@ backward_on (const Plan        *plan,
 
   keys_init (plan, data, operand_size (plan), first_rank, n_ranks, runs, &keys);
   keys_init (plan, cp_tensor_get_data (dkv), sizeof (float), first_rank, n_ranks, unused, &dkeys);
-  _cp_attn_backward_block (&plan->problem, grads, &keys, &dkeys.k, &dkeys.v);
+  plan->kernel->backward_block (&plan->problem, grads, &keys, &dkeys.k, &dkeys.v);
 }
 
 /* Sums the pieces an all-to-all brought back: piece r holds rank r's
@@ -2100,8 +2043,7 @@ sum_pieces (const Plan *plan,
   piece = (gsize) plan->local_len * step / sizeof (float);
   for (gsize o = 0; o < outer; o++)
     for (int r = 0; r < plan->size; r++)
-      for (gsize i = 0; i < piece; i++)
-        dst[o * piece + i] += src[(o * (gsize) plan->size + (gsize) r) * piece + i];
+      plan->kernel->add_float32 (dst + o * piece, src + (o * (gsize) plan->size + (gsize) r) * piece, piece);
 }
 
 static gboolean
@@ -2141,18 +2083,6 @@ typedef struct
   Transfer partial_out;
 } Ring;
 
-static void
-add_float32 (CpTensor *dst,
-             CpTensor *src)
-{
-  float *d = cp_tensor_get_data (dst);
-  const float *s = cp_tensor_get_data (src);
-  gsize n = (gsize) cp_tensor_get_numel (dst);
-
-  for (gsize i = 0; i < n; i++)
-    d[i] += s[i];
-}
-
 static gboolean
 ring_wait_all (CpAttention  *self,
                Ring         *ring,
@@ -2168,6 +2098,7 @@ ring_wait_all (CpAttention  *self,
  * buffer is reused. */
 static gboolean
 ring_pass_partial (CpAttention  *self,
+                   const Plan   *plan,
                    Ring         *ring,
                    int           step,
                    GError      **error)
@@ -2178,7 +2109,9 @@ ring_pass_partial (CpAttention  *self,
 
       if (!transfers_wait (self, wait, G_N_ELEMENTS (wait), error))
         return FALSE;
-      add_float32 (ring->partial[0], ring->partial[1]);
+      plan->kernel->add_float32 (cp_tensor_get_data (ring->partial[0]),
+                                 cp_tensor_get_data (ring->partial[1]),
+                                 (gsize) cp_tensor_get_numel (ring->partial[0]));
     }
   swap_tensors (&ring->partial[0], &ring->partial[2]);
   transfer_post (self, &ring->partial_out, ring->partial[2], TRUE, TAG_DKV);
@@ -2204,7 +2137,7 @@ ring_step (CpAttention        *self,
   if (step > 0)
     transfer_post (self, &ring->partial_in, ring->partial[1], FALSE, TAG_DKV);
   backward_on (plan, grads, ring->kv[0], ring->kv32, source, 1, ring->partial[0]);
-  if (!ring_pass_partial (self, ring, step, error))
+  if (!ring_pass_partial (self, plan, ring, step, error))
     return FALSE;
   if (!last)
     {
@@ -2276,9 +2209,9 @@ backward_run (CpAttention  *self,
     ok = backward_gathered (self, plan, &grads, bufs, error);
   if (!ok)
     return FALSE;
-  store_float32 (bufs->results[0], dq);
-  store_float32 (bufs->results[1], dkv);
-  store_float32 (bufs->results[2], dkv + cp_tensor_get_numel (bufs->dkv) / 2);
+  store_float32 (plan, bufs->results[0], dq);
+  store_float32 (plan, bufs->results[1], dkv);
+  store_float32 (plan, bufs->results[2], dkv + cp_tensor_get_numel (bufs->dkv) / 2);
   return TRUE;
 }
 
