@@ -25,7 +25,11 @@ const cp_index_run *_cp_layout_get_runs (CpLayout      *self,
 gint64       _cp_layout_get_rank_offset (CpLayout      *self,
                                          int            rank);
 
-/* Copies @rank's runs between a full buffer laid out [outer][seq_len][step]
+/* The global position of the layout's first document: its runs count
+ * from there. */
+gint64       _cp_layout_get_first_position (CpLayout  *self);
+
+/* cp-layout-copy.c: copies @rank's runs between a full buffer laid out [outer][seq_len][step]
  * and a local one laid out [outer][local_row][step], whose piece starts at
  * position @local_first of each row.  @to_local selects the direction:
  * sharding (full to local) or restoring (local to full).  Every copy is a
