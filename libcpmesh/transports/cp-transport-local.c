@@ -1038,6 +1038,7 @@ local_fail (CpTransport  *transport,
 
 static const CpTransportOps local_ops = {
   .name = "local",
+  .caps = CP_TRANSPORT_CAP_SHARED_ADDRESS_SPACE,
   .transport_free = local_transport_free,
   .comm_new = local_comm_new,
   .comm_free = local_comm_free,

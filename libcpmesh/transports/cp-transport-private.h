@@ -37,6 +37,16 @@ typedef struct _CpComm CpComm;
 typedef struct _CpRequest CpRequest;
 typedef struct _CpTransportOps CpTransportOps;
 
+/* What a backend can do, so that callers ask for a property rather than
+ * test a backend's name. */
+typedef enum
+{
+  CP_TRANSPORT_CAP_NONE = 0,
+  /* Every rank is a thread of this process: the ranks share one address
+   * space and one machine's processors. */
+  CP_TRANSPORT_CAP_SHARED_ADDRESS_SPACE = 1 << 0,
+} CpTransportCaps;
+
 typedef enum
 {
   CP_COLL_BARRIER,
@@ -88,6 +98,7 @@ typedef struct
 struct _CpTransportOps
 {
   const char *name;
+  CpTransportCaps caps;
 
   /* Tears the backend down, then calls _cp_transport_clear() before it
    * frees the structure: peers may still report failures while it closes
@@ -202,6 +213,47 @@ char        *_cp_comm_key        (const char   *label,
                                   const int    *members,
                                   int           n);
 void         _cp_comm_free       (CpComm       *comm);
+
+/* The calls the rest of the library makes on a transport: the only way
+ * in from outside transports/, so that a backend is a table of functions
+ * no caller names. */
+const char  *_cp_transport_get_name    (CpTransport      *transport);
+gboolean     _cp_transport_has_caps    (CpTransport      *transport,
+                                        CpTransportCaps   caps);
+CpComm      *_cp_transport_comm_new    (CpTransport      *transport,
+                                        const char       *label,
+                                        const int        *members,
+                                        int               n_members,
+                                        int               my_index,
+                                        GError          **error);
+/* Whether _cp_transport_poll() does anything: backends that notice lost
+ * peers only while they wait need no polling. */
+gboolean     _cp_transport_can_poll    (CpTransport      *transport);
+void         _cp_transport_poll        (CpTransport      *transport);
+/* Whether _cp_transport_interrupt() does anything: backends whose waits
+ * poll see a cancellation by themselves. */
+gboolean     _cp_transport_can_interrupt (CpTransport    *transport);
+void         _cp_transport_interrupt   (CpTransport      *transport);
+void         _cp_transport_fail        (CpTransport      *transport,
+                                        const char       *operation,
+                                        const GError     *failure);
+
+gboolean     _cp_comm_collective       (CpComm           *comm,
+                                        CpCollective     *coll,
+                                        gint64            deadline,
+                                        GError          **error);
+CpRequest   *_cp_comm_isend            (CpComm           *comm,
+                                        int               peer,
+                                        guint64           tag,
+                                        const CpMessage  *message);
+CpRequest   *_cp_comm_irecv            (CpComm           *comm,
+                                        int               peer,
+                                        guint64           tag,
+                                        CpMessage        *message);
+gboolean     _cp_comm_wait             (CpComm           *comm,
+                                        CpRequest        *request,
+                                        gint64            deadline,
+                                        GError          **error);
 
 /* Decides, identically on every rank, whether the descriptors of one
  * collective agree.  @descs holds every rank's descriptor in communicator
