@@ -6,11 +6,9 @@
 #include "config.h"
 
 #include "cp-error.h"
-#include "cp-features.h"
 #include "cp-mesh-config-private.h"
 #include "cp-mesh-private.h"
 
-#if CP_HAS_UCX
 static CpMesh *
 mesh_from_transport (CpTransport         *transport,
                      const CpMeshConfig  *config,
@@ -32,30 +30,27 @@ mesh_from_transport (CpTransport         *transport,
   _cp_mesh_watch_peers (mesh, context);
   return mesh;
 }
-#endif
 
-/* Connects as @config says; lost peers are reported in @context. */
+/* Connects with the backend @config asks for, or the default one; lost
+ * peers are reported in @context. */
 static CpMesh *
 connect_mesh (const CpMeshConfig  *config,
               GMainContext        *context,
               GCancellable        *cancellable,
               GError             **error)
 {
-#if CP_HAS_UCX
-  CpTransport *transport = _cp_transport_ucx_connect (config, cancellable, error);
+  const CpTransportBackend *backend = _cp_transport_backend_find (config->transport, error);
+  CpTransport *transport;
   CpMesh *mesh;
 
+  if (backend == NULL)
+    return NULL;
+  transport = backend->connect (config, cancellable, error);
   if (transport == NULL)
     return NULL;
   mesh = mesh_from_transport (transport, config, context, error);
   _cp_transport_unref (transport);
   return mesh;
-#else
-  g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED,
-               "rank %d of %d: this libcpmesh was built without UCX, so it cannot connect "
-               "processes; rebuild with -Ducx=enabled", config->rank, config->world_size);
-  return NULL;
-#endif
 }
 
 static CpMesh *
@@ -93,7 +88,9 @@ connect_here (const CpMeshConfig  *config,
  * `CPMESH_TIMEOUT_MS` bounds the rendezvous and every later operation
  * (default 120000). `CPMESH_MESH_DIMS` names the dimensions, outermost
  * first, as in `dp=2,cp=4`; by default the mesh has one dimension `cp`
- * over all ranks.
+ * over all ranks. `CPMESH_TRANSPORT` picks the transport by name
+ * ([property@Cp.Mesh:backend]): `ucx` (the default, when built) or
+ * `local` for a mesh of one process.
  *
  * Programs started by `mpirun`, `srun`, torchrun or `cpmesh launch` run
  * unchanged. [signal@Cp.Mesh::rank-lost] is emitted in the thread-default
@@ -107,8 +104,9 @@ connect_here (const CpMeshConfig  *config,
  *   join in time, %CP_MESH_ERROR_PEER_LOST when rank 0 left after
  *   admitting this rank, %CP_MESH_ERROR_TRANSPORT when rank 0 cannot
  *   listen or what answers on its port is not a libcpmesh rank 0, or
- *   %CP_MESH_ERROR_UNSUPPORTED when rank 0 speaks another protocol or
- *   libcpmesh was built without UCX
+ *   %CP_MESH_ERROR_UNSUPPORTED when rank 0 speaks another protocol, when
+ *   libcpmesh was built without UCX, or when `CPMESH_TRANSPORT` names a
+ *   transport it was built without (the message lists those it has)
  *
  * Since: 1.0
  */
@@ -173,6 +171,7 @@ cp_mesh_new_ucx (int                  rank,
   if (!_cp_mesh_config_init (&config, rank, world_size, address, port, token, dim_names, dim_sizes,
                              n_dims, timeout_ms, error))
     return NULL;
+  config.transport = g_strdup ("ucx");
   mesh = connect_here (&config, error);
   _cp_mesh_config_clear (&config);
   return mesh;

@@ -332,11 +332,50 @@ void         _cp_message_set_mismatch (GError          **error,
  * share memory. */
 CpTransport **_cp_transport_local_new_group (int world_size);
 
-/* The UCX backend: joins this process to the mesh @config describes, as
- * its rank, within its timeout.  Only built when CP_HAS_UCX. */
 typedef struct _CpMeshConfig CpMeshConfig;
+
+/* Joins this process to the mesh @config describes, as its rank, within
+ * its timeout. */
+typedef CpTransport *(*CpTransportConnectFunc) (const CpMeshConfig  *config,
+                                                GCancellable        *cancellable,
+                                                GError             **error);
+
+/* The bit of memory kind @kind in CpTransportBackend.device_kinds. */
+#define CP_TRANSPORT_DEVICE(kind) (1u << (kind))
+
+/* A backend the library can connect a mesh with: its name (what
+ * CPMESH_TRANSPORT and CpMesh:backend say), the memory kinds it moves and
+ * how it connects. */
+typedef struct
+{
+  const char *name;
+  guint device_kinds;
+  CpTransportConnectFunc connect;
+} CpTransportBackend;
+
+/* The built backend called @name, or the default one when @name is NULL;
+ * an unknown name is CP_MESH_ERROR_UNSUPPORTED naming it and every
+ * backend built. */
+const CpTransportBackend *_cp_transport_backend_find   (const char  *name,
+                                                        GError     **error);
+/* "ucx, local": the backends built, the default first. */
+char                     *_cp_transport_backend_list   (void);
+gboolean                  _cp_transport_backend_serves (const CpTransportBackend *backend,
+                                                        CpDeviceKind              device);
+
+/* The UCX backend.  Only built when CP_HAS_UCX. */
 CpTransport  *_cp_transport_ucx_connect     (const CpMeshConfig  *config,
                                              GCancellable        *cancellable,
                                              GError             **error);
+
+/* The in-process backend as a table entry: a mesh of one rank. */
+CpTransport  *_cp_transport_local_connect   (const CpMeshConfig  *config,
+                                             GCancellable        *cancellable,
+                                             GError             **error);
+
+/* A backend for tests only, built into the test variant of the library. */
+CpTransport  *_cp_transport_loopback_connect (const CpMeshConfig  *config,
+                                              GCancellable        *cancellable,
+                                              GError             **error);
 
 G_END_DECLS
