@@ -6,7 +6,7 @@
 #include "config.h"
 
 #include "cp-error.h"
-#include "cp-mesh-config-private.h"
+#include "transports/cp-mesh-config-private.h"
 #include "cp-mesh-private.h"
 
 static CpMesh *
