@@ -125,6 +125,90 @@ cp_mesh_new_from_env (GError **error)
   return mesh;
 }
 
+/* Names and sizes set one by one, as properties, may not pair up. */
+static gboolean
+check_dims_pair (const char * const  *dim_names,
+                 const int           *dim_sizes,
+                 gsize                n_dims,
+                 GError             **error)
+{
+  guint n_names = dim_names != NULL ? g_strv_length ((char **) dim_names) : 0;
+
+  if ((dim_names == NULL && dim_sizes == NULL) || (dim_sizes != NULL && n_names == n_dims))
+    return TRUE;
+  g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
+               "mesh options: %u dimension names (dim-names) but %" G_GSIZE_FORMAT
+               " sizes (dim-sizes); give one size per name", n_names,
+               dim_sizes != NULL ? n_dims : 0);
+  return FALSE;
+}
+
+/* The config @options describe; a transport they leave unnamed comes
+ * from CPMESH_TRANSPORT, if set. */
+static gboolean
+config_from_options (CpMeshConfig   *config,
+                     CpMeshOptions  *options,
+                     GError        **error)
+{
+  gsize n_dims = 0;
+  const int *dim_sizes = cp_mesh_options_get_dim_sizes (options, &n_dims);
+  const char *transport = cp_mesh_options_get_transport (options);
+
+  if (!check_dims_pair (cp_mesh_options_get_dim_names (options), dim_sizes, n_dims, error))
+    return FALSE;
+  if (!_cp_mesh_config_init (config, cp_mesh_options_get_rank (options),
+                             cp_mesh_options_get_world_size (options),
+                             cp_mesh_options_get_address (options), cp_mesh_options_get_port (options),
+                             cp_mesh_options_get_token (options),
+                             cp_mesh_options_get_dim_names (options), dim_sizes, n_dims,
+                             cp_mesh_options_get_timeout_ms (options), error))
+    return FALSE;
+  if (transport == NULL)
+    transport = g_getenv ("CPMESH_TRANSPORT");
+  config->transport = transport != NULL && transport[0] != '\0' ? g_strdup (transport) : NULL;
+  return TRUE;
+}
+
+/**
+ * cp_mesh_new_with_options: (constructor)
+ * @options: how to join: rank, world size, rendezvous, token, dimensions,
+ *   timeout and transport
+ * @error: return location for a #GError
+ *
+ * Joins this process to a multi-process mesh, like
+ * [ctor@Cp.Mesh.new_from_env] with every setting given in @options: rank 0
+ * listens at [property@Cp.MeshOptions:address] and
+ * [property@Cp.MeshOptions:port], every other rank connects there and
+ * proves it holds [property@Cp.MeshOptions:token], and the call returns
+ * once every rank has joined, over the transport
+ * [property@Cp.MeshOptions:transport] names. [signal@Cp.Mesh::rank-lost]
+ * is emitted in the thread-default main context of the calling thread.
+ *
+ * Returns: (transfer full): this rank's mesh, or %NULL with
+ *   %CP_MESH_ERROR_INVALID_TOPOLOGY naming the value when the options are
+ *   bad or contradict each other, %CP_MESH_ERROR_UNSUPPORTED naming the
+ *   transport when this build does not have it, or the errors of
+ *   [ctor@Cp.Mesh.new_from_env]
+ *
+ * Since: 1.0
+ */
+CpMesh *
+cp_mesh_new_with_options (CpMeshOptions  *options,
+                          GError        **error)
+{
+  CpMeshConfig config;
+  CpMesh *mesh;
+
+  g_return_val_if_fail (CP_IS_MESH_OPTIONS (options), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!config_from_options (&config, options, error))
+    return NULL;
+  mesh = connect_here (&config, error);
+  _cp_mesh_config_clear (&config);
+  return mesh;
+}
+
 /**
  * cp_mesh_new_ucx: (constructor)
  * @rank: this process's rank, in `[0, world_size)`
@@ -141,10 +225,9 @@ cp_mesh_new_from_env (GError **error)
  *   in milliseconds, at most %G_MAXINT; 0 for the default of 120000
  * @error: return location for a #GError
  *
- * Joins this process to a multi-process mesh, like
- * [ctor@Cp.Mesh.new_from_env] with every setting given explicitly: rank 0
- * listens at @address:@port, every other rank connects there and proves
- * it holds @token, and the call returns once every rank has joined.
+ * Joins this process to a multi-process mesh over UCX: a shorthand for
+ * [ctor@Cp.Mesh.new_with_options] with these values and
+ * [property@Cp.MeshOptions:transport] `"ucx"`.
  *
  * Returns: (transfer full): this rank's mesh, or %NULL with an error
  *
@@ -162,19 +245,16 @@ cp_mesh_new_ucx (int                  rank,
                  guint                timeout_ms,
                  GError             **error)
 {
-  CpMeshConfig config;
-  CpMesh *mesh;
+  g_autoptr(CpMeshOptions) options = NULL;
 
   g_return_val_if_fail (dim_names == NULL || dim_sizes != NULL, NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  if (!_cp_mesh_config_init (&config, rank, world_size, address, port, token, dim_names, dim_sizes,
-                             n_dims, timeout_ms, error))
-    return NULL;
-  config.transport = g_strdup ("ucx");
-  mesh = connect_here (&config, error);
-  _cp_mesh_config_clear (&config);
-  return mesh;
+  options = g_object_new (CP_TYPE_MESH_OPTIONS, "rank", rank, "world-size", world_size,
+                          "address", address, "port", port, "token", token,
+                          "timeout-ms", timeout_ms, "transport", "ucx", NULL);
+  cp_mesh_options_set_dims (options, dim_names, dim_sizes, n_dims);
+  return cp_mesh_new_with_options (options, error);
 }
 
 typedef struct

@@ -103,6 +103,148 @@ test_capability_shared_address_space (void)
   cp_test_free_group (meshes);
 }
 
+static void
+test_options_defaults (void)
+{
+  g_autoptr(CpMeshOptions) options = cp_mesh_options_new ();
+  const char *names[] = { "dp", "cp", NULL };
+  const int sizes[] = { 2, 3 };
+  g_autoptr(GVariant) dim_sizes = NULL;
+  g_autofree char *printed = NULL;
+  gsize n_dims = 9;
+
+  g_assert_cmpint (cp_mesh_options_get_rank (options), ==, 0);
+  g_assert_cmpint (cp_mesh_options_get_world_size (options), ==, 1);
+  g_assert_null (cp_mesh_options_get_address (options));
+  g_assert_cmpuint (cp_mesh_options_get_port (options), ==, 0);
+  g_assert_null (cp_mesh_options_get_token (options));
+  g_assert_null (cp_mesh_options_get_dim_names (options));
+  g_assert_null (cp_mesh_options_get_dim_sizes (options, &n_dims));
+  g_assert_cmpuint (n_dims, ==, 0);
+  g_assert_cmpuint (cp_mesh_options_get_timeout_ms (options), ==, 0);
+  g_assert_null (cp_mesh_options_get_transport (options));
+
+  cp_mesh_options_set_dims (options, names, sizes, 2);
+  g_assert_cmpstrv (cp_mesh_options_get_dim_names (options), names);
+  g_assert_cmpmem (cp_mesh_options_get_dim_sizes (options, &n_dims), sizeof sizes, sizes, sizeof sizes);
+  g_object_get (options, "dim-sizes", &dim_sizes, NULL);
+  printed = g_variant_print (dim_sizes, FALSE);
+  g_assert_cmpstr (printed, ==, "[2, 3]");
+}
+
+static void
+test_options_local (void)
+{
+  g_autoptr(CpMeshOptions) options = g_object_new (CP_TYPE_MESH_OPTIONS, "transport", "local",
+                                                   "timeout-ms", 5000, NULL);
+  const char *names[] = { "dp", "cp", NULL };
+  const int sizes[] = { 1, 1 };
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = NULL;
+
+  cp_mesh_options_set_dims (options, names, sizes, 2);
+  mesh = cp_mesh_new_with_options (options, &error);
+  g_assert_no_error (error);
+  g_assert_cmpstr (cp_mesh_get_backend (mesh), ==, "local");
+  g_assert_cmpuint (cp_mesh_get_timeout_ms (mesh), ==, 5000);
+  g_assert_cmpint (cp_mesh_get_dim_size (mesh, "dp"), ==, 1);
+  g_assert_true (cp_mesh_barrier (mesh, &error));
+  g_assert_no_error (error);
+}
+
+static void
+test_options_names_without_sizes (void)
+{
+  const char *names[] = { "dp", "cp", NULL };
+  g_autoptr(CpMeshOptions) options = g_object_new (CP_TYPE_MESH_OPTIONS, "transport", "local",
+                                                   "dim-names", names, NULL);
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = cp_mesh_new_with_options (options, &error);
+
+  g_assert_null (mesh);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY, "CpMeshOptions",
+                       "set dimension names without sizes");
+  g_assert_nonnull (strstr (error->message, "2 dimension names"));
+}
+
+static void
+test_options_bad_rank (void)
+{
+  g_autoptr(CpMeshOptions) options = g_object_new (CP_TYPE_MESH_OPTIONS, "rank", 3,
+                                                   "world-size", 2, "port", 1, NULL);
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = cp_mesh_new_with_options (options, &error);
+
+  g_assert_null (mesh);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY, "CpMeshOptions",
+                       "a rank outside the world size");
+  g_assert_nonnull (strstr (error->message, "rank 3 of world size 2"));
+}
+
+/* Options that leave the transport unnamed take CPMESH_TRANSPORT. */
+static void
+test_options_environment (void)
+{
+  g_autoptr(CpMeshOptions) options = cp_mesh_options_new ();
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = NULL;
+
+  g_setenv ("CPMESH_TRANSPORT", "carrier-pigeon", TRUE);
+  mesh = cp_mesh_new_with_options (options, &error);
+  g_unsetenv ("CPMESH_TRANSPORT");
+  g_assert_null (mesh);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED, "CPMESH_TRANSPORT",
+                       "name a transport this build does not have, under explicit options");
+  g_assert_nonnull (strstr (error->message, "\"carrier-pigeon\""));
+}
+
+#if CP_HAS_UCX
+typedef struct
+{
+  guint16 port;
+  int rank;
+  CpMesh *mesh;
+  GError *error;
+} UcxJoin;
+
+static gpointer
+join_with_options (gpointer data)
+{
+  UcxJoin *join = data;
+  const char *names[] = { "dp", "cp", NULL };
+  const int sizes[] = { 1, 2 };
+  g_autoptr(CpMeshOptions) options = g_object_new (CP_TYPE_MESH_OPTIONS, "rank", join->rank,
+                                                   "world-size", 2, "port", (guint) join->port,
+                                                   "token", "t0k3n", "timeout-ms", 20000,
+                                                   "transport", "ucx", NULL);
+
+  cp_mesh_options_set_dims (options, names, sizes, 2);
+  join->mesh = cp_mesh_new_with_options (options, &join->error);
+  return NULL;
+}
+
+static void
+test_options_ucx (void)
+{
+  guint16 port = cp_test_free_port ();
+  UcxJoin joins[2] = { { port, 0 }, { port, 1 } };
+  GThread *threads[2];
+
+  for (int r = 0; r < 2; r++)
+    threads[r] = g_thread_new ("rank", join_with_options, &joins[r]);
+  for (int r = 0; r < 2; r++)
+    g_thread_join (threads[r]);
+  for (int r = 0; r < 2; r++)
+    {
+      g_assert_no_error (joins[r].error);
+      g_assert_cmpstr (cp_mesh_get_backend (joins[r].mesh), ==, "ucx");
+      g_assert_cmpint (cp_mesh_get_rank (joins[r].mesh), ==, r);
+      g_assert_cmpint (cp_mesh_get_dim_size (joins[r].mesh, "cp"), ==, 2);
+      g_object_unref (joins[r].mesh);
+    }
+}
+#endif
+
 int
 main (int    argc,
       char **argv)
@@ -116,5 +258,13 @@ main (int    argc,
   g_test_add_func ("/Cp/Transport/override/local-processes", test_override_local_processes);
   g_test_add_func ("/Cp/Transport/capability/shared-address-space",
                    test_capability_shared_address_space);
+  g_test_add_func ("/Cp/MeshOptions/properties/defaults", test_options_defaults);
+  g_test_add_func ("/Cp/MeshOptions/new/local", test_options_local);
+  g_test_add_func ("/Cp/MeshOptions/new/names-without-sizes", test_options_names_without_sizes);
+  g_test_add_func ("/Cp/MeshOptions/new/bad-rank", test_options_bad_rank);
+  g_test_add_func ("/Cp/MeshOptions/new/environment", test_options_environment);
+#if CP_HAS_UCX
+  g_test_add_func ("/Cp/MeshOptions/new/ucx", test_options_ucx);
+#endif
   return g_test_run ();
 }
