@@ -5,7 +5,9 @@
 import sys
 import unittest
 
-from cptest import Cp
+import numpy as np
+
+from cptest import Cp, GLib, record_error
 from ranks import rank_environment, run_processes
 
 ALONE = '''
@@ -29,6 +31,37 @@ class TestWithoutLauncher(unittest.TestCase):
                                              timeout_s=60)
         self.assertEqual(status, 0, err)
         self.assertEqual(out, 'ucx 0 1 1 [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]\n')
+
+
+class TestMeshOptions(unittest.TestCase):
+
+    def test_properties(self):
+        options = Cp.MeshOptions(rank=1, world_size=2, port=29501, token='secret', timeout_ms=500,
+                                 transport='ucx', dim_names=['dp', 'cp'],
+                                 dim_sizes=GLib.Variant('ai', [1, 2]))
+        self.assertEqual((options.props.rank, options.props.world_size, options.props.port),
+                         (1, 2, 29501))
+        self.assertEqual((options.props.token, options.props.transport), ('secret', 'ucx'))
+        self.assertIsNone(options.props.address)
+        self.assertEqual(options.get_dim_names(), ['dp', 'cp'])
+        self.assertEqual(options.get_dim_sizes(), [1, 2])
+        self.assertEqual(options.props.dim_sizes.unpack(), [1, 2])
+
+    def test_one_rank_over_local(self):
+        options = Cp.MeshOptions(transport='local')
+        mesh = Cp.Mesh.new_with_options(options)
+        piece = Cp.Tensor.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))
+        self.assertEqual(mesh.props.backend, 'local')
+        self.assertEqual(mesh.all_gather(piece, 0).numpy().tolist(), piece.numpy().tolist())
+
+    def test_unknown_transport(self):
+        with self.assertRaises(GLib.Error) as caught:
+            Cp.Mesh.new_with_options(Cp.MeshOptions(transport='carrier-pigeon'))
+        record_error(self, 'Cp.Mesh.new_with_options', 'name a transport this build does not have',
+                     caught.exception)
+        self.assertTrue(caught.exception.matches(Cp.mesh_error_quark(), Cp.MeshError.UNSUPPORTED))
+        self.assertIn('"carrier-pigeon"', caught.exception.message)
+        self.assertIn('local', caught.exception.message)
 
 
 if __name__ == '__main__':
