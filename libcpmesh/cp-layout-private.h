@@ -6,19 +6,17 @@
 #pragma once
 
 #include "cp-layout.h"
+#include "kernels/cp-index-math.h"
 
 G_BEGIN_DECLS
 
-/* A run of consecutive global positions a rank holds. */
-typedef struct
-{
-  gint64 start;
-  gint64 length;
-} CpRun;
+/* The layout's runs are kernels/cp-index-math.h's cp_index_run; the old
+ * name stays for code that has not moved to it yet. */
+typedef cp_index_run CpRun;
 
 /* The runs of @rank in local order: its local sequence is their
  * concatenation. */
-const CpRun *_cp_layout_get_runs        (CpLayout      *self,
+const cp_index_run *_cp_layout_get_runs (CpLayout      *self,
                                          int            rank,
                                          guint         *n_runs);
 
@@ -27,7 +25,11 @@ const CpRun *_cp_layout_get_runs        (CpLayout      *self,
 gint64       _cp_layout_get_rank_offset (CpLayout      *self,
                                          int            rank);
 
-/* Copies @rank's runs between a full buffer laid out [outer][seq_len][step]
+/* The global position of the layout's first document: its runs count
+ * from there. */
+gint64       _cp_layout_get_first_position (CpLayout  *self);
+
+/* cp-layout-copy.c: copies @rank's runs between a full buffer laid out [outer][seq_len][step]
  * and a local one laid out [outer][local_row][step], whose piece starts at
  * position @local_first of each row.  @to_local selects the direction:
  * sharding (full to local) or restoring (local to full).  Every copy is a

@@ -7,7 +7,6 @@
 
 #include <string.h>
 
-#include "cp-copy-private.h"
 #include "cp-error.h"
 #include "cp-layout-private.h"
 #include "cp-tensor-private.h"
@@ -42,7 +41,7 @@ struct _CpLayout
   gint64 seq_len;
   guint n_documents;
   gint64 *bounds;        /* n_documents + 1 document boundaries */
-  CpRun *runs;           /* every rank's runs, rank after rank */
+  cp_index_run *runs;           /* every rank's runs, rank after rank */
   guint *first_run;      /* cp_size + 1 indices into runs */
   gint64 *local_len;     /* per rank */
   gint64 *rank_offset;   /* per rank: prefix sums of local_len */
@@ -69,75 +68,18 @@ check_cp_size (int      cp_size,
   return TRUE;
 }
 
-/* Causal attention work of positions [start, start + length) of a document
- * starting at @doc_start: position p attends to p − doc_start + 1 keys. */
-static double
-causal_cost (gint64 doc_start,
-             gint64 start,
-             gint64 length)
+/* Whether each document is cut into 2·C chunks (head-tail) or C. */
+static gboolean
+is_head_tail (CpLayout *self)
 {
-  double first = (double) (start - doc_start + 1);
-
-  return (double) length * first + (double) length * (double) (length - 1) / 2.0;
-}
-
-/* Appends a run to the rank whose runs start at index @first, merging it
- * with that rank's previous run when they touch. */
-static void
-append_run (GArray *runs,
-            guint   first,
-            gint64  start,
-            gint64  length)
-{
-  CpRun *last = runs->len > first ? &g_array_index (runs, CpRun, runs->len - 1) : NULL;
-  CpRun run = { start, length };
-
-  if (length == 0)
-    return;
-  if (last != NULL && last->start + last->length == start)
-    last->length += length; /* C = 1: head and tail chunks are adjacent */
-  else
-    g_array_append_val (runs, run);
+  return self->balance == CP_LOAD_BALANCE_HEAD_TAIL;
 }
 
 /* How many chunks each rank takes from every document. */
 static guint
 chunks_per_document (CpLayout *self)
 {
-  return self->balance == CP_LOAD_BALANCE_CONTIGUOUS ? 1 : 2;
-}
-
-/* The chunks rank @rank takes from document [@lo, @hi), in local order:
- * chunk r of C (contiguous), or chunks r and 2·C−1−r of 2·C (head-tail).
- * This is the partition; everything else is derived from it. */
-static void
-document_chunks (CpLayout *self,
-                 int       rank,
-                 gint64    lo,
-                 gint64    hi,
-                 CpRun     chunks[2])
-{
-  gint64 n_chunks = chunks_per_document (self) * (gint64) self->cp_size;
-  gint64 length = (hi - lo) / n_chunks;
-
-  chunks[0] = (CpRun) { lo + rank * length, length };
-  if (chunks_per_document (self) == 2)
-    chunks[1] = (CpRun) { lo + (n_chunks - 1 - rank) * length, length };
-}
-
-/* The runs rank @rank takes from document [@lo, @hi). */
-static void
-append_document_runs (CpLayout *self,
-                      int       rank,
-                      gint64    lo,
-                      gint64    hi,
-                      GArray   *runs)
-{
-  CpRun chunks[2];
-
-  document_chunks (self, rank, lo, hi, chunks);
-  for (guint i = 0; i < chunks_per_document (self); i++)
-    append_run (runs, self->first_run[rank], chunks[i].start, chunks[i].length);
+  return (guint) cp_index_chunks_per_document (is_head_tail (self));
 }
 
 static guint64
@@ -178,7 +120,8 @@ layout_build (CpLoadBalance  balance,
               guint          n_documents)
 {
   CpLayout *self = g_new0 (CpLayout, 1);
-  g_autoptr(GArray) runs = g_array_new (FALSE, FALSE, sizeof (CpRun));
+  g_autoptr(GArray) runs = g_array_new (FALSE, FALSE, sizeof (cp_index_run));
+  g_autofree cp_index_run *rank_runs = NULL;
 
   g_atomic_ref_count_init (&self->ref_count);
   self->balance = balance;
@@ -190,71 +133,23 @@ layout_build (CpLoadBalance  balance,
   self->local_len = g_new0 (gint64, cp_size);
   self->rank_offset = g_new0 (gint64, cp_size);
   self->cost = g_new0 (double, cp_size);
+  rank_runs = g_new (cp_index_run, MAX (cp_index_max_runs (is_head_tail (self), n_documents), 1));
 
   for (int r = 0; r < cp_size; r++)
     {
+      gsize n_runs = cp_index_rank_runs (is_head_tail (self), cp_size, r,
+                                         bounds, n_documents, rank_runs);
+
       self->first_run[r] = runs->len;
-      for (guint d = 0; d < n_documents; d++)
-        append_document_runs (self, r, bounds[d], bounds[d + 1], runs);
-      for (guint i = self->first_run[r]; i < runs->len; i++)
-        self->local_len[r] += g_array_index (runs, CpRun, i).length;
+      g_array_append_vals (runs, rank_runs, (guint) n_runs);
+      self->local_len[r] = cp_index_runs_length (rank_runs, n_runs);
+      self->cost[r] = cp_index_rank_cost (bounds, n_documents, rank_runs, n_runs);
       if (r > 0)
         self->rank_offset[r] = self->rank_offset[r - 1] + self->local_len[r - 1];
     }
   self->first_run[cp_size] = runs->len;
-  self->runs = (CpRun *) g_array_steal (runs, NULL);
+  self->runs = (cp_index_run *) g_array_steal (runs, NULL);
   self->fingerprint = compute_fingerprint (self);
-  return self;
-}
-
-/* The first document that ends after @position: bounds are sorted, so
- * a run's documents are found by bisection, not by a scan of them all. */
-static guint
-first_document_after (CpLayout *self,
-                      gint64    position)
-{
-  guint lo = 0;
-  guint hi = self->n_documents;
-
-  while (lo < hi)
-    {
-      guint mid = lo + (hi - lo) / 2;
-
-      if (self->bounds[mid + 1] > position)
-        hi = mid;
-      else
-        lo = mid + 1;
-    }
-  return lo;
-}
-
-/* A run can be merged across a document boundary (C = 1, consecutive
- * documents), so the cost walks the documents a run overlaps. */
-static double
-run_cost (CpLayout    *self,
-          const CpRun *run)
-{
-  double total = 0.0;
-  gint64 end = run->start + run->length;
-
-  for (guint d = first_document_after (self, run->start);
-       d < self->n_documents && self->bounds[d] < end; d++)
-    {
-      gint64 lo = MAX (run->start, self->bounds[d]);
-      gint64 hi = MIN (end, self->bounds[d + 1]);
-
-      if (hi > lo)
-        total += causal_cost (self->bounds[d], lo, hi - lo);
-    }
-  return total;
-}
-
-static CpLayout *
-layout_finish (CpLayout *self)
-{
-  for (int r = 0; r < self->cp_size; r++)
-    for (guint i = self->first_run[r]; i < self->first_run[r + 1]; i++)
-      self->cost[r] += run_cost (self, &self->runs[i]);
   return self;
 }
 
@@ -302,7 +197,7 @@ cp_layout_new (CpLoadBalance   balance,
                    cp_size);
       return NULL;
     }
-  return layout_finish (layout_build (balance, cp_size, bounds, 1));
+  return layout_build (balance, cp_size, bounds, 1);
 }
 
 static gboolean
@@ -383,8 +278,8 @@ cp_layout_new_thd (const gint64  *cu_seqlens_padded,
   if (!check_cp_size (cp_size, error) ||
       !check_thd_bounds (cu_seqlens_padded, n_bounds, cp_size, error))
     return NULL;
-  return layout_finish (layout_build (CP_LOAD_BALANCE_HEAD_TAIL, cp_size,
-                                      cu_seqlens_padded, (guint) n_bounds - 1));
+  return layout_build (CP_LOAD_BALANCE_HEAD_TAIL, cp_size,
+                       cu_seqlens_padded, (guint) n_bounds - 1);
 }
 
 /**
@@ -550,8 +445,8 @@ cp_layout_get_n_documents (CpLayout *self)
 #define RETURN_IF_BAD_RANK(self, rank, val) \
   g_return_val_if_fail ((rank) >= 0 && (rank) < (self)->cp_size, val)
 
-/* A row of cp_layout_get_chunks() is a CpRun: start, then length. */
-G_STATIC_ASSERT (sizeof (CpRun) == 2 * sizeof (gint64));
+/* A row of cp_layout_get_chunks() is a cp_index_run: start, then length. */
+G_STATIC_ASSERT (sizeof (cp_index_run) == 2 * sizeof (gint64));
 
 /**
  * cp_layout_get_local_len:
@@ -574,7 +469,7 @@ cp_layout_get_local_len (CpLayout *self,
   return self->local_len[rank];
 }
 
-const CpRun *
+const cp_index_run *
 _cp_layout_get_runs (CpLayout *self,
                      int       rank,
                      guint    *n_runs)
@@ -591,17 +486,10 @@ _cp_layout_get_rank_offset (CpLayout *self,
   return self->rank_offset[rank];
 }
 
-static void
-write_local_indices (CpLayout *self,
-                     int       rank,
-                     gint64   *out)
+gint64
+_cp_layout_get_first_position (CpLayout *self)
 {
-  guint n_runs;
-  const CpRun *runs = _cp_layout_get_runs (self, rank, &n_runs);
-
-  for (guint i = 0; i < n_runs; i++)
-    for (gint64 p = 0; p < runs[i].length; p++)
-      *out++ = runs[i].start + p;
+  return self->bounds[0];
 }
 
 /**
@@ -621,13 +509,16 @@ cp_layout_get_local_indices (CpLayout *self,
                              int       rank)
 {
   CpTensor *indices;
+  const cp_index_run *runs;
+  guint n_runs;
 
   g_return_val_if_fail (self != NULL, NULL);
   RETURN_IF_BAD_RANK (self, rank, NULL);
 
   indices = _cp_tensor_new_uninit (CP_DTYPE_INT64, &self->local_len[rank], 1, NULL);
   g_return_val_if_fail (indices != NULL, NULL);
-  write_local_indices (self, rank, cp_tensor_get_data (indices));
+  runs = _cp_layout_get_runs (self, rank, &n_runs);
+  cp_index_runs_positions (runs, n_runs, cp_tensor_get_data (indices));
   return indices;
 }
 
@@ -655,7 +546,7 @@ cp_layout_get_chunks (CpLayout *self,
                       int       rank)
 {
   CpTensor *chunks;
-  CpRun *rows;
+  cp_index_run *rows;
   gint64 shape[2];
 
   g_return_val_if_fail (self != NULL, NULL);
@@ -667,13 +558,9 @@ cp_layout_get_chunks (CpLayout *self,
   g_return_val_if_fail (chunks != NULL, NULL);
   rows = cp_tensor_get_data (chunks);
   for (guint d = 0; d < self->n_documents; d++)
-    {
-      CpRun document[2];
-
-      document_chunks (self, rank, self->bounds[d], self->bounds[d + 1], document);
-      memcpy (rows + (gsize) d * chunks_per_document (self), document,
-              chunks_per_document (self) * sizeof (CpRun));
-    }
+    cp_index_document_chunks (is_head_tail (self), self->cp_size, rank,
+                              self->bounds[d], self->bounds[d + 1],
+                              rows + (gsize) d * chunks_per_document (self));
   return chunks;
 }
 
@@ -824,422 +711,4 @@ cp_layout_equal (CpLayout *self,
          self->cp_size == other->cp_size &&
          self->n_documents == other->n_documents &&
          memcmp (self->bounds, other->bounds, (self->n_documents + 1) * sizeof (gint64)) == 0;
-}
-
-void
-_cp_layout_transfer_runs (CpLayout *self,
-                          int       rank,
-                          guint8   *full,
-                          guint8   *local,
-                          gsize     outer,
-                          gsize     step,
-                          gint64    local_row,
-                          gint64    local_first,
-                          gboolean  to_local)
-{
-  guint n_runs;
-  const CpRun *runs = _cp_layout_get_runs (self, rank, &n_runs);
-  gsize full_row = (gsize) self->seq_len * step;
-  gsize local_stride = (gsize) local_row * step;
-  gboolean streaming = _cp_copy_wants_streaming (outer * (gsize) self->local_len[rank] * step);
-
-  for (gsize o = 0; o < outer; o++)
-    {
-      guint8 *full_base = full + o * full_row - (gsize) self->bounds[0] * step;
-      guint8 *local_cursor = local + o * local_stride + (gsize) local_first * step;
-
-      for (guint i = 0; i < n_runs; i++)
-        {
-          guint8 *global = full_base + (gsize) runs[i].start * step;
-          gsize bytes = (gsize) runs[i].length * step;
-
-          if (to_local)
-            _cp_copy (local_cursor, global, bytes, streaming);
-          else
-            _cp_copy (global, local_cursor, bytes, streaming);
-          local_cursor += bytes;
-        }
-    }
-}
-
-static gboolean
-check_rank (CpLayout  *self,
-            int        rank,
-            GError   **error)
-{
-  if (rank < 0 || rank >= self->cp_size)
-    {
-      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
-                   "rank %d is outside [0, %d)", rank, self->cp_size);
-      return FALSE;
-    }
-  return TRUE;
-}
-
-/* Checks that dimension @dim of @tensor has length @expected. */
-static gboolean
-check_seq_len (CpTensor    *tensor,
-               const char  *what,
-               guint        dim,
-               gint64       expected,
-               GError     **error)
-{
-  gint64 actual = cp_tensor_get_dim (tensor, (int) dim);
-
-  if (actual != expected)
-    {
-      g_autofree char *description = cp_tensor_describe (tensor);
-
-      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
-                   "%s: dimension %u of %s has length %" G_GINT64_FORMAT
-                   ", the layout needs %" G_GINT64_FORMAT,
-                   what, dim, description, actual, expected);
-      return FALSE;
-    }
-  return TRUE;
-}
-
-/* Checks that @out has @template's dtype and shape, except @length along
- * @dim. */
-static gboolean
-check_output (CpTensor    *out,
-              CpTensor    *template,
-              const char  *what,
-              guint        dim,
-              gint64       length,
-              GError     **error)
-{
-  gint64 shape[CP_TENSOR_MAX_DIMS];
-  guint n_dims;
-  const gint64 *source_shape = cp_tensor_get_shape (template, &n_dims);
-
-  memcpy (shape, source_shape, n_dims * sizeof (gint64));
-  shape[dim] = length;
-  if (cp_tensor_get_dtype (out) != cp_tensor_get_dtype (template) ||
-      cp_tensor_get_n_dims (out) != n_dims ||
-      memcmp (cp_tensor_get_shape (out, NULL), shape, n_dims * sizeof (gint64)) != 0)
-    {
-      g_autofree char *have = cp_tensor_describe (out);
-      g_autofree char *want = _cp_shape_to_string (shape, n_dims);
-
-      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
-                   "%s: the output is %s, it must be %s%s",
-                   what, have, cp_dtype_get_name (cp_tensor_get_dtype (template)), want);
-      return FALSE;
-    }
-  return _cp_tensor_require_device (out, what, "the output", CP_DEVICE_KINDS_HOST, error);
-}
-
-static gboolean
-shard_validate (CpLayout  *self,
-                CpTensor  *tensor,
-                int        seq_dim,
-                int        rank,
-                guint     *dim,
-                GError   **error)
-{
-  return check_rank (self, rank, error) &&
-         _cp_tensor_require_device (tensor, "shard", "the tensor", CP_DEVICE_KINDS_HOST, error) &&
-         _cp_tensor_normalize_dim (tensor, "shard", seq_dim, dim, error) &&
-         check_seq_len (tensor, "shard", *dim, self->seq_len, error);
-}
-
-static void
-shard_copy (CpLayout *self,
-            CpTensor *tensor,
-            guint     dim,
-            int       rank,
-            CpTensor *out)
-{
-  gsize outer;
-  gint64 length;
-  gsize step;
-
-  _cp_tensor_split_at (tensor, dim, &outer, &length, &step);
-  _cp_layout_transfer_runs (self, rank, cp_tensor_get_data (tensor), cp_tensor_get_data (out),
-                            outer, step, self->local_len[rank], 0, TRUE);
-}
-
-/* The shape of @tensor with @length along @dim. */
-static void
-shape_with (CpTensor *tensor,
-            guint     dim,
-            gint64    length,
-            gint64   *shape)
-{
-  guint n_dims;
-  const gint64 *source_shape = cp_tensor_get_shape (tensor, &n_dims);
-
-  memcpy (shape, source_shape, n_dims * sizeof (gint64));
-  shape[dim] = length;
-}
-
-/**
- * cp_layout_shard:
- * @self: a layout
- * @tensor: a host tensor whose dimension @seq_dim has the layout's length
- * @seq_dim: the sequence dimension; negative values count from the last
- * @rank: the rank whose piece is wanted
- * @error: return location for a #GError
- *
- * Copies @rank's positions of @tensor, in local order, into a new tensor:
- * the out-of-place shard used for gradient-bearing buffers, which leaves
- * @tensor intact. Works along any dimension; every copy moves whole
- * contiguous runs.
- *
- * Returns: (transfer full): the local piece, or %NULL with
- *   %CP_TENSOR_ERROR_SHAPE naming the dimension and lengths
- *
- * Since: 1.0
- */
-CpTensor *
-cp_layout_shard (CpLayout  *self,
-                 CpTensor  *tensor,
-                 int        seq_dim,
-                 int        rank,
-                 GError   **error)
-{
-  gint64 shape[CP_TENSOR_MAX_DIMS];
-  guint dim;
-  CpTensor *out;
-
-  g_return_val_if_fail (self != NULL, NULL);
-  g_return_val_if_fail (CP_IS_TENSOR (tensor), NULL);
-  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
-
-  if (!shard_validate (self, tensor, seq_dim, rank, &dim, error))
-    return NULL;
-  shape_with (tensor, dim, self->local_len[rank], shape);
-  out = _cp_tensor_new_uninit (cp_tensor_get_dtype (tensor), shape,
-                               cp_tensor_get_n_dims (tensor), error);
-  if (out != NULL)
-    shard_copy (self, tensor, dim, rank, out);
-  return out;
-}
-
-/**
- * cp_layout_shard_into:
- * @self: a layout
- * @tensor: a host tensor whose dimension @seq_dim has the layout's length
- * @seq_dim: the sequence dimension; negative values count from the last
- * @rank: the rank whose piece is wanted
- * @out: where to write the piece: same dtype and shape as @tensor but the
- *   local length along @seq_dim
- * @error: return location for a #GError
- *
- * Like [method@Cp.Layout.shard], writing into a tensor the caller reuses,
- * which avoids faulting in fresh pages on every call.
- *
- * Returns: %TRUE on success
- *
- * Since: 1.0
- */
-gboolean
-cp_layout_shard_into (CpLayout  *self,
-                      CpTensor  *tensor,
-                      int        seq_dim,
-                      int        rank,
-                      CpTensor  *out,
-                      GError   **error)
-{
-  guint dim;
-
-  g_return_val_if_fail (self != NULL, FALSE);
-  g_return_val_if_fail (CP_IS_TENSOR (tensor), FALSE);
-  g_return_val_if_fail (CP_IS_TENSOR (out), FALSE);
-  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
-
-  if (!shard_validate (self, tensor, seq_dim, rank, &dim, error) ||
-      !check_output (out, tensor, "shard", dim, self->local_len[rank], error))
-    return FALSE;
-  shard_copy (self, tensor, dim, rank, out);
-  return TRUE;
-}
-
-/**
- * cp_layout_shard_backward:
- * @self: a layout
- * @grad_local: the gradient of @rank's local piece
- * @seq_dim: the sequence dimension; negative values count from the last
- * @rank: the rank the piece belongs to
- * @error: return location for a #GError
- *
- * The adjoint of [method@Cp.Layout.shard]: scatters @grad_local into a
- * zero tensor of the full length, so positions @rank does not hold get a
- * zero gradient. For C = 2, S = 8 and rank 1, a gradient of ones gives
- * `[0, 0, 1, 1, 1, 1, 0, 0]`.
- *
- * Returns: (transfer full): the full-length gradient, or %NULL with
- *   %CP_TENSOR_ERROR_SHAPE
- *
- * Since: 1.0
- */
-CpTensor *
-cp_layout_shard_backward (CpLayout  *self,
-                          CpTensor  *grad_local,
-                          int        seq_dim,
-                          int        rank,
-                          GError   **error)
-{
-  gint64 shape[CP_TENSOR_MAX_DIMS];
-  gsize outer;
-  gint64 length;
-  gsize step;
-  guint dim;
-  CpTensor *out;
-
-  g_return_val_if_fail (self != NULL, NULL);
-  g_return_val_if_fail (CP_IS_TENSOR (grad_local), NULL);
-  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
-
-  if (!check_rank (self, rank, error) ||
-      !_cp_tensor_require_device (grad_local, "shard_backward", "the tensor", CP_DEVICE_KINDS_HOST,
-                                  error) ||
-      !_cp_tensor_normalize_dim (grad_local, "shard_backward", seq_dim, &dim, error) ||
-      !check_seq_len (grad_local, "shard_backward", dim, self->local_len[rank], error))
-    return NULL;
-  shape_with (grad_local, dim, self->seq_len, shape);
-  out = cp_tensor_new (cp_tensor_get_dtype (grad_local), shape,
-                       cp_tensor_get_n_dims (grad_local), error);
-  if (out == NULL)
-    return NULL;
-  _cp_tensor_split_at (grad_local, dim, &outer, &length, &step);
-  _cp_layout_transfer_runs (self, rank, cp_tensor_get_data (out), cp_tensor_get_data (grad_local),
-                            outer, step, length, 0, FALSE);
-  return out;
-}
-
-/* Every piece must be a host tensor like pieces[0], with rank r's local
- * length along @dim. */
-static gboolean
-check_pieces (CpLayout   *self,
-              CpTensor  **pieces,
-              guint       n_pieces,
-              int         seq_dim,
-              guint      *dim,
-              GError    **error)
-{
-  if (n_pieces != (guint) self->cp_size)
-    {
-      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
-                   "unshard_pieces: %u pieces were given for cp_size %d",
-                   n_pieces, self->cp_size);
-      return FALSE;
-    }
-  if (!_cp_tensor_normalize_dim (pieces[0], "unshard_pieces", seq_dim, dim, error))
-    return FALSE;
-  for (guint r = 0; r < n_pieces; r++)
-    {
-      g_autofree char *what = g_strdup_printf ("unshard_pieces: piece %u", r);
-
-      gboolean ok = r == 0
-        ? _cp_tensor_require_device (pieces[0], what, "the tensor", CP_DEVICE_KINDS_HOST, error) &&
-          check_seq_len (pieces[0], what, *dim, self->local_len[0], error)
-        : check_output (pieces[r], pieces[0], what, *dim, self->local_len[r], error);
-
-      if (!ok)
-        return FALSE;
-    }
-  return TRUE;
-}
-
-static void
-unshard_copy (CpLayout  *self,
-              CpTensor **pieces,
-              guint      dim,
-              CpTensor  *out)
-{
-  for (int r = 0; r < self->cp_size; r++)
-    {
-      gsize outer;
-      gint64 length;
-      gsize step;
-
-      _cp_tensor_split_at (pieces[r], dim, &outer, &length, &step);
-      _cp_layout_transfer_runs (self, r, cp_tensor_get_data (out), cp_tensor_get_data (pieces[r]),
-                                outer, step, length, 0, FALSE);
-    }
-}
-
-/**
- * cp_layout_unshard_pieces:
- * @self: a layout
- * @pieces: (array length=n_pieces): every rank's local piece, in rank order
- * @n_pieces: the number of pieces, the layout's cp size
- * @seq_dim: the sequence dimension; negative values count from the last
- * @error: return location for a #GError
- *
- * Rebuilds the full tensor from every rank's piece, without a mesh: the
- * inverse of sharding for every rank.
- *
- * Returns: (transfer full): the full tensor, or %NULL with
- *   %CP_TENSOR_ERROR_SHAPE naming the piece, dimension and lengths
- *
- * Since: 1.0
- */
-CpTensor *
-cp_layout_unshard_pieces (CpLayout   *self,
-                          CpTensor  **pieces,
-                          guint       n_pieces,
-                          int         seq_dim,
-                          GError    **error)
-{
-  gint64 shape[CP_TENSOR_MAX_DIMS];
-  guint dim;
-  CpTensor *out;
-
-  g_return_val_if_fail (self != NULL, NULL);
-  g_return_val_if_fail (pieces != NULL || n_pieces == 0, NULL);
-  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
-  for (guint r = 0; r < n_pieces; r++)
-    g_return_val_if_fail (CP_IS_TENSOR (pieces[r]), NULL);
-
-  if (!check_pieces (self, pieces, n_pieces, seq_dim, &dim, error))
-    return NULL;
-  shape_with (pieces[0], dim, self->seq_len, shape);
-  out = _cp_tensor_new_uninit (cp_tensor_get_dtype (pieces[0]), shape,
-                               cp_tensor_get_n_dims (pieces[0]), error);
-  if (out != NULL)
-    unshard_copy (self, pieces, dim, out);
-  return out;
-}
-
-/**
- * cp_layout_unshard_pieces_into:
- * @self: a layout
- * @pieces: (array length=n_pieces): every rank's local piece, in rank order
- * @n_pieces: the number of pieces, the layout's cp size
- * @seq_dim: the sequence dimension; negative values count from the last
- * @out: the full tensor to write
- * @error: return location for a #GError
- *
- * Like [method@Cp.Layout.unshard_pieces], writing into a tensor the caller
- * reuses.
- *
- * Returns: %TRUE on success
- *
- * Since: 1.0
- */
-gboolean
-cp_layout_unshard_pieces_into (CpLayout   *self,
-                               CpTensor  **pieces,
-                               guint       n_pieces,
-                               int         seq_dim,
-                               CpTensor   *out,
-                               GError    **error)
-{
-  guint dim;
-
-  g_return_val_if_fail (self != NULL, FALSE);
-  g_return_val_if_fail (pieces != NULL || n_pieces == 0, FALSE);
-  g_return_val_if_fail (CP_IS_TENSOR (out), FALSE);
-  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
-  for (guint r = 0; r < n_pieces; r++)
-    g_return_val_if_fail (CP_IS_TENSOR (pieces[r]), FALSE);
-
-  if (!check_pieces (self, pieces, n_pieces, seq_dim, &dim, error) ||
-      !check_output (out, pieces[0], "unshard_pieces", dim, self->seq_len, error))
-    return FALSE;
-  unshard_copy (self, pieces, dim, out);
-  return TRUE;
 }

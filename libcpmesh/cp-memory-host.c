@@ -15,7 +15,7 @@
 #include "cp-host-memory-private.h"
 #include "cp-memory-private.h"
 #include "cp-sync-private.h"
-#include "transports/cp-fault-private.h"
+#include "cp-fault-private.h"
 
 /* SSE2 is part of x86-64; other targets copy with memcpy alone. */
 #if defined(__x86_64__)

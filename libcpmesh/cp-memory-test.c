@@ -13,7 +13,7 @@
 #include "cp-error.h"
 #include "cp-memory-private.h"
 #include "cp-sync-private.h"
-#include "transports/cp-fault-private.h"
+#include "cp-fault-private.h"
 
 /* CP_DEVICE_KIND_TEST plays a device on a machine without one, as
  * Aravis's fake camera plays a camera.  Each allocation is one memfd

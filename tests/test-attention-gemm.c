@@ -18,12 +18,13 @@
 
 #include <omp.h>
 
-#include "attention/cp-attention-gemm-private.h"
+#include "kernels/cpu/cp-attention-gemm-private.h"
 #include "cp-dtype-private.h"
 
-/* Products as the kernel asks for them (cp-attention-kernel.c): the
- * scores S = scale · Q·Kᵀ, P·V and dS·K accumulated into the output or
- * dQ, and Pᵀ·dO, dSᵀ·Q accumulated into dV, dK, with ragged tiles (a
+/* Products as the kernel asks for them
+ * (kernels/cpu/cp-attention-kernel.c): the scores S = scale · Q·Kᵀ, P·V
+ * and dS·K accumulated into the output or dQ, and Pᵀ·dO, dSᵀ·Q
+ * accumulated into dV, dK, with ragged tiles (a
  * sequence length that is no multiple of 128) and several head
  * dimensions.  The leading dimensions are the kernel's: rows of a head in
  * a [T, H, D] tensor, and tiles 128 wide. */

@@ -12,7 +12,7 @@
 #ifdef CP_TEST_FORCE_PRIMITIVES
 /* From the internal library: float32 through oneDNN matmul primitives,
  * and what their executions shared. */
-#include "attention/cp-attention-gemm-private.h"
+#include "kernels/cpu/cp-attention-gemm-private.h"
 #endif
 
 /* One attention problem: the global (padded) sequence, its documents and

@@ -5,19 +5,12 @@
 
 #pragma once
 
-#include <glib.h>
+#include "kernels/cp-kernel-private.h"
 
 G_BEGIN_DECLS
 
-/* The element type of GEMM inputs; results are always float32. */
-typedef enum
-{
-  CP_ATTN_FLOAT32,
-  CP_ATTN_BFLOAT16,
-} CpAttnType;
-
 /* C = alpha · op(A) · op(B) + beta · C, row-major, op given by 'N' or 'T'
- * as for BLAS.  float32 inputs go to oneDNN's sgemm; bfloat16 inputs go
+ * as for BLAS; inputs of @type, C float32.  float32 inputs go to oneDNN's sgemm; bfloat16 inputs go
  * to oneDNN matmul primitives (AMX or AVX512-BF16 code), created once per
  * shape and cached.  Safe from any number of threads at once: each
  * executing thread has its own stream and scratchpad. */

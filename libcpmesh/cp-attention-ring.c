@@ -1,0 +1,216 @@
+/* cp-attention-ring.c: the ring's point-to-point transfers
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include "cp-attention-private.h"
+#include "cp-tensor-private.h"
+
+/* Tags of the ring's point-to-point messages. */
+#define TAG_KV  CP_MESH_INTERNAL_TAG (0x4b56)
+#define TAG_DKV CP_MESH_INTERNAL_TAG (0x644b56)
+
+/* One posted point-to-point transfer with a ring neighbour. */
+typedef struct
+{
+  CpMessage message;
+  CpRequest *request;
+} Transfer;
+
+static void
+transfer_post (CpAttention *self,
+               Transfer    *transfer,
+               CpTensor    *tensor,
+               gboolean     send,
+               guint64      tag)
+{
+  CpComm *comm = _cp_attention_get_comm (self);
+  int next = (comm->index + 1) % comm->size;
+  int previous = (comm->index + comm->size - 1) % comm->size;
+
+  g_assert (transfer->request == NULL);
+  _cp_message_from_tensor (&transfer->message, tensor);
+  if (send)
+    transfer->request = comm->transport->ops->isend (comm, next, tag, &transfer->message);
+  else
+    transfer->request = comm->transport->ops->irecv (comm, previous, tag, &transfer->message);
+}
+
+/* Completes every posted transfer of @transfers, in place (a posted
+ * request points at its transfer's message), even after a failure,
+ * so that no peer is left reading a buffer about to be freed; reports the
+ * first error. */
+static gboolean
+transfers_wait (CpAttention     *self,
+                Transfer * const *transfers,
+                guint            n,
+                GError         **error)
+{
+  CpComm *comm = _cp_attention_get_comm (self);
+  gboolean ok = TRUE;
+
+  for (guint i = 0; i < n; i++)
+    {
+      if (transfers[i]->request == NULL)
+        continue;
+      ok = comm->transport->ops->wait (comm, g_steal_pointer (&transfers[i]->request),
+                                       _cp_mesh_deadline (self->mesh), ok ? error : NULL) && ok;
+    }
+  return ok;
+}
+
+static void
+swap_tensors (CpTensor **a,
+              CpTensor **b)
+{
+  CpTensor *swap = *a;
+
+  *a = *b;
+  *b = swap;
+}
+
+/* The ring: at step i this rank holds the shard of rank (r − i) mod C and
+ * has already posted its hand-over to the next rank, so the transfer of
+ * the following shard runs while this one is computed. */
+gboolean
+_cp_attention_forward_ring (CpAttention  *self,
+                            const Plan   *plan,
+                            Forward      *fwd,
+                            Buffers      *bufs,
+                            GError      **error)
+{
+  CpTensor *current = bufs->kv;
+  CpTensor *next = bufs->kv_next;
+
+  for (int step = 0; step < plan->size; step++)
+    {
+      int source = (plan->rank - step + plan->size) % plan->size;
+      Transfer transfers[2] = { { { 0 } } };
+      gboolean last = step == plan->size - 1;
+
+      if (!last)
+        {
+          transfer_post (self, &transfers[0], next, FALSE, TAG_KV);
+          transfer_post (self, &transfers[1], current, TRUE, TAG_KV);
+        }
+      _cp_attention_forward_on (plan, fwd, current, source, 1);
+      if (!transfers_wait (self, (Transfer *[]) { &transfers[0], &transfers[1] }, 2, error))
+        return FALSE;
+      if (!last)
+        swap_tensors (&current, &next);
+    }
+  return TRUE;
+}
+
+/* The ring backward: the K/V shard travels as in forward, and the float32
+ * dK, dV partial of the shard travels with it, one step behind: at step
+ * i this rank adds its contribution to the partial of shard (r − i) that
+ * the previous rank sent, and hands the sum on.  After C steps the
+ * partial of every shard has visited every rank and arrives, complete, at
+ * the shard's owner. */
+typedef struct
+{
+  CpTensor *kv[2];         /* current, next */
+  CpTensor *kv32;
+  CpTensor *partial[3];    /* computing, received, in flight */
+  Transfer kv_moves[2];
+  Transfer partial_in;
+  Transfer partial_out;
+} Ring;
+
+static gboolean
+ring_wait_all (CpAttention  *self,
+               Ring         *ring,
+               GError      **error)
+{
+  Transfer *all[] = { &ring->kv_moves[0], &ring->kv_moves[1], &ring->partial_in, &ring->partial_out };
+
+  return transfers_wait (self, all, G_N_ELEMENTS (all), error);
+}
+
+/* Adds the partial the previous rank sent for the current shard, then
+ * sends the sum on; the previous hand-over must be complete before its
+ * buffer is reused. */
+static gboolean
+ring_pass_partial (CpAttention  *self,
+                   const Plan   *plan,
+                   Ring         *ring,
+                   int           step,
+                   GError      **error)
+{
+  if (step > 0)
+    {
+      Transfer *wait[] = { &ring->partial_in, &ring->partial_out };
+
+      if (!transfers_wait (self, wait, G_N_ELEMENTS (wait), error))
+        return FALSE;
+      plan->kernel->add_float32 (cp_tensor_get_data (ring->partial[0]),
+                                 cp_tensor_get_data (ring->partial[1]),
+                                 (gsize) cp_tensor_get_numel (ring->partial[0]));
+    }
+  swap_tensors (&ring->partial[0], &ring->partial[2]);
+  transfer_post (self, &ring->partial_out, ring->partial[2], TRUE, TAG_DKV);
+  return TRUE;
+}
+
+static gboolean
+ring_step (CpAttention        *self,
+           const Plan         *plan,
+           const CpAttnGrads  *grads,
+           Ring               *ring,
+           int                 step,
+           GError            **error)
+{
+  int source = (plan->rank - step + plan->size) % plan->size;
+  gboolean last = step == plan->size - 1;
+
+  if (!last)
+    {
+      transfer_post (self, &ring->kv_moves[0], ring->kv[1], FALSE, TAG_KV);
+      transfer_post (self, &ring->kv_moves[1], ring->kv[0], TRUE, TAG_KV);
+    }
+  if (step > 0)
+    transfer_post (self, &ring->partial_in, ring->partial[1], FALSE, TAG_DKV);
+  _cp_attention_backward_on (plan, grads, ring->kv[0], ring->kv32, source, 1, ring->partial[0]);
+  if (!ring_pass_partial (self, plan, ring, step, error))
+    return FALSE;
+  if (!last)
+    {
+      Transfer *wait[] = { &ring->kv_moves[0], &ring->kv_moves[1] };
+
+      if (!transfers_wait (self, wait, G_N_ELEMENTS (wait), error))
+        return FALSE;
+      swap_tensors (&ring->kv[0], &ring->kv[1]);
+    }
+  return TRUE;
+}
+
+gboolean
+_cp_attention_backward_ring (CpAttention        *self,
+                             const Plan         *plan,
+                             const CpAttnGrads  *grads,
+                             Buffers            *bufs,
+                             GError            **error)
+{
+  Ring ring = {
+    .kv = { bufs->kv, bufs->kv_next },
+    .kv32 = bufs->kv32,
+    .partial = { bufs->partial[0], bufs->partial[1], bufs->partial[2] },
+  };
+  Transfer final = { { 0 } };
+  gboolean ok = TRUE;
+
+  for (int step = 0; ok && step < plan->size; step++)
+    ok = ring_step (self, plan, grads, &ring, step, error);
+  if (!ok)
+    {
+      ring_wait_all (self, &ring, NULL);
+      return FALSE;
+    }
+  /* The last hand-over brings this rank's own shard home. */
+  transfer_post (self, &final, bufs->dkv, FALSE, TAG_DKV);
+  ok = transfers_wait (self, (Transfer *[]) { &final }, 1, error);
+  return ring_wait_all (self, &ring, ok ? error : NULL) && ok;
+}
