@@ -1550,14 +1550,15 @@ restore_gathered (CpLayout *layout,
   gint64 length;
   gsize step;
 
-  out = _cp_tensor_new_uninit (cp_tensor_get_dtype (gathered), cp_tensor_get_shape (gathered, NULL),
-                               cp_tensor_get_n_dims (gathered), error);
+  out = _cp_tensor_new_on_device (cp_tensor_get_device (gathered), cp_tensor_get_dtype (gathered),
+                                  cp_tensor_get_shape (gathered, NULL),
+                                  cp_tensor_get_n_dims (gathered), FALSE, error);
   if (out == NULL)
     return NULL;
   _cp_tensor_split_at (gathered, dim, &outer, &length, &step);
   for (int r = 0; r < cp_layout_get_cp_size (layout); r++)
-    _cp_layout_transfer_runs (layout, r, cp_tensor_get_data (out), cp_tensor_get_data (gathered),
-                              outer, step, length, _cp_layout_get_rank_offset (layout, r), FALSE);
+    _cp_layout_transfer_runs (layout, r, out, gathered, outer, step, length,
+                              _cp_layout_get_rank_offset (layout, r), FALSE);
   return out;
 }
 
