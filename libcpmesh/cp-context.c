@@ -737,9 +737,10 @@ check_buffer (Buffer   *buffer,
               guint    *dim,
               GError  **error)
 {
+  g_autofree char *name = name_buffer (buffer, index);
   g_autofree char *label = describe_buffer (buffer, index);
 
-  if (!_cp_tensor_require_device (buffer->tensor, "enter", label, CP_DEVICE_KINDS_HOST, error))
+  if (!_cp_tensor_require_device (buffer->tensor, "enter", name, CP_DEVICE_KINDS_REACHABLE, error))
     return FALSE;
   return _cp_tensor_normalize_dim (buffer->tensor, label, buffer->seq_dim, dim, error);
 }
