@@ -14,7 +14,7 @@
 #include "cp-error.h"
 #include "cp-host-memory-private.h"
 #include "cp-sync-private.h"
-#include "transports/cp-fault-private.h"
+#include "cp-fault-private.h"
 
 /* Below this size malloc's own arenas already reuse warm memory. */
 #define LARGE_BLOCK (1u << 20)

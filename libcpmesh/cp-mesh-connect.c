@@ -6,11 +6,9 @@
 #include "config.h"
 
 #include "cp-error.h"
-#include "cp-features.h"
-#include "cp-mesh-config-private.h"
+#include "transports/cp-mesh-config-private.h"
 #include "cp-mesh-private.h"
 
-#if CP_HAS_UCX
 static CpMesh *
 mesh_from_transport (CpTransport         *transport,
                      const CpMeshConfig  *config,
@@ -32,30 +30,27 @@ mesh_from_transport (CpTransport         *transport,
   _cp_mesh_watch_peers (mesh, context);
   return mesh;
 }
-#endif
 
-/* Connects as @config says; lost peers are reported in @context. */
+/* Connects with the backend @config asks for, or the default one; lost
+ * peers are reported in @context. */
 static CpMesh *
 connect_mesh (const CpMeshConfig  *config,
               GMainContext        *context,
               GCancellable        *cancellable,
               GError             **error)
 {
-#if CP_HAS_UCX
-  CpTransport *transport = _cp_transport_ucx_connect (config, cancellable, error);
+  const CpTransportBackend *backend = _cp_transport_backend_find (config->transport, error);
+  CpTransport *transport;
   CpMesh *mesh;
 
+  if (backend == NULL)
+    return NULL;
+  transport = backend->connect (config, cancellable, error);
   if (transport == NULL)
     return NULL;
   mesh = mesh_from_transport (transport, config, context, error);
   _cp_transport_unref (transport);
   return mesh;
-#else
-  g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED,
-               "rank %d of %d: this libcpmesh was built without UCX, so it cannot connect "
-               "processes; rebuild with -Ducx=enabled", config->rank, config->world_size);
-  return NULL;
-#endif
 }
 
 static CpMesh *
@@ -93,7 +88,9 @@ connect_here (const CpMeshConfig  *config,
  * `CPMESH_TIMEOUT_MS` bounds the rendezvous and every later operation
  * (default 120000). `CPMESH_MESH_DIMS` names the dimensions, outermost
  * first, as in `dp=2,cp=4`; by default the mesh has one dimension `cp`
- * over all ranks.
+ * over all ranks. `CPMESH_TRANSPORT` picks the transport by name
+ * ([property@Cp.Mesh:backend]): `ucx` (the default, when built) or
+ * `local` for a mesh of one process.
  *
  * Programs started by `mpirun`, `srun`, torchrun or `cpmesh launch` run
  * unchanged. [signal@Cp.Mesh::rank-lost] is emitted in the thread-default
@@ -107,8 +104,9 @@ connect_here (const CpMeshConfig  *config,
  *   join in time, %CP_MESH_ERROR_PEER_LOST when rank 0 left after
  *   admitting this rank, %CP_MESH_ERROR_TRANSPORT when rank 0 cannot
  *   listen or what answers on its port is not a libcpmesh rank 0, or
- *   %CP_MESH_ERROR_UNSUPPORTED when rank 0 speaks another protocol or
- *   libcpmesh was built without UCX
+ *   %CP_MESH_ERROR_UNSUPPORTED when rank 0 speaks another protocol, when
+ *   libcpmesh was built without UCX, or when `CPMESH_TRANSPORT` names a
+ *   transport it was built without (the message lists those it has)
  *
  * Since: 1.0
  */
@@ -121,6 +119,90 @@ cp_mesh_new_from_env (GError **error)
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
   if (!_cp_mesh_config_init_from_environ (&config, NULL, error))
+    return NULL;
+  mesh = connect_here (&config, error);
+  _cp_mesh_config_clear (&config);
+  return mesh;
+}
+
+/* Names and sizes set one by one, as properties, may not pair up. */
+static gboolean
+check_dims_pair (const char * const  *dim_names,
+                 const int           *dim_sizes,
+                 gsize                n_dims,
+                 GError             **error)
+{
+  guint n_names = dim_names != NULL ? g_strv_length ((char **) dim_names) : 0;
+
+  if ((dim_names == NULL && dim_sizes == NULL) || (dim_sizes != NULL && n_names == n_dims))
+    return TRUE;
+  g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
+               "mesh options: %u dimension names (dim-names) but %" G_GSIZE_FORMAT
+               " sizes (dim-sizes); give one size per name", n_names,
+               dim_sizes != NULL ? n_dims : 0);
+  return FALSE;
+}
+
+/* The config @options describe; a transport they leave unnamed comes
+ * from CPMESH_TRANSPORT, if set. */
+static gboolean
+config_from_options (CpMeshConfig   *config,
+                     CpMeshOptions  *options,
+                     GError        **error)
+{
+  gsize n_dims = 0;
+  const int *dim_sizes = cp_mesh_options_get_dim_sizes (options, &n_dims);
+  const char *transport = cp_mesh_options_get_transport (options);
+
+  if (!check_dims_pair (cp_mesh_options_get_dim_names (options), dim_sizes, n_dims, error))
+    return FALSE;
+  if (!_cp_mesh_config_init (config, cp_mesh_options_get_rank (options),
+                             cp_mesh_options_get_world_size (options),
+                             cp_mesh_options_get_address (options), cp_mesh_options_get_port (options),
+                             cp_mesh_options_get_token (options),
+                             cp_mesh_options_get_dim_names (options), dim_sizes, n_dims,
+                             cp_mesh_options_get_timeout_ms (options), error))
+    return FALSE;
+  if (transport == NULL)
+    transport = g_getenv ("CPMESH_TRANSPORT");
+  config->transport = transport != NULL && transport[0] != '\0' ? g_strdup (transport) : NULL;
+  return TRUE;
+}
+
+/**
+ * cp_mesh_new_with_options: (constructor)
+ * @options: how to join: rank, world size, rendezvous, token, dimensions,
+ *   timeout and transport
+ * @error: return location for a #GError
+ *
+ * Joins this process to a multi-process mesh, like
+ * [ctor@Cp.Mesh.new_from_env] with every setting given in @options: rank 0
+ * listens at [property@Cp.MeshOptions:address] and
+ * [property@Cp.MeshOptions:port], every other rank connects there and
+ * proves it holds [property@Cp.MeshOptions:token], and the call returns
+ * once every rank has joined, over the transport
+ * [property@Cp.MeshOptions:transport] names. [signal@Cp.Mesh::rank-lost]
+ * is emitted in the thread-default main context of the calling thread.
+ *
+ * Returns: (transfer full): this rank's mesh, or %NULL with
+ *   %CP_MESH_ERROR_INVALID_TOPOLOGY naming the value when the options are
+ *   bad or contradict each other, %CP_MESH_ERROR_UNSUPPORTED naming the
+ *   transport when this build does not have it, or the errors of
+ *   [ctor@Cp.Mesh.new_from_env]
+ *
+ * Since: 1.0
+ */
+CpMesh *
+cp_mesh_new_with_options (CpMeshOptions  *options,
+                          GError        **error)
+{
+  CpMeshConfig config;
+  CpMesh *mesh;
+
+  g_return_val_if_fail (CP_IS_MESH_OPTIONS (options), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!config_from_options (&config, options, error))
     return NULL;
   mesh = connect_here (&config, error);
   _cp_mesh_config_clear (&config);
@@ -143,10 +225,9 @@ cp_mesh_new_from_env (GError **error)
  *   in milliseconds, at most %G_MAXINT; 0 for the default of 120000
  * @error: return location for a #GError
  *
- * Joins this process to a multi-process mesh, like
- * [ctor@Cp.Mesh.new_from_env] with every setting given explicitly: rank 0
- * listens at @address:@port, every other rank connects there and proves
- * it holds @token, and the call returns once every rank has joined.
+ * Joins this process to a multi-process mesh over UCX: a shorthand for
+ * [ctor@Cp.Mesh.new_with_options] with these values and
+ * [property@Cp.MeshOptions:transport] `"ucx"`.
  *
  * Returns: (transfer full): this rank's mesh, or %NULL with an error
  *
@@ -164,18 +245,16 @@ cp_mesh_new_ucx (int                  rank,
                  guint                timeout_ms,
                  GError             **error)
 {
-  CpMeshConfig config;
-  CpMesh *mesh;
+  g_autoptr(CpMeshOptions) options = NULL;
 
   g_return_val_if_fail (dim_names == NULL || dim_sizes != NULL, NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  if (!_cp_mesh_config_init (&config, rank, world_size, address, port, token, dim_names, dim_sizes,
-                             n_dims, timeout_ms, error))
-    return NULL;
-  mesh = connect_here (&config, error);
-  _cp_mesh_config_clear (&config);
-  return mesh;
+  options = g_object_new (CP_TYPE_MESH_OPTIONS, "rank", rank, "world-size", world_size,
+                          "address", address, "port", port, "token", token,
+                          "timeout-ms", timeout_ms, "transport", "ucx", NULL);
+  cp_mesh_options_set_dims (options, dim_names, dim_sizes, n_dims);
+  return cp_mesh_new_with_options (options, error);
 }
 
 typedef struct

@@ -366,7 +366,7 @@ _cp_mesh_new (CpTransport         *transport,
   g_assert (world_size == n_members);
 
   self = g_object_new (CP_TYPE_MESH, NULL);
-  self->comm = transport->ops->comm_new (transport, label, members, n_members, my_index, error);
+  self->comm = _cp_transport_comm_new (transport, label, members, n_members, my_index, error);
   if (self->comm == NULL)
     return NULL;
   self->label = g_strdup (label);
@@ -480,7 +480,7 @@ cp_mesh_get_backend (CpMesh *self)
 {
   g_return_val_if_fail (CP_IS_MESH (self), NULL);
 
-  return self->comm->transport->ops->name;
+  return _cp_transport_get_name (self->comm->transport);
 }
 
 /**
@@ -680,7 +680,7 @@ poll_transport (gpointer user_data)
 {
   CpTransport *transport = user_data;
 
-  transport->ops->poll (transport);
+  _cp_transport_poll (transport);
   return G_SOURCE_CONTINUE;
 }
 
@@ -695,7 +695,7 @@ _cp_mesh_watch_peers (CpMesh       *self,
   watch->context = g_main_context_ref (context);
   _cp_transport_set_peer_lost_func (transport, on_peer_lost, watch,
                                     (GDestroyNotify) rank_lost_release_watch);
-  if (transport->ops->poll == NULL)
+  if (!_cp_transport_can_poll (transport))
     return;
   self->poll_source = g_timeout_source_new (CP_MESH_POLL_INTERVAL_MS);
   g_source_set_callback (self->poll_source, poll_transport, _cp_transport_ref (transport),
@@ -870,11 +870,10 @@ run_collective (CpMesh        *self,
                 GError        *invalid,
                 GError       **error)
 {
-  CpTransport *transport = self->comm->transport;
   gboolean ok;
 
   coll->invalid = invalid;
-  ok = transport->ops->collective (self->comm, coll, _cp_mesh_deadline (self), error);
+  ok = _cp_comm_collective (self->comm, coll, _cp_mesh_deadline (self), error);
   g_clear_error (&coll->invalid);
   return ok;
 }
@@ -1366,7 +1365,6 @@ exchange (CpMesh    *self,
           guint64    tag,
           GError   **error)
 {
-  const CpTransportOps *ops = self->comm->transport->ops;
   gint64 deadline = _cp_mesh_deadline (self);
   CpMessage sent, received;
   CpRequest *send_request = NULL;
@@ -1377,16 +1375,16 @@ exchange (CpMesh    *self,
   if (send_tensor != NULL)
     {
       _cp_message_from_tensor (&sent, send_tensor);
-      send_request = ops->isend (self->comm, dst, tag, &sent);
+      send_request = _cp_comm_isend (self->comm, dst, tag, &sent);
     }
   if (recv_tensor != NULL)
     {
       _cp_message_from_tensor (&received, recv_tensor);
-      recv_request = ops->irecv (self->comm, src, tag, &received);
-      ok = ops->wait (self->comm, recv_request, deadline, &recv_error);
+      recv_request = _cp_comm_irecv (self->comm, src, tag, &received);
+      ok = _cp_comm_wait (self->comm, recv_request, deadline, &recv_error);
     }
   if (send_request != NULL)
-    ok = ops->wait (self->comm, send_request, deadline, recv_error ? NULL : error) && ok;
+    ok = _cp_comm_wait (self->comm, send_request, deadline, recv_error ? NULL : error) && ok;
   if (recv_error != NULL)
     g_propagate_error (error, recv_error);
   return ok;

@@ -12,6 +12,7 @@
 #include <gio/gio.h>
 
 #include "cp-layout.h"
+#include "cp-mesh-options.h"
 #include "cp-tensor.h"
 #include "cp-types.h"
 
@@ -40,6 +41,9 @@ CpMesh             *cp_mesh_new_ucx           (int                  rank,
                                                const int           *dim_sizes,
                                                gsize                n_dims,
                                                guint                timeout_ms,
+                                               GError             **error) G_GNUC_WARN_UNUSED_RESULT;
+CP_AVAILABLE_IN_ALL
+CpMesh             *cp_mesh_new_with_options  (CpMeshOptions       *options,
                                                GError             **error) G_GNUC_WARN_UNUSED_RESULT;
 CP_AVAILABLE_IN_ALL
 void                cp_mesh_connect_async     (const char * const  *environment,

@@ -153,9 +153,7 @@ static void
 wake_waits (GCancellable *cancellable,
             gpointer      transport)
 {
-  CpTransport *self = transport;
-
-  self->ops->interrupt (self);
+  _cp_transport_interrupt (transport);
 }
 
 /* The call never runs: a peer may already wait in it, so the mesh breaks
@@ -176,7 +174,7 @@ fail_before_start (CpMesh      *mesh,
       return FALSE;
     }
   transport = transport_of (mesh);
-  transport->ops->fail (transport, what, failure);
+  _cp_transport_fail (transport, what, failure);
   g_propagate_error (error, _cp_transport_describe_failure (transport->rank, what, failure));
   return FALSE;
 }
@@ -198,7 +196,7 @@ _cp_task_run (gpointer       source,
     return fail_before_start (mesh, what, error);
   /* Transports that poll while they wait see the cancellation by
    * themselves. */
-  if (cancellable != NULL && transport != NULL && transport->ops->interrupt != NULL)
+  if (cancellable != NULL && transport != NULL && _cp_transport_can_interrupt (transport))
     handler = g_cancellable_connect (cancellable, G_CALLBACK (wake_waits), transport, NULL);
   g_private_set (&current_cancellable, cancellable);
   ok = func (source, args, error);

@@ -18,6 +18,7 @@
 # include "cp-tensor.h"
 # include "cp-layout.h"
 # include "cp-mesh.h"
+# include "cp-mesh-options.h"
 # include "cp-context.h"
 # include "cp-batch-options.h"
 # include "cp-thd-options.h"

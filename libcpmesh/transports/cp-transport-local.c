@@ -11,6 +11,7 @@
 #include "cp-error.h"
 #include "cp-fault-private.h"
 #include "cp-host-memory-private.h"
+#include "cp-mesh-config-private.h"
 #include "cp-sync-private.h"
 #include "cp-task-private.h"
 #include "cp-transport-private.h"
@@ -1038,6 +1039,7 @@ local_fail (CpTransport  *transport,
 
 static const CpTransportOps local_ops = {
   .name = "local",
+  .caps = CP_TRANSPORT_CAP_SHARED_ADDRESS_SPACE,
   .transport_free = local_transport_free,
   .comm_new = local_comm_new,
   .comm_free = local_comm_free,
@@ -1072,4 +1074,27 @@ _cp_transport_local_new_group (int world_size)
     }
   group_unref (group);
   return transports;
+}
+
+/* Processes cannot share this backend's memory: as a backend that
+ * connects processes, it makes the mesh of a lone process. */
+CpTransport *
+_cp_transport_local_connect (const CpMeshConfig  *config,
+                             GCancellable        *cancellable,
+                             GError             **error)
+{
+  g_autofree CpTransport **transports = NULL;
+
+  if (config->world_size != 1)
+    {
+      g_autofree char *built = _cp_transport_backend_list ();
+
+      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED,
+                   "rank %d of %d: transport \"local\" joins the threads of one process, "
+                   "not %d processes; this libcpmesh has %s (rebuild with -Ducx=enabled "
+                   "for processes)", config->rank, config->world_size, config->world_size, built);
+      return NULL;
+    }
+  transports = _cp_transport_local_new_group (1);
+  return transports[0];
 }

@@ -37,6 +37,16 @@ typedef struct _CpComm CpComm;
 typedef struct _CpRequest CpRequest;
 typedef struct _CpTransportOps CpTransportOps;
 
+/* What a backend can do, so that callers ask for a property rather than
+ * test a backend's name. */
+typedef enum
+{
+  CP_TRANSPORT_CAP_NONE = 0,
+  /* Every rank is a thread of this process: the ranks share one address
+   * space and one machine's processors. */
+  CP_TRANSPORT_CAP_SHARED_ADDRESS_SPACE = 1 << 0,
+} CpTransportCaps;
+
 typedef enum
 {
   CP_COLL_BARRIER,
@@ -88,6 +98,7 @@ typedef struct
 struct _CpTransportOps
 {
   const char *name;
+  CpTransportCaps caps;
 
   /* Tears the backend down, then calls _cp_transport_clear() before it
    * frees the structure: peers may still report failures while it closes
@@ -203,6 +214,47 @@ char        *_cp_comm_key        (const char   *label,
                                   int           n);
 void         _cp_comm_free       (CpComm       *comm);
 
+/* The calls the rest of the library makes on a transport: the only way
+ * in from outside transports/, so that a backend is a table of functions
+ * no caller names. */
+const char  *_cp_transport_get_name    (CpTransport      *transport);
+gboolean     _cp_transport_has_caps    (CpTransport      *transport,
+                                        CpTransportCaps   caps);
+CpComm      *_cp_transport_comm_new    (CpTransport      *transport,
+                                        const char       *label,
+                                        const int        *members,
+                                        int               n_members,
+                                        int               my_index,
+                                        GError          **error);
+/* Whether _cp_transport_poll() does anything: backends that notice lost
+ * peers only while they wait need no polling. */
+gboolean     _cp_transport_can_poll    (CpTransport      *transport);
+void         _cp_transport_poll        (CpTransport      *transport);
+/* Whether _cp_transport_interrupt() does anything: backends whose waits
+ * poll see a cancellation by themselves. */
+gboolean     _cp_transport_can_interrupt (CpTransport    *transport);
+void         _cp_transport_interrupt   (CpTransport      *transport);
+void         _cp_transport_fail        (CpTransport      *transport,
+                                        const char       *operation,
+                                        const GError     *failure);
+
+gboolean     _cp_comm_collective       (CpComm           *comm,
+                                        CpCollective     *coll,
+                                        gint64            deadline,
+                                        GError          **error);
+CpRequest   *_cp_comm_isend            (CpComm           *comm,
+                                        int               peer,
+                                        guint64           tag,
+                                        const CpMessage  *message);
+CpRequest   *_cp_comm_irecv            (CpComm           *comm,
+                                        int               peer,
+                                        guint64           tag,
+                                        CpMessage        *message);
+gboolean     _cp_comm_wait             (CpComm           *comm,
+                                        CpRequest        *request,
+                                        gint64            deadline,
+                                        GError          **error);
+
 /* Decides, identically on every rank, whether the descriptors of one
  * collective agree.  @descs holds every rank's descriptor in communicator
  * order. */
@@ -280,11 +332,50 @@ void         _cp_message_set_mismatch (GError          **error,
  * share memory. */
 CpTransport **_cp_transport_local_new_group (int world_size);
 
-/* The UCX backend: joins this process to the mesh @config describes, as
- * its rank, within its timeout.  Only built when CP_HAS_UCX. */
 typedef struct _CpMeshConfig CpMeshConfig;
+
+/* Joins this process to the mesh @config describes, as its rank, within
+ * its timeout. */
+typedef CpTransport *(*CpTransportConnectFunc) (const CpMeshConfig  *config,
+                                                GCancellable        *cancellable,
+                                                GError             **error);
+
+/* The bit of memory kind @kind in CpTransportBackend.device_kinds. */
+#define CP_TRANSPORT_DEVICE(kind) (1u << (kind))
+
+/* A backend the library can connect a mesh with: its name (what
+ * CPMESH_TRANSPORT and CpMesh:backend say), the memory kinds it moves and
+ * how it connects. */
+typedef struct
+{
+  const char *name;
+  guint device_kinds;
+  CpTransportConnectFunc connect;
+} CpTransportBackend;
+
+/* The built backend called @name, or the default one when @name is NULL;
+ * an unknown name is CP_MESH_ERROR_UNSUPPORTED naming it and every
+ * backend built. */
+const CpTransportBackend *_cp_transport_backend_find   (const char  *name,
+                                                        GError     **error);
+/* "ucx, local": the backends built, the default first. */
+char                     *_cp_transport_backend_list   (void);
+gboolean                  _cp_transport_backend_serves (const CpTransportBackend *backend,
+                                                        CpDeviceKind              device);
+
+/* The UCX backend.  Only built when CP_HAS_UCX. */
 CpTransport  *_cp_transport_ucx_connect     (const CpMeshConfig  *config,
                                              GCancellable        *cancellable,
                                              GError             **error);
+
+/* The in-process backend as a table entry: a mesh of one rank. */
+CpTransport  *_cp_transport_local_connect   (const CpMeshConfig  *config,
+                                             GCancellable        *cancellable,
+                                             GError             **error);
+
+/* A backend for tests only, built into the test variant of the library. */
+CpTransport  *_cp_transport_loopback_connect (const CpMeshConfig  *config,
+                                              GCancellable        *cancellable,
+                                              GError             **error);
 
 G_END_DECLS

@@ -124,6 +124,100 @@ _cp_comm_free (CpComm *comm)
 }
 
 const char *
+_cp_transport_get_name (CpTransport *transport)
+{
+  return transport->ops->name;
+}
+
+gboolean
+_cp_transport_has_caps (CpTransport     *transport,
+                        CpTransportCaps  caps)
+{
+  return (transport->ops->caps & caps) == caps;
+}
+
+CpComm *
+_cp_transport_comm_new (CpTransport  *transport,
+                        const char   *label,
+                        const int    *members,
+                        int           n_members,
+                        int           my_index,
+                        GError      **error)
+{
+  return transport->ops->comm_new (transport, label, members, n_members, my_index, error);
+}
+
+gboolean
+_cp_transport_can_poll (CpTransport *transport)
+{
+  return transport->ops->poll != NULL;
+}
+
+void
+_cp_transport_poll (CpTransport *transport)
+{
+  if (transport->ops->poll != NULL)
+    transport->ops->poll (transport);
+}
+
+gboolean
+_cp_transport_can_interrupt (CpTransport *transport)
+{
+  return transport->ops->interrupt != NULL;
+}
+
+void
+_cp_transport_interrupt (CpTransport *transport)
+{
+  if (transport->ops->interrupt != NULL)
+    transport->ops->interrupt (transport);
+}
+
+void
+_cp_transport_fail (CpTransport  *transport,
+                    const char   *operation,
+                    const GError *failure)
+{
+  transport->ops->fail (transport, operation, failure);
+}
+
+gboolean
+_cp_comm_collective (CpComm        *comm,
+                     CpCollective  *coll,
+                     gint64         deadline,
+                     GError       **error)
+{
+  return comm->transport->ops->collective (comm, coll, deadline, error);
+}
+
+CpRequest *
+_cp_comm_isend (CpComm          *comm,
+                int              peer,
+                guint64          tag,
+                const CpMessage *message)
+{
+  return comm->transport->ops->isend (comm, peer, tag, message);
+}
+
+CpRequest *
+_cp_comm_irecv (CpComm    *comm,
+                int        peer,
+                guint64    tag,
+                CpMessage *message)
+{
+  return comm->transport->ops->irecv (comm, peer, tag, message);
+}
+
+gboolean
+_cp_comm_wait (CpComm     *comm,
+               CpRequest  *request,
+               gint64      deadline,
+               GError    **error)
+{
+  return comm->transport->ops->wait (comm, request, deadline, error);
+}
+
+const char *
 _cp_collective_name (CpCollKind kind)
 {
   static const char *names[] = {

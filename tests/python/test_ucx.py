@@ -2,17 +2,13 @@
 #
 # SPDX-License-Identifier: LGPL-2.1-or-later
 
-import os
-import subprocess
 import sys
 import unittest
 
-from cptest import Cp
+import numpy as np
 
-# The variables a launcher sets; without them a process is a mesh of one.
-LAUNCHER_VARIABLES = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'OMPI_COMM_WORLD_RANK',
-                      'OMPI_COMM_WORLD_SIZE', 'OMPI_COMM_WORLD_LOCAL_RANK', 'SLURM_PROCID',
-                      'SLURM_NTASKS', 'SLURM_LOCALID', 'CPMESH_MESH_DIMS')
+from cptest import Cp, GLib, record_error
+from ranks import rank_environment, run_processes
 
 ALONE = '''
 import numpy as np
@@ -31,11 +27,41 @@ print(mesh.props.backend, mesh.get_rank(), mesh.get_world_size(), mesh.get_dim_s
 class TestWithoutLauncher(unittest.TestCase):
 
     def test_new_from_env_is_one_rank(self):
-        env = {name: value for name, value in os.environ.items() if name not in LAUNCHER_VARIABLES}
-        result = subprocess.run([sys.executable, '-c', ALONE], env=env, capture_output=True,
-                                text=True, timeout=60)
-        self.assertEqual(result.returncode, 0, result.stderr)
-        self.assertEqual(result.stdout, 'ucx 0 1 1 [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]\n')
+        [(out, err, status)] = run_processes([sys.executable, '-c', ALONE], [rank_environment()],
+                                             timeout_s=60)
+        self.assertEqual(status, 0, err)
+        self.assertEqual(out, 'ucx 0 1 1 [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]\n')
+
+
+class TestMeshOptions(unittest.TestCase):
+
+    def test_properties(self):
+        options = Cp.MeshOptions(rank=1, world_size=2, port=29501, token='secret', timeout_ms=500,
+                                 transport='ucx', dim_names=['dp', 'cp'],
+                                 dim_sizes=GLib.Variant('ai', [1, 2]))
+        self.assertEqual((options.props.rank, options.props.world_size, options.props.port),
+                         (1, 2, 29501))
+        self.assertEqual((options.props.token, options.props.transport), ('secret', 'ucx'))
+        self.assertIsNone(options.props.address)
+        self.assertEqual(options.get_dim_names(), ['dp', 'cp'])
+        self.assertEqual(options.get_dim_sizes(), [1, 2])
+        self.assertEqual(options.props.dim_sizes.unpack(), [1, 2])
+
+    def test_one_rank_over_local(self):
+        options = Cp.MeshOptions(transport='local')
+        mesh = Cp.Mesh.new_with_options(options)
+        piece = Cp.Tensor.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))
+        self.assertEqual(mesh.props.backend, 'local')
+        self.assertEqual(mesh.all_gather(piece, 0).numpy().tolist(), piece.numpy().tolist())
+
+    def test_unknown_transport(self):
+        with self.assertRaises(GLib.Error) as caught:
+            Cp.Mesh.new_with_options(Cp.MeshOptions(transport='carrier-pigeon'))
+        record_error(self, 'Cp.Mesh.new_with_options', 'name a transport this build does not have',
+                     caught.exception)
+        self.assertTrue(caught.exception.matches(Cp.mesh_error_quark(), Cp.MeshError.UNSUPPORTED))
+        self.assertIn('"carrier-pigeon"', caught.exception.message)
+        self.assertIn('local', caught.exception.message)
 
 
 if __name__ == '__main__':

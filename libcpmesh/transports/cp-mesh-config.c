@@ -295,12 +295,14 @@ read_settings (CpMeshConfig        *config,
                GError             **error)
 {
   const char *token = g_environ_getenv ((char **) envp, "CPMESH_TOKEN");
+  const char *transport = g_environ_getenv ((char **) envp, "CPMESH_TRANSPORT");
   gint64 timeout = CP_MESH_DEFAULT_TIMEOUT_MS;
 
   if (lookup_int (envp, "CPMESH_TIMEOUT_MS", 1, G_MAXINT, &timeout, error) == INVALID)
     return FALSE;
   config->timeout_ms = (guint) timeout;
   config->token = token != NULL && token[0] != '\0' ? g_strdup (token) : NULL;
+  config->transport = transport != NULL && transport[0] != '\0' ? g_strdup (transport) : NULL;
   return TRUE;
 }
 
@@ -396,6 +398,7 @@ _cp_mesh_config_clear (CpMeshConfig *config)
 {
   g_clear_pointer (&config->address, g_free);
   g_clear_pointer (&config->token, g_free);
+  g_clear_pointer (&config->transport, g_free);
   g_clear_pointer (&config->dim_names, g_strfreev);
   g_clear_pointer (&config->dim_sizes, g_free);
 }

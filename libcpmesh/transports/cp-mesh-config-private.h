@@ -33,6 +33,7 @@ typedef struct _CpMeshConfig
   gsize n_dims;
   guint timeout_ms;
   const char *launcher; /* "torchrun", "Open MPI", "Slurm" or "explicit" */
+  char *transport;      /* the backend asked for (CPMESH_TRANSPORT); NULL: the default */
 } CpMeshConfig;
 
 /* Reads the launcher conventions from @envp (NAME=VALUE strings), or from

@@ -1,4 +1,4 @@
-/* cp-fault-private.h: faults the transports can be told to suffer
+/* cp-fault-private.h: faults the library can be told to suffer
  *
  * Compiled only into the test variant of the library (Meson option
  * fault_injection, which defines CP_FAULT_INJECTION for that variant

@@ -1,0 +1,270 @@
+/* test-transport.c: the table of backends, the CPMESH_TRANSPORT override
+ * and capabilities
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include <string.h>
+
+#include "cp-features.h"
+#include "cp-test-procs.h"
+#include "cp-test-util.h"
+#include "transports/cp-transport-private.h"
+#include "cp-mesh-private.h"
+
+#define SETTINGS CP_TEST_SETTINGS
+
+static void
+test_table_default (void)
+{
+  g_autoptr(GError) error = NULL;
+  g_autofree char *built = _cp_transport_backend_list ();
+  const CpTransportBackend *backend = _cp_transport_backend_find (NULL, &error);
+
+  g_assert_no_error (error);
+  g_assert_cmpstr (backend->name, ==, CP_HAS_UCX ? "ucx" : "local");
+  g_assert_true (g_str_has_prefix (built, backend->name));
+  g_assert_nonnull (strstr (built, "local"));
+  g_assert_true (_cp_transport_backend_serves (backend, CP_DEVICE_KIND_HOST));
+  g_assert_false (_cp_transport_backend_serves (backend, CP_DEVICE_KIND_CUDA));
+}
+
+static void
+test_table_unknown (void)
+{
+  g_autoptr(GError) error = NULL;
+  g_autofree char *built = _cp_transport_backend_list ();
+
+  g_assert_null (_cp_transport_backend_find ("carrier-pigeon", &error));
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED, "transport table",
+                       "look up a backend this build does not have");
+  g_assert_nonnull (strstr (error->message, "\"carrier-pigeon\""));
+  g_assert_nonnull (strstr (error->message, built));
+}
+
+/* The override fails loudly: no other backend is tried in its place. */
+static void
+test_override_unknown (void)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = cp_test_connect (SETTINGS ("CPMESH_TRANSPORT=carrier-pigeon"), NULL,
+                                            &error);
+
+  g_assert_null (mesh);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED, "CPMESH_TRANSPORT",
+                       "name a transport this build does not have");
+  g_assert_nonnull (strstr (error->message, "\"carrier-pigeon\""));
+  g_assert_nonnull (strstr (error->message, "local"));
+}
+
+static void
+test_override_local (void)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = cp_test_connect (SETTINGS ("CPMESH_TRANSPORT=local"), NULL, &error);
+  const gint64 shape[] = { 3 };
+  g_autoptr(CpTensor) piece = cp_test_tensor_pattern (CP_DTYPE_FLOAT32, shape, 1, 7);
+  g_autoptr(CpTensor) whole = NULL;
+
+  g_assert_no_error (error);
+  g_assert_cmpstr (cp_mesh_get_backend (mesh), ==, "local");
+  g_assert_cmpint (cp_mesh_get_world_size (mesh), ==, 1);
+  whole = cp_mesh_all_gather (mesh, piece, 0, &error);
+  g_assert_no_error (error);
+  g_assert_cmpmem (cp_tensor_get_data (whole), 12, cp_tensor_get_data (piece), 12);
+}
+
+static void
+test_override_local_processes (void)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = cp_test_connect (SETTINGS ("CPMESH_TRANSPORT=local", "RANK=0",
+                                                      "WORLD_SIZE=2", "CPMESH_TIMEOUT_MS=2000"),
+                                            NULL, &error);
+
+  g_assert_null (mesh);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED, "CPMESH_TRANSPORT",
+                       "connect two processes with the in-process transport");
+  g_assert_nonnull (strstr (error->message, "\"local\""));
+}
+
+static void
+test_capability_shared_address_space (void)
+{
+  GList *meshes = cp_test_local_group ("cp", 2);
+  CpTransport *transport = _cp_mesh_get_comm (meshes->data)->transport;
+
+  g_assert_true (_cp_transport_has_caps (transport, CP_TRANSPORT_CAP_SHARED_ADDRESS_SPACE));
+  g_assert_true (_cp_transport_has_caps (transport, CP_TRANSPORT_CAP_NONE));
+  g_assert_cmpstr (_cp_transport_get_name (transport), ==, "local");
+  g_assert_false (_cp_transport_can_poll (transport));
+  cp_test_free_group (meshes);
+}
+
+static void
+test_options_defaults (void)
+{
+  g_autoptr(CpMeshOptions) options = cp_mesh_options_new ();
+  const char *names[] = { "dp", "cp", NULL };
+  const int sizes[] = { 2, 3 };
+  g_autoptr(GVariant) dim_sizes = NULL;
+  g_autofree char *printed = NULL;
+  gsize n_dims = 9;
+
+  g_assert_cmpint (cp_mesh_options_get_rank (options), ==, 0);
+  g_assert_cmpint (cp_mesh_options_get_world_size (options), ==, 1);
+  g_assert_null (cp_mesh_options_get_address (options));
+  g_assert_cmpuint (cp_mesh_options_get_port (options), ==, 0);
+  g_assert_null (cp_mesh_options_get_token (options));
+  g_assert_null (cp_mesh_options_get_dim_names (options));
+  g_assert_null (cp_mesh_options_get_dim_sizes (options, &n_dims));
+  g_assert_cmpuint (n_dims, ==, 0);
+  g_assert_cmpuint (cp_mesh_options_get_timeout_ms (options), ==, 0);
+  g_assert_null (cp_mesh_options_get_transport (options));
+
+  cp_mesh_options_set_dims (options, names, sizes, 2);
+  g_assert_cmpstrv (cp_mesh_options_get_dim_names (options), names);
+  g_assert_cmpmem (cp_mesh_options_get_dim_sizes (options, &n_dims), sizeof sizes, sizes, sizeof sizes);
+  g_object_get (options, "dim-sizes", &dim_sizes, NULL);
+  printed = g_variant_print (dim_sizes, FALSE);
+  g_assert_cmpstr (printed, ==, "[2, 3]");
+}
+
+static void
+test_options_local (void)
+{
+  g_autoptr(CpMeshOptions) options = g_object_new (CP_TYPE_MESH_OPTIONS, "transport", "local",
+                                                   "timeout-ms", 5000, NULL);
+  const char *names[] = { "dp", "cp", NULL };
+  const int sizes[] = { 1, 1 };
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = NULL;
+
+  cp_mesh_options_set_dims (options, names, sizes, 2);
+  mesh = cp_mesh_new_with_options (options, &error);
+  g_assert_no_error (error);
+  g_assert_cmpstr (cp_mesh_get_backend (mesh), ==, "local");
+  g_assert_cmpuint (cp_mesh_get_timeout_ms (mesh), ==, 5000);
+  g_assert_cmpint (cp_mesh_get_dim_size (mesh, "dp"), ==, 1);
+  g_assert_true (cp_mesh_barrier (mesh, &error));
+  g_assert_no_error (error);
+}
+
+static void
+test_options_names_without_sizes (void)
+{
+  const char *names[] = { "dp", "cp", NULL };
+  g_autoptr(CpMeshOptions) options = g_object_new (CP_TYPE_MESH_OPTIONS, "transport", "local",
+                                                   "dim-names", names, NULL);
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = cp_mesh_new_with_options (options, &error);
+
+  g_assert_null (mesh);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY, "CpMeshOptions",
+                       "set dimension names without sizes");
+  g_assert_nonnull (strstr (error->message, "2 dimension names"));
+}
+
+static void
+test_options_bad_rank (void)
+{
+  g_autoptr(CpMeshOptions) options = g_object_new (CP_TYPE_MESH_OPTIONS, "rank", 3,
+                                                   "world-size", 2, "port", 1, NULL);
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = cp_mesh_new_with_options (options, &error);
+
+  g_assert_null (mesh);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY, "CpMeshOptions",
+                       "a rank outside the world size");
+  g_assert_nonnull (strstr (error->message, "rank 3 of world size 2"));
+}
+
+/* Options that leave the transport unnamed take CPMESH_TRANSPORT. */
+static void
+test_options_environment (void)
+{
+  g_autoptr(CpMeshOptions) options = cp_mesh_options_new ();
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = NULL;
+
+  g_setenv ("CPMESH_TRANSPORT", "carrier-pigeon", TRUE);
+  mesh = cp_mesh_new_with_options (options, &error);
+  g_unsetenv ("CPMESH_TRANSPORT");
+  g_assert_null (mesh);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED, "CPMESH_TRANSPORT",
+                       "name a transport this build does not have, under explicit options");
+  g_assert_nonnull (strstr (error->message, "\"carrier-pigeon\""));
+}
+
+#if CP_HAS_UCX
+typedef struct
+{
+  guint16 port;
+  int rank;
+  CpMesh *mesh;
+  GError *error;
+} UcxJoin;
+
+static gpointer
+join_with_options (gpointer data)
+{
+  UcxJoin *join = data;
+  const char *names[] = { "dp", "cp", NULL };
+  const int sizes[] = { 1, 2 };
+  g_autoptr(CpMeshOptions) options = g_object_new (CP_TYPE_MESH_OPTIONS, "rank", join->rank,
+                                                   "world-size", 2, "port", (guint) join->port,
+                                                   "token", "t0k3n", "timeout-ms", 20000,
+                                                   "transport", "ucx", NULL);
+
+  cp_mesh_options_set_dims (options, names, sizes, 2);
+  join->mesh = cp_mesh_new_with_options (options, &join->error);
+  return NULL;
+}
+
+static void
+test_options_ucx (void)
+{
+  guint16 port = cp_test_free_port ();
+  UcxJoin joins[2] = { { port, 0 }, { port, 1 } };
+  GThread *threads[2];
+
+  for (int r = 0; r < 2; r++)
+    threads[r] = g_thread_new ("rank", join_with_options, &joins[r]);
+  for (int r = 0; r < 2; r++)
+    g_thread_join (threads[r]);
+  for (int r = 0; r < 2; r++)
+    {
+      g_assert_no_error (joins[r].error);
+      g_assert_cmpstr (cp_mesh_get_backend (joins[r].mesh), ==, "ucx");
+      g_assert_cmpint (cp_mesh_get_rank (joins[r].mesh), ==, r);
+      g_assert_cmpint (cp_mesh_get_dim_size (joins[r].mesh, "cp"), ==, 2);
+      g_object_unref (joins[r].mesh);
+    }
+}
+#endif
+
+int
+main (int    argc,
+      char **argv)
+{
+  g_test_init (&argc, &argv, NULL);
+
+  g_test_add_func ("/Cp/Transport/table/default", test_table_default);
+  g_test_add_func ("/Cp/Transport/table/unknown", test_table_unknown);
+  g_test_add_func ("/Cp/Transport/override/unknown", test_override_unknown);
+  g_test_add_func ("/Cp/Transport/override/local", test_override_local);
+  g_test_add_func ("/Cp/Transport/override/local-processes", test_override_local_processes);
+  g_test_add_func ("/Cp/Transport/capability/shared-address-space",
+                   test_capability_shared_address_space);
+  g_test_add_func ("/Cp/MeshOptions/properties/defaults", test_options_defaults);
+  g_test_add_func ("/Cp/MeshOptions/new/local", test_options_local);
+  g_test_add_func ("/Cp/MeshOptions/new/names-without-sizes", test_options_names_without_sizes);
+  g_test_add_func ("/Cp/MeshOptions/new/bad-rank", test_options_bad_rank);
+  g_test_add_func ("/Cp/MeshOptions/new/environment", test_options_environment);
+#if CP_HAS_UCX
+  g_test_add_func ("/Cp/MeshOptions/new/ucx", test_options_ucx);
+#endif
+  return g_test_run ();
+}
