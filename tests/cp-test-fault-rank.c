@@ -253,15 +253,10 @@ main (int   argc,
   /* One line at a time, so that a report survives an abnormal exit. */
   setvbuf (stdout, NULL, _IOLBF, 0);
   _cp_fault_set_sequence_origin (setting ("CP_TEST_SEQUENCE_ORIGIN", 0));
-  mesh = cp_mesh_new_from_env (&error);
-
+  mesh = cp_harness_join_from_env ();
   if (mesh == NULL)
-    {
-      printf ("ERROR %d %s\n", error->code, error->message);
-      return 3;
-    }
-  printf ("JOINED %d\n", cp_mesh_get_rank (mesh));
-  fflush (stdout);
+    return 3;
+  cp_harness_report ("JOINED %d", cp_mesh_get_rank (mesh));
   if (g_str_equal (scenario, "all-reduce"))
     {
       play_all_reduce (mesh, alloc_rank);

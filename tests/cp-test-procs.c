@@ -4,8 +4,6 @@
  */
 
 #include <string.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <libcpmesh.h>
@@ -16,65 +14,13 @@
 /* Time a whole case may take before the processes count as hung. */
 #define CASE_LIMIT_MS 60000
 
-static void
-rank_free (CpTestRank *rank)
-{
-  g_clear_object (&rank->process);
-  g_clear_object (&rank->in);
-  g_clear_object (&rank->out);
-  g_ptr_array_unref (rank->lines);
-  g_free (rank);
-}
-
-static void
-read_next_line (CpTestRank *rank);
-
-static void
-line_read (GObject      *source,
-           GAsyncResult *result,
-           gpointer      user_data)
-{
-  CpTestRank *rank = user_data;
-  char *line = g_data_input_stream_read_line_finish_utf8 (G_DATA_INPUT_STREAM (source), result, NULL, NULL);
-
-  if (line == NULL)
-    {
-      rank->eof = TRUE;
-      return;
-    }
-  g_ptr_array_add (rank->lines, line);
-  read_next_line (rank);
-}
-
-static void
-read_next_line (CpTestRank *rank)
-{
-  g_data_input_stream_read_line_async (rank->out, G_PRIORITY_DEFAULT, NULL, line_read, rank);
-}
-
-static void
-exited (GObject      *source,
-        GAsyncResult *result,
-        gpointer      user_data)
-{
-  CpTestRank *rank = user_data;
-
-  g_subprocess_wait_finish (G_SUBPROCESS (source), result, NULL);
-  rank->exited = TRUE;
-}
-
 guint16
 cp_test_free_port (void)
 {
-  struct sockaddr_in address = { .sin_family = AF_INET, .sin_addr.s_addr = htonl (INADDR_LOOPBACK) };
-  socklen_t length = sizeof address;
-  int fd = socket (AF_INET, SOCK_STREAM, 0);
+  guint16 port = cp_harness_free_port ();
 
-  g_assert_cmpint (fd, >=, 0);
-  g_assert_cmpint (bind (fd, (struct sockaddr *) &address, sizeof address), ==, 0);
-  g_assert_cmpint (getsockname (fd, (struct sockaddr *) &address, &length), ==, 0);
-  close (fd);
-  return ntohs (address.sin_port);
+  g_assert_cmpuint (port, !=, 0);
+  return port;
 }
 
 static void
@@ -92,47 +38,8 @@ set_defaults (GSubprocessLauncher *launcher)
    * caller's environment would override it. */
   g_subprocess_launcher_unsetenv (launcher, "UCX_NET_DEVICES");
   g_subprocess_launcher_unsetenv (launcher, "UCX_TLS");
-  g_subprocess_launcher_setenv (launcher, "MASTER_ADDR", "127.0.0.1", TRUE);
-  g_subprocess_launcher_setenv (launcher, "CPMESH_TIMEOUT_MS", G_STRINGIFY (CP_TEST_RANK_TIMEOUT_MS), TRUE);
   /* The test records the cases its ranks report, not the ranks. */
   g_subprocess_launcher_unsetenv (launcher, "CP_RELIABILITY_LOG");
-}
-
-static void
-set_all (GSubprocessLauncher *launcher,
-         const char * const  *settings)
-{
-  for (guint i = 0; settings != NULL && settings[i] != NULL; i++)
-    {
-      g_auto(GStrv) pair = g_strsplit (settings[i], "=", 2);
-
-      g_subprocess_launcher_setenv (launcher, pair[0], pair[1], TRUE);
-    }
-}
-
-static CpTestRank *
-spawn_rank (const char          *program,
-            const char          *scenario,
-            const char * const  *settings,
-            const char * const  *extra)
-{
-  g_autoptr(GSubprocessLauncher) launcher = g_subprocess_launcher_new (G_SUBPROCESS_FLAGS_STDOUT_PIPE |
-                                                                      G_SUBPROCESS_FLAGS_STDIN_PIPE);
-  g_autofree char *path = g_test_build_filename (G_TEST_BUILT, program, NULL);
-  g_autoptr(GError) error = NULL;
-  CpTestRank *rank = g_new0 (CpTestRank, 1);
-
-  set_defaults (launcher);
-  set_all (launcher, settings);
-  set_all (launcher, extra);
-  rank->process = g_subprocess_launcher_spawn (launcher, &error, path, scenario, NULL);
-  g_assert_no_error (error);
-  rank->in = g_object_ref (g_subprocess_get_stdin_pipe (rank->process));
-  rank->out = g_data_input_stream_new (g_subprocess_get_stdout_pipe (rank->process));
-  rank->lines = g_ptr_array_new_with_free_func (g_free);
-  read_next_line (rank);
-  g_subprocess_wait_async (rank->process, NULL, exited, rank);
-  return rank;
 }
 
 CpTestRank *
@@ -143,98 +50,21 @@ cp_test_group_spawn (CpTestGroup         *group,
                      guint16              port,
                      const char * const  *extra)
 {
-  g_autofree char *rank_text = g_strdup_printf ("RANK=%d", rank);
-  g_autofree char *world_text = g_strdup_printf ("WORLD_SIZE=%d", world_size);
-  g_autofree char *port_text = g_strdup_printf ("CPMESH_PORT=%u", port);
-  g_autofree char *master_port_text = g_strdup_printf ("MASTER_PORT=%u", port);
-  const char *settings[] = { rank_text, world_text, port_text, master_port_text, NULL };
-
-  if (port == 0)
-    settings[2] = NULL;
+  g_autoptr(GSubprocessLauncher) launcher = g_subprocess_launcher_new (G_SUBPROCESS_FLAGS_STDOUT_PIPE |
+                                                                      G_SUBPROCESS_FLAGS_STDIN_PIPE);
+  const char *program = group->program ? group->program : "cp-test-ucx-rank";
+  g_autofree char *path = g_test_build_filename (G_TEST_BUILT, program, NULL);
+  const char *argv[] = { path, scenario, NULL };
+  CpHarnessWorld world = {
+    .size = world_size, .master_port = port, .rendezvous_port = port, .timeout_ms = CP_TEST_RANK_TIMEOUT_MS,
+  };
+  g_autoptr(GError) error = NULL;
 
   g_assert_cmpuint (group->n, <, G_N_ELEMENTS (group->ranks));
-  group->ranks[group->n] = spawn_rank (group->program ? group->program : "cp-test-ucx-rank", scenario,
-                                       settings, extra);
+  set_defaults (launcher);
+  group->ranks[group->n] = cp_harness_rank_spawn (launcher, &world, rank, extra, argv, &error);
+  g_assert_no_error (error);
   return group->ranks[group->n++];
-}
-
-gboolean
-cp_test_rank_is_done (CpTestRank *rank)
-{
-  return rank->exited && rank->eof;
-}
-
-void
-cp_test_rank_release (CpTestRank *rank)
-{
-  if (rank->in != NULL)
-    g_output_stream_close (rank->in, NULL, NULL);
-  g_clear_object (&rank->in);
-}
-
-const char *
-cp_test_rank_find_line (CpTestRank *rank,
-                        const char *prefix)
-{
-  for (guint i = 0; i < rank->lines->len; i++)
-    if (g_str_has_prefix (g_ptr_array_index (rank->lines, i), prefix))
-      return g_ptr_array_index (rank->lines, i);
-  return NULL;
-}
-
-gboolean
-cp_test_all_done (CpTestRank **ranks,
-                  guint        n)
-{
-  for (guint i = 0; i < n; i++)
-    if (ranks[i] != NULL && !cp_test_rank_is_done (ranks[i]))
-      return FALSE;
-  return TRUE;
-}
-
-gboolean
-cp_test_all_said (CpTestRank **ranks,
-                  guint        n,
-                  const char  *prefix)
-{
-  for (guint i = 0; i < n; i++)
-    if (cp_test_rank_find_line (ranks[i], prefix) == NULL && !cp_test_rank_is_done (ranks[i]))
-      return FALSE;
-  return TRUE;
-}
-
-gboolean
-cp_test_all_ready (CpTestRank **ranks,
-                   guint        n)
-{
-  return cp_test_all_said (ranks, n, "READY");
-}
-
-gboolean
-cp_test_any_done (CpTestRank **ranks,
-                  guint        n)
-{
-  for (guint i = 0; i < n; i++)
-    if (ranks[i] != NULL && cp_test_rank_is_done (ranks[i]))
-      return TRUE;
-  return FALSE;
-}
-
-static gboolean
-time_is_up (gpointer user_data)
-{
-  *(gboolean *) user_data = TRUE;
-  return G_SOURCE_REMOVE;
-}
-
-void
-cp_test_run_for (guint ms)
-{
-  gboolean up = FALSE;
-
-  g_timeout_add (ms, time_is_up, &up);
-  while (!up)
-    g_main_context_iteration (NULL, TRUE);
 }
 
 void
@@ -242,17 +72,7 @@ cp_test_run_until (CpTestRank      **ranks,
                    guint             n,
                    CpTestCondition   condition)
 {
-  gboolean late = FALSE;
-  guint timer = g_timeout_add (CASE_LIMIT_MS * cp_test_time_factor (), time_is_up, &late);
-
-  while (!condition (ranks, n) && !late)
-    g_main_context_iteration (NULL, TRUE);
-  if (!late)
-    g_source_remove (timer);
-  for (guint i = 0; late && i < n; i++)
-    if (ranks[i] != NULL)
-      g_subprocess_force_exit (ranks[i]->process);
-  g_assert_false (late);
+  g_assert_true (cp_harness_run_until (ranks, n, condition, CASE_LIMIT_MS * cp_test_time_factor ()));
 }
 
 void
@@ -310,7 +130,7 @@ cp_test_group_clear (CpTestGroup *group)
           g_subprocess_force_exit (group->ranks[i]->process);
           cp_test_run_until (&group->ranks[i], 1, cp_test_all_done);
         }
-      g_clear_pointer (&group->ranks[i], rank_free);
+      g_clear_pointer (&group->ranks[i], cp_harness_rank_free);
     }
   group->n = 0;
   cp_test_assert_no_children ();

@@ -13,20 +13,16 @@
 #include <gio/gio.h>
 #include <libcpmesh.h>
 
+#include "cp-harness.h"
+
 G_BEGIN_DECLS
 
 /* The mesh timeout ranks get unless their settings say otherwise. */
 #define CP_TEST_RANK_TIMEOUT_MS 3000
 
-typedef struct
-{
-  GSubprocess *process;
-  GOutputStream *in;     /* the rank's stdin, until released */
-  GDataInputStream *out;
-  GPtrArray *lines;
-  gboolean exited;
-  gboolean eof;
-} CpTestRank;
+/* A rank process of the harness; CpTestRank is the tests' name for it. */
+typedef CpHarnessRank CpTestRank;
+typedef CpHarnessCondition CpTestCondition;
 
 /* The ranks one test case started. */
 typedef struct
@@ -38,7 +34,7 @@ typedef struct
 
 #define CP_TEST_SETTINGS(...) ((const char * const[]) { __VA_ARGS__, NULL })
 
-/* A TCP port of the loopback interface nobody listens on. */
+/* A TCP port of the loopback interface nobody listens on (asserted). */
 guint16      cp_test_free_port        (void);
 
 /* Starts rank @rank of a world of @world_size meeting at @port (both
@@ -56,34 +52,19 @@ CpTestRank  *cp_test_group_spawn      (CpTestGroup         *group,
  * of this test is left, not even a zombie. */
 void         cp_test_group_clear      (CpTestGroup         *group);
 
-gboolean     cp_test_rank_is_done     (CpTestRank          *rank);
-/* Closes the rank's stdin: a rank that waits for the end of its input
- * (as a rank that must keep its mesh until its peers are done does)
- * goes on. */
-void         cp_test_rank_release     (CpTestRank          *rank);
-/* The first line the rank reported that starts with @prefix, or NULL. */
-const char  *cp_test_rank_find_line   (CpTestRank          *rank,
-                                       const char          *prefix);
+/* The harness's functions under the names the tests use: see
+ * cp-harness.h. */
+#define cp_test_rank_is_done   cp_harness_rank_is_done
+#define cp_test_rank_release   cp_harness_rank_release
+#define cp_test_rank_find_line cp_harness_rank_find_line
+#define cp_test_all_done       cp_harness_all_done
+#define cp_test_all_said       cp_harness_all_said
+#define cp_test_all_ready      cp_harness_all_ready
+#define cp_test_any_done       cp_harness_any_done
+#define cp_test_run_for        cp_harness_run_for
 
-typedef gboolean (*CpTestCondition) (CpTestRank **ranks,
-                                     guint        n);
-
-gboolean     cp_test_all_done         (CpTestRank         **ranks,
-                                       guint                n);
-/* Every rank reported a line starting with @prefix, or is done. */
-gboolean     cp_test_all_said         (CpTestRank         **ranks,
-                                       guint                n,
-                                       const char          *prefix);
-/* Every rank reported READY, or is done. */
-gboolean     cp_test_all_ready        (CpTestRank         **ranks,
-                                       guint                n);
-gboolean     cp_test_any_done         (CpTestRank         **ranks,
-                                       guint                n);
-
-/* Runs the main loop for @ms milliseconds. */
-void         cp_test_run_for          (guint                ms);
-
-/* Runs the main loop until @condition holds. */
+/* Runs the main loop until @condition holds; the test fails, its ranks
+ * killed, when that takes a minute (times $CP_TEST_TIME_FACTOR). */
 void         cp_test_run_until        (CpTestRank         **ranks,
                                        guint                n,
                                        CpTestCondition      condition);

@@ -50,6 +50,7 @@
 #include <string.h>
 
 #include "cp-test-broken.h"
+#include "cp-test-procs.h"
 #include "cp-test-util.h"
 
 /* ---- inputs ---- */
@@ -436,39 +437,6 @@ play_collectives (CpMesh *mesh)
 
 /* ---- failures ---- */
 
-static void
-play_gather_loop (CpMesh *mesh)
-{
-  const gint64 shape[] = { 1 << 20 };
-  g_autoptr(CpTensor) mine = cp_tensor_new_full (CP_DTYPE_FLOAT32, shape, 1, cp_mesh_get_rank (mesh), NULL);
-  g_autoptr(CpTensor) before = cp_tensor_copy (mine, NULL);
-  g_autoptr(GError) error = NULL;
-  gint64 started;
-
-  for (guint i = 0;; i++)
-    {
-      g_autoptr(CpTensor) out = NULL;
-
-      started = g_get_monotonic_time ();
-      out = cp_mesh_all_gather (mesh, mine, 0, &error);
-      if (out == NULL)
-        break;
-      if (i == 0)
-        {
-          printf ("READY\n");
-          fflush (stdout);
-        }
-    }
-  /* The rank's own tensor survives the failure untouched. */
-  g_assert_true (cp_tensor_equal (mine, before));
-  printf ("FAILED %d %" G_GINT64_FORMAT " %s\n", error->code,
-          (g_get_monotonic_time () - started) / 1000, error->message);
-  fflush (stdout);
-  started = g_get_monotonic_time ();
-  g_object_unref (mesh);
-  printf ("CLOSED %" G_GINT64_FORMAT "\n", (g_get_monotonic_time () - started) / 1000);
-}
-
 static gint64
 duration_ms (const CpTestOutcome *outcome)
 {
@@ -586,14 +554,11 @@ static int
 soak_cycle (void)
 {
   g_autoptr(GError) error = NULL;
-  g_autoptr(CpMesh) mesh = cp_mesh_new_from_env (&error);
+  g_autoptr(CpMesh) mesh = cp_harness_join_from_env ();
   g_autoptr(CpTensor) t = NULL;
 
   if (mesh == NULL)
-    {
-      printf ("ERROR %d %s\n", error->code, error->message);
-      return 3;
-    }
+    return 3;
   t = cp_tensor_new_full (CP_DTYPE_FLOAT32, (const gint64[]) { 64 }, 1, 1.0, NULL);
   g_assert_true (cp_mesh_all_reduce (mesh, t, CP_REDUCE_OP_SUM, &error));
   g_assert_no_error (error);
@@ -664,26 +629,14 @@ barrier_done (GObject      *source,
   g_main_loop_quit (state->loop);
 }
 
-static void
-connected (GObject      *source,
-           GAsyncResult *result,
-           gpointer      user_data)
-{
-  AsyncState *state = user_data;
-
-  state->mesh = cp_mesh_connect_finish (result, &state->error);
-  if (state->mesh == NULL)
-    g_main_loop_quit (state->loop);
-  else
-    cp_mesh_barrier_async (state->mesh, NULL, barrier_done, state);
-}
-
 static int
 play_async (void)
 {
   AsyncState state = { g_main_loop_new (NULL, FALSE), NULL, NULL };
 
-  cp_mesh_connect_async (NULL, NULL, connected, &state);
+  state.mesh = cp_test_connect (NULL, NULL, &state.error);
+  g_assert_no_error (state.error);
+  cp_mesh_barrier_async (state.mesh, NULL, barrier_done, &state);
   g_main_loop_run (state.loop);
   g_assert_no_error (state.error);
   g_assert_cmpstr (cp_mesh_get_backend (state.mesh), ==, "ucx");
@@ -763,20 +716,16 @@ main (int   argc,
     return play_async ();
   if (g_str_equal (scenario, "soak"))
     return play_soak ();
-  mesh = cp_mesh_new_from_env (&error);
+  mesh = cp_harness_join_from_env ();
   if (mesh == NULL)
-    {
-      printf ("ERROR %d %s\n", error->code, error->message);
-      return 3;
-    }
-  printf ("JOINED %d\n", cp_mesh_get_rank (mesh));
-  fflush (stdout);
+    return 3;
+  cp_harness_report ("JOINED %d", cp_mesh_get_rank (mesh));
   wait_for_go (mesh);
   if (g_str_equal (scenario, "collectives"))
     play_collectives (mesh);
   else if (g_str_equal (scenario, "gather-loop"))
     {
-      play_gather_loop (mesh);
+      g_assert_true (cp_harness_gather_until_failure (mesh));
       return 0;
     }
   else if (g_str_equal (scenario, "wait-lost"))

@@ -12,93 +12,12 @@
 
 #include "cp-test-util.h"
 
-/* Atomics, not a GMutex: ThreadSanitizer cannot see GLib's futex-based
- * locks. */
-typedef struct
-{
-  CpMesh *mesh;
-  CpTestRankFunc func;
-  gpointer user_data;
-  gint done;
-} RankJob;
-
-static gpointer
-rank_thread (gpointer data)
-{
-  RankJob *job = data;
-
-  job->func (job->mesh, job->user_data);
-  g_atomic_int_set (&job->done, TRUE);
-  return NULL;
-}
-
 guint
 cp_test_time_factor (void)
 {
   const char *factor = g_getenv ("CP_TEST_TIME_FACTOR");
 
   return factor != NULL ? MAX ((guint) g_ascii_strtoull (factor, NULL, 10), 1) : 1;
-}
-
-static gboolean
-all_done (RankJob *jobs,
-          guint    n)
-{
-  for (guint i = 0; i < n; i++)
-    if (!g_atomic_int_get (&jobs[i].done))
-      return FALSE;
-  return TRUE;
-}
-
-/* Fails the test at once, naming the ranks still running, unless all of
- * @jobs are done within @limit_ms.  The ranks that hang cannot be
- * stopped, so the process aborts. */
-static void
-await_ranks (RankJob *jobs,
-             guint    n,
-             guint    limit_ms)
-{
-  gint64 deadline = g_get_monotonic_time () + (gint64) limit_ms * cp_test_time_factor () * G_TIME_SPAN_MILLISECOND;
-  GString *running = g_string_new (NULL);
-
-  while (!all_done (jobs, n) && g_get_monotonic_time () < deadline)
-    g_usleep (G_TIME_SPAN_MILLISECOND);
-  for (guint i = 0; i < n; i++)
-    if (!g_atomic_int_get (&jobs[i].done))
-      g_string_append_printf (running, "%s rank %d", running->len ? "," : "", cp_mesh_get_rank (jobs[i].mesh));
-  if (running->len > 0)
-    g_error ("still running %u ms after they started:%s; a wait that should have ended did not",
-             limit_ms * cp_test_time_factor (), running->str);
-  g_string_free (running, TRUE);
-}
-
-/* GLib sets up type classes, its own locks (the type system's, the error
- * domains') and G_DEFINE_QUARK's quarks on first use, through atomics in
- * code ThreadSanitizer does not instrument or plain static variables:
- * rank threads making those first uses together read as races.  They are
- * made here, on the calling thread, first. */
-static void
-set_up_glib_once (void)
-{
-  static gsize done;
-  const GType types[] = {
-    CP_TYPE_ATTENTION, CP_TYPE_ATTENTION_OPTIONS, CP_TYPE_BATCH, CP_TYPE_BATCH_OPTIONS,
-    CP_TYPE_CONTEXT, CP_TYPE_MESH, CP_TYPE_TENSOR, CP_TYPE_THD_OPTIONS,
-    CP_TYPE_TENSOR_ERROR, CP_TYPE_MESH_ERROR, CP_TYPE_BATCH_ERROR, CP_TYPE_ATTENTION_ERROR,
-    CP_TYPE_DTYPE, CP_TYPE_DEVICE_KIND, CP_TYPE_LOAD_BALANCE, CP_TYPE_REDUCE_OP,
-    CP_TYPE_ROTATE_METHOD, CP_TYPE_PADDING_MASK_RULE,
-  };
-
-  if (!g_once_init_enter (&done))
-    return;
-  for (guint i = 0; i < G_N_ELEMENTS (types); i++)
-    if (G_TYPE_IS_CLASSED (types[i]))
-      g_type_class_unref (g_type_class_ref (types[i]));
-  g_error_free (g_error_new_literal (CP_MESH_ERROR, CP_MESH_ERROR_FAILED, "set up"));
-  (void) CP_TENSOR_ERROR;
-  (void) CP_BATCH_ERROR;
-  (void) CP_ATTENTION_ERROR;
-  g_once_init_leave (&done, 1);
 }
 
 void
@@ -108,20 +27,14 @@ cp_test_run_ranks_within (GList          *meshes,
                           guint           limit_ms)
 {
   guint n = g_list_length (meshes);
-  g_autofree RankJob *jobs = g_new0 (RankJob, n);
-  g_autofree GThread **threads = g_new0 (GThread *, n);
-  guint i = 0;
+  g_autofree gpointer *rank_data = g_new (gpointer, n);
+  g_autoptr(GError) error = NULL;
 
-  set_up_glib_once ();
-  for (GList *l = meshes; l != NULL; l = l->next, i++)
-    {
-      jobs[i] = (RankJob) { l->data, func, user_data, FALSE };
-      threads[i] = g_thread_new ("cp-test-rank", rank_thread, &jobs[i]);
-    }
-  if (limit_ms > 0)
-    await_ranks (jobs, n, limit_ms);
-  for (i = 0; i < n; i++)
-    g_thread_join (threads[i]);
+  for (guint i = 0; i < n; i++)
+    rank_data[i] = user_data;
+  /* Ranks that hang cannot be stopped, so the process aborts. */
+  if (!cp_harness_run_threads (meshes, func, rank_data, limit_ms * cp_test_time_factor (), &error))
+    g_error ("%s", error->message);
 }
 
 void
@@ -154,9 +67,8 @@ GList *
 cp_test_local_group (const char *dim_name,
                      int         size)
 {
-  const char *names[] = { dim_name, NULL };
   g_autoptr(GError) error = NULL;
-  GList *meshes = cp_mesh_new_local_group (names, &size, 1, &error);
+  GList *meshes = cp_harness_local_group (dim_name, size, 0, &error);
 
   g_assert_no_error (error);
   g_assert_cmpuint (g_list_length (meshes), ==, (guint) size);

@@ -7,11 +7,12 @@
 
 #include <libcpmesh.h>
 
+#include "cp-harness.h"
+
 G_BEGIN_DECLS
 
 /* Called on its own thread for each rank of a local group. */
-typedef void (*CpTestRankFunc) (CpMesh   *mesh,
-                                gpointer  user_data);
+typedef CpHarnessRankFunc CpTestRankFunc;
 
 /* Runs @func once per mesh of @meshes (a GList from
  * cp_mesh_new_local_group), each on its own thread, and joins them. */

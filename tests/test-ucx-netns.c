@@ -21,15 +21,13 @@
 #include <gio/gio.h>
 #include <libcpmesh.h>
 
+#include "cp-harness.h"
+
 #define SKIP 77
 #define TIMEOUT_MS 3000
 /* The whole case, mesh formation included, takes seconds: past this it
  * has hung, and fails then rather than when Meson kills it. */
 #define LIMIT_US (30 * G_TIME_SPAN_SECOND)
-
-/* Cancelled LIMIT_US after the ranks start: reading their output then
- * fails, and the namespaces are still torn down. */
-static GCancellable *giving_up;
 
 typedef struct
 {
@@ -38,15 +36,6 @@ typedef struct
   const char *address;
   const char *prefix;   /* "/24", or "/64 nodad": usable at once */
 } Host;
-
-typedef struct
-{
-  GSubprocess *process;
-  GDataInputStream *out;
-  char *failed;
-  char *closed;
-  gboolean ready;
-} Rank;
 
 /* The environment of the processes `ip` runs.  `ip` is not built with
  * the sanitizers: a runtime the test environment preloads (ASan builds)
@@ -118,7 +107,7 @@ set_up (Host *hosts)
   return TRUE;
 }
 
-static Rank *
+static CpHarnessRank *
 spawn_rank (const Host *hosts,
             int         rank,
             const char *scenario,
@@ -126,90 +115,78 @@ spawn_rank (const Host *hosts,
 {
   g_autoptr(GSubprocessLauncher) launcher = g_subprocess_launcher_new (G_SUBPROCESS_FLAGS_STDOUT_PIPE);
   g_autofree char *program = g_build_filename (g_getenv ("G_TEST_BUILDDIR"), "cp-test-ucx-rank", NULL);
-  g_autofree char *rank_text = g_strdup_printf ("%d", rank);
+  g_autofree char *device = g_strdup_printf ("UCX_NET_DEVICES=%s", hosts[rank].device);
   g_auto(GStrv) env = ip_environment ();
-  Rank *self = g_new0 (Rank, 1);
-
-  g_subprocess_launcher_set_environ (launcher, env);
-  g_subprocess_launcher_setenv (launcher, "RANK", rank_text, TRUE);
-  g_subprocess_launcher_setenv (launcher, "WORLD_SIZE", "2", TRUE);
-  g_subprocess_launcher_setenv (launcher, "MASTER_ADDR", hosts[0].address, TRUE);
-  g_subprocess_launcher_setenv (launcher, "MASTER_PORT", "29500", TRUE);
-  g_subprocess_launcher_setenv (launcher, "CPMESH_TIMEOUT_MS", G_STRINGIFY (TIMEOUT_MS), TRUE);
-  g_subprocess_launcher_setenv (launcher, "CPMESH_TOKEN", "two hosts", TRUE);
+  const char *argv[] = { "ip", "netns", "exec", hosts[rank].namespace, program, scenario, NULL };
+  CpHarnessWorld world = {
+    .size = 2, .address = hosts[0].address, .master_port = 29500, .token = "two hosts",
+    .timeout_ms = TIMEOUT_MS,
+  };
   /* TCP over the veth only: the namespaces share this kernel's memory,
    * which UCX would otherwise use. */
-  g_subprocess_launcher_setenv (launcher, "UCX_TLS", "tcp", TRUE);
-  g_subprocess_launcher_setenv (launcher, "UCX_NET_DEVICES", hosts[rank].device, TRUE);
+  const char *settings[] = { "UCX_TLS=tcp", device, NULL };
+
+  g_subprocess_launcher_set_environ (launcher, env);
   g_subprocess_launcher_unsetenv (launcher, "CPMESH_MESH_DIMS");
-  self->process = g_subprocess_launcher_spawn (launcher, error, "ip", "netns", "exec", hosts[rank].namespace,
-                                               program, scenario, NULL);
-  if (self->process == NULL)
-    {
-      g_free (self);
-      return NULL;
-    }
-  self->out = g_data_input_stream_new (g_subprocess_get_stdout_pipe (self->process));
-  return self;
+  return cp_harness_rank_spawn (launcher, &world, rank, settings, argv, error);
 }
 
-static void
-rank_free (Rank *rank)
+/* Runs until @condition holds for both ranks; past @deadline (the whole
+ * case's) the ranks are killed and the case fails. */
+static gboolean
+wait_for (CpHarnessRank      **ranks,
+          CpHarnessCondition   condition,
+          gint64               deadline)
 {
-  if (rank == NULL)
-    return;
-  g_subprocess_force_exit (rank->process);
-  g_subprocess_wait (rank->process, NULL, NULL);
-  g_object_unref (rank->process);
-  g_object_unref (rank->out);
-  g_free (rank->failed);
-  g_free (rank->closed);
-  g_free (rank);
-}
+  gint64 left_ms = (deadline - g_get_monotonic_time ()) / 1000;
 
-/* Reads lines until @prefix; the process's output is small and its
- * lifetime bounded by the mesh timeout, or reading gives up at LIMIT_US. */
-static char *
-read_until (Rank       *rank,
-            const char *prefix)
-{
-  char *line;
-
-  while ((line = g_data_input_stream_read_line_utf8 (rank->out, NULL, giving_up, NULL)) != NULL)
-    {
-      if (g_str_has_prefix (line, prefix))
-        return line;
-      g_free (line);
-    }
-  return NULL;
+  if (cp_harness_run_until (ranks, 2, condition, MAX (left_ms, 1)))
+    return TRUE;
+  g_printerr ("# still running %d s after the ranks started: a wait that should have ended did not\n",
+              (int) (LIMIT_US / G_TIME_SPAN_SECOND));
+  return FALSE;
 }
 
 static gboolean
-check_failure (Rank *rank,
-               int   index)
+both_said (CpHarnessRank **ranks,
+           const char     *prefix)
 {
+  return cp_harness_rank_find_line (ranks[0], prefix) != NULL &&
+         cp_harness_rank_find_line (ranks[1], prefix) != NULL;
+}
+
+static gboolean
+all_closed (CpHarnessRank **ranks,
+            guint           n)
+{
+  return cp_harness_all_said (ranks, n, "CLOSED");
+}
+
+static gboolean
+check_failure (CpHarnessRank *rank,
+               int            index)
+{
+  const char *failed = cp_harness_rank_find_line (rank, "FAILED");
+  const char *closed = cp_harness_rank_find_line (rank, "CLOSED");
   int code = -1;
   double waited = -1;
 
-  rank->failed = read_until (rank, "FAILED");
-  rank->closed = rank->failed ? read_until (rank, "CLOSED") : NULL;
-  if (rank->failed == NULL || rank->closed == NULL ||
-      sscanf (rank->failed, "FAILED %d %lf", &code, &waited) != 2)
+  if (failed == NULL || closed == NULL || sscanf (failed, "FAILED %d %lf", &code, &waited) != 2)
     {
       g_printerr ("# rank %d reported no failure\n", index);
       return FALSE;
     }
-  printf ("# rank %d: %s; %s\n", index, rank->failed, rank->closed);
+  printf ("# rank %d: %s; %s\n", index, failed, closed);
   return (code == CP_MESH_ERROR_PEER_LOST || code == CP_MESH_ERROR_TIMED_OUT) &&
-         waited <= TIMEOUT_MS + 1000 && g_ascii_strtod (rank->closed + strlen ("CLOSED "), NULL) < 3000;
+         waited <= TIMEOUT_MS + 1000 && g_ascii_strtod (closed + strlen ("CLOSED "), NULL) < 3000;
 }
 
 /* Starts both ranks playing @scenario; FALSE when one cannot start. */
 static gboolean
-spawn_pair (const Host  *hosts,
-            const char  *scenario,
-            Rank       **ranks,
-            GError     **error)
+spawn_pair (const Host     *hosts,
+            const char     *scenario,
+            CpHarnessRank **ranks,
+            GError        **error)
 {
   ranks[0] = spawn_rank (hosts, 0, scenario, error);
   ranks[1] = ranks[0] != NULL ? spawn_rank (hosts, 1, scenario, error) : NULL;
@@ -218,23 +195,17 @@ spawn_pair (const Host  *hosts,
 
 /* Says why a rank could not start, if one could not, and stops both. */
 static void
-stop_pair (Rank         **ranks,
-           const GError  *error)
+stop_pair (CpHarnessRank **ranks,
+           const GError   *error)
 {
   if (error != NULL)
     g_printerr ("# %s\n", error->message);
-  rank_free (ranks[0]);
-  rank_free (ranks[1]);
-}
-
-static gpointer
-give_up_later (gpointer data)
-{
-  g_usleep (LIMIT_US);
-  g_printerr ("# still running %d s after the ranks started: a wait that should have ended did not\n",
-              (int) (LIMIT_US / G_TIME_SPAN_SECOND));
-  g_cancellable_cancel (giving_up);
-  return NULL;
+  for (int r = 0; r < 2; r++)
+    if (ranks[r] != NULL && !cp_harness_rank_is_done (ranks[r]))
+      g_subprocess_force_exit (ranks[r]->process);
+  cp_harness_run_until (ranks, 2, cp_harness_all_done, 0);
+  for (int r = 0; r < 2; r++)
+    g_clear_pointer (&ranks[r], cp_harness_rank_free);
 }
 
 /* Both ranks all-gather across the link; then the link goes down. */
@@ -243,20 +214,13 @@ cut_the_link (const Host *hosts)
 {
   g_autoptr(GError) error = NULL;
   g_autofree char *down = g_strdup_printf ("-n %s link set %s down", hosts[1].namespace, hosts[1].device);
-  Rank *ranks[2];
-  gboolean ok = spawn_pair (hosts, "gather-loop", ranks, &error);
-  gint64 cut;
+  CpHarnessRank *ranks[2] = { NULL, NULL };
+  gint64 deadline = g_get_monotonic_time () + LIMIT_US;
+  gboolean ok = spawn_pair (hosts, "gather-loop", ranks, &error) &&
+                wait_for (ranks, cp_harness_all_ready, deadline) && both_said (ranks, "READY");
+  gint64 cut = g_get_monotonic_time ();
 
-  giving_up = g_cancellable_new ();
-  g_thread_unref (g_thread_new ("give-up", give_up_later, NULL));
-  for (int r = 0; ok && r < 2; r++)
-    {
-      g_autofree char *ready = read_until (ranks[r], "READY");
-
-      ok = ready != NULL;
-    }
-  cut = g_get_monotonic_time ();
-  ok = ok && ip (down);
+  ok = ok && ip (down) && wait_for (ranks, all_closed, deadline);
   for (int r = 0; ok && r < 2; r++)
     ok = check_failure (ranks[r], r);
   if (ok && g_get_monotonic_time () - cut > (TIMEOUT_MS + 3000) * G_TIME_SPAN_MILLISECOND)
@@ -270,14 +234,13 @@ static gboolean
 run_collectives (const Host *hosts)
 {
   g_autoptr(GError) error = NULL;
-  Rank *ranks[2];
-  gboolean ok = spawn_pair (hosts, "collectives", ranks, &error);
+  CpHarnessRank *ranks[2] = { NULL, NULL };
+  gboolean ok = spawn_pair (hosts, "collectives", ranks, &error) &&
+                wait_for (ranks, cp_harness_all_done, g_get_monotonic_time () + LIMIT_US);
 
   for (int r = 0; ok && r < 2; r++)
     {
-      g_autofree char *done = read_until (ranks[r], "OK");
-
-      ok = done != NULL;
+      ok = cp_harness_rank_find_line (ranks[r], "OK") != NULL;
       if (!ok)
         g_printerr ("# rank %d did not pass the collectives\n", r);
     }

@@ -349,7 +349,7 @@ static gboolean
 compute_reference (Demo     *demo,
                    GError  **error)
 {
-  g_autoptr(GList) meshes = cpmesh_local_group (1, (guint) demo->options->timeout_ms, error);
+  g_autoptr(GList) meshes = cp_harness_local_group ("cp", 1, (guint) demo->options->timeout_ms, error);
   g_autoptr(CpAttentionOptions) options = attention_options (demo);
   g_autoptr(CpAttention) attention = NULL;
   g_autoptr(CpTensor) lse = NULL;
@@ -499,8 +499,8 @@ static int
 run_ranks (Demo *demo)
 {
   g_autoptr(GError) error = NULL;
-  GList *meshes = cpmesh_local_group (demo->options->n_ranks, (guint) demo->options->timeout_ms,
-                                      &error);
+  GList *meshes = cp_harness_local_group ("cp", demo->options->n_ranks, (guint) demo->options->timeout_ms,
+                                          &error);
   g_autoptr(GPtrArray) ranks = g_ptr_array_new_with_free_func ((GDestroyNotify) demo_rank_free);
   gboolean passed;
 
@@ -508,7 +508,7 @@ run_ranks (Demo *demo)
     return cpmesh_fail_error (error);
   for (GList *l = meshes; l != NULL; l = l->next)
     g_ptr_array_add (ranks, demo_rank_new (demo, l->data));
-  cpmesh_run_ranks (meshes, rank_main, ranks->pdata);
+  cp_harness_run_threads (meshes, rank_main, ranks->pdata, 0, NULL);
   passed = print_results (ranks);
   g_list_free_full (meshes, g_object_unref);
   return passed ? 0 : CPMESH_EXIT_FAILED;

@@ -13,11 +13,9 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <gio/gio.h>
@@ -164,14 +162,6 @@ read_line (Rank *rank,
   g_data_input_stream_read_line_async (rank->streams[which], G_PRIORITY_DEFAULT, NULL, line_read, rank);
 }
 
-static int
-exit_status_of (GSubprocess *process)
-{
-  if (g_subprocess_get_if_signaled (process))
-    return 128 + g_subprocess_get_term_sig (process);
-  return g_subprocess_get_exit_status (process);
-}
-
 static void
 rank_exited (GObject      *source,
              GAsyncResult *result,
@@ -183,7 +173,7 @@ rank_exited (GObject      *source,
 
   g_subprocess_wait_finish (rank->process, result, NULL);
   rank->exited = TRUE;
-  status = exit_status_of (rank->process);
+  status = cp_harness_exit_status (rank->process);
   if (status != 0 && !launch->stopping)
     {
       fprintf (stderr, "cpmesh launch: rank %d %s %d; stopping the other ranks\n", rank->rank,
@@ -211,25 +201,13 @@ on_terminate (gpointer user_data)
 }
 
 static GSubprocessLauncher *
-make_launcher (int         rank,
-               int         n,
-               guint16     port,
-               const char *token)
+make_launcher (const CpHarnessWorld *world,
+               int                   rank)
 {
   GSubprocessLauncher *launcher = g_subprocess_launcher_new (G_SUBPROCESS_FLAGS_STDOUT_PIPE |
                                                              G_SUBPROCESS_FLAGS_STDERR_PIPE);
-  g_autofree char *rank_text = g_strdup_printf ("%d", rank);
-  g_autofree char *world = g_strdup_printf ("%d", n);
-  g_autofree char *port_text = g_strdup_printf ("%u", port);
 
-  g_subprocess_launcher_setenv (launcher, "RANK", rank_text, TRUE);
-  g_subprocess_launcher_setenv (launcher, "LOCAL_RANK", rank_text, TRUE);
-  g_subprocess_launcher_setenv (launcher, "GROUP_RANK", "0", TRUE);
-  g_subprocess_launcher_setenv (launcher, "WORLD_SIZE", world, TRUE);
-  g_subprocess_launcher_setenv (launcher, "LOCAL_WORLD_SIZE", world, TRUE);
-  g_subprocess_launcher_setenv (launcher, "MASTER_ADDR", "127.0.0.1", TRUE);
-  g_subprocess_launcher_setenv (launcher, "MASTER_PORT", port_text, TRUE);
-  g_subprocess_launcher_setenv (launcher, "CPMESH_TOKEN", token, FALSE);
+  cp_harness_set_rank_environment (launcher, world, rank, NULL);
   g_subprocess_launcher_set_child_setup (launcher, become_group_leader, NULL, NULL);
   return launcher;
 }
@@ -240,11 +218,14 @@ start_ranks (Launch              *launch,
              guint16              port,
              GError             **error)
 {
-  g_autofree char *token = g_uuid_string_random ();
+  g_autofree char *fresh_token = g_uuid_string_random ();
+  /* A token the caller set is the ranks' too. */
+  const char *token = g_getenv ("CPMESH_TOKEN") ? g_getenv ("CPMESH_TOKEN") : fresh_token;
+  CpHarnessWorld world = { .size = launch->n, .master_port = port, .token = token };
 
   for (int r = 0; r < launch->n; r++)
     {
-      g_autoptr(GSubprocessLauncher) launcher = make_launcher (r, launch->n, port, token);
+      g_autoptr(GSubprocessLauncher) launcher = make_launcher (&world, r);
       Rank *rank = &launch->ranks[r];
 
       rank->launch = launch;
@@ -312,36 +293,6 @@ run (int                  n,
   return status;
 }
 
-static gboolean
-port_is_free (guint16 port)
-{
-  struct sockaddr_in address = {
-    .sin_family = AF_INET,
-    .sin_port = htons (port),
-    .sin_addr.s_addr = htonl (INADDR_LOOPBACK),
-  };
-  int fd = socket (AF_INET, SOCK_STREAM, 0);
-  gboolean available = fd >= 0 && bind (fd, (struct sockaddr *) &address, sizeof address) == 0;
-
-  if (fd >= 0)
-    close (fd);
-  return available;
-}
-
-/* A free MASTER_PORT whose successor, where rank 0 listens, is free too. */
-static guint16
-free_master_port (void)
-{
-  for (guint attempt = 0; attempt < 100; attempt++)
-    {
-      guint16 port = cpmesh_free_port ();
-
-      if (port != 0 && port < 65535 && port_is_free (port + 1))
-        return port;
-    }
-  return cpmesh_free_port ();
-}
-
 /**
  * cpmesh_launch:
  * @argc: the number of arguments
@@ -382,6 +333,6 @@ cpmesh_launch (int    argc,
     return cpmesh_fail (CPMESH_EXIT_USAGE, "give the number of ranks with -n N");
   if (argc < 2)
     return cpmesh_fail (CPMESH_EXIT_USAGE, "give the program to start after --");
-  return run (n, port != 0 ? (guint16) port : free_master_port (), (guint) grace * 1000,
+  return run (n, port != 0 ? (guint16) port : cp_harness_free_port_pair (), (guint) grace * 1000,
               (const char * const *) argv + 1);
 }

@@ -7,6 +7,8 @@
 
 #include <libcpmesh.h>
 
+#include "cp-harness.h"
+
 G_BEGIN_DECLS
 
 /* Exit statuses of every subcommand: 1 when the work itself failed (bad
@@ -182,21 +184,6 @@ const char  *cpmesh_balance_name       (CpLoadBalance         balance);
 char        *cpmesh_format_positions   (CpLayout             *layout,
                                         int                   rank);
 
-/* One in-process mesh per rank, all in one group of @n_ranks along a
- * dimension named "cp". */
-GList       *cpmesh_local_group        (int                   n_ranks,
-                                        guint                 timeout_ms,
-                                        GError              **error);
-
-/* Calls @func on its own thread for each mesh of @meshes, with
- * @rank_data[rank], and waits for all of them. */
-typedef void (*CpmeshRankFunc) (CpMesh   *mesh,
-                                gpointer  rank_data);
-
-void         cpmesh_run_ranks          (GList                *meshes,
-                                        CpmeshRankFunc        func,
-                                        gpointer             *rank_data);
-
 double       cpmesh_now_seconds        (void);
 
 /* A copy of @tensor right-padded with @value along @dim to @length. */
@@ -205,8 +192,5 @@ CpTensor    *cpmesh_pad_sequence       (CpTensor             *tensor,
                                         gint64                length,
                                         double                value,
                                         GError              **error);
-
-/* A TCP port on loopback that was free a moment ago, for a rendezvous. */
-guint16      cpmesh_free_port          (void);
 
 G_END_DECLS

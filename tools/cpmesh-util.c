@@ -1,13 +1,10 @@
-/* cpmesh-util.c: option parsing, messages and rank threads for cpmesh
+/* cpmesh-util.c: messages and formatting shared by the cpmesh commands
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
 #include <stdio.h>
 #include <string.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include "cpmesh-tool.h"
 
@@ -168,54 +165,6 @@ cpmesh_format_positions (CpLayout *layout,
   return g_string_free (text, FALSE);
 }
 
-GList *
-cpmesh_local_group (int       n_ranks,
-                    guint     timeout_ms,
-                    GError  **error)
-{
-  const char *names[] = { "cp", NULL };
-  GList *meshes = cp_mesh_new_local_group (names, &n_ranks, 1, error);
-
-  for (GList *l = meshes; l != NULL; l = l->next)
-    cp_mesh_set_timeout_ms (l->data, timeout_ms);
-  return meshes;
-}
-
-typedef struct
-{
-  CpMesh *mesh;
-  CpmeshRankFunc func;
-  gpointer data;
-} RankThread;
-
-static gpointer
-rank_thread_main (gpointer data)
-{
-  RankThread *thread = data;
-
-  thread->func (thread->mesh, thread->data);
-  return NULL;
-}
-
-void
-cpmesh_run_ranks (GList          *meshes,
-                  CpmeshRankFunc  func,
-                  gpointer       *rank_data)
-{
-  guint n = g_list_length (meshes);
-  g_autofree RankThread *ranks = g_new0 (RankThread, n);
-  g_autofree GThread **threads = g_new0 (GThread *, n);
-  guint r = 0;
-
-  for (GList *l = meshes; l != NULL; l = l->next, r++)
-    {
-      ranks[r] = (RankThread) { l->data, func, rank_data[r] };
-      threads[r] = g_thread_new ("cpmesh-rank", rank_thread_main, &ranks[r]);
-    }
-  for (r = 0; r < n; r++)
-    g_thread_join (threads[r]);
-}
-
 double
 cpmesh_now_seconds (void)
 {
@@ -253,20 +202,4 @@ cpmesh_pad_sequence (CpTensor  *tensor,
             (const guint8 *) cp_tensor_get_data (tensor) + o * (gsize) shape[dim] * row,
             (gsize) shape[dim] * row);
   return padded;
-}
-
-guint16
-cpmesh_free_port (void)
-{
-  struct sockaddr_in address = { .sin_family = AF_INET, .sin_addr.s_addr = htonl (INADDR_LOOPBACK) };
-  socklen_t length = sizeof address;
-  int fd = socket (AF_INET, SOCK_STREAM, 0);
-  guint16 port = 0;
-
-  if (fd >= 0 && bind (fd, (struct sockaddr *) &address, sizeof address) == 0 &&
-      getsockname (fd, (struct sockaddr *) &address, &length) == 0)
-    port = ntohs (address.sin_port);
-  if (fd >= 0)
-    close (fd);
-  return port;
 }

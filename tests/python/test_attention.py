@@ -2,12 +2,12 @@
 #
 # SPDX-License-Identifier: LGPL-2.1-or-later
 
-import threading
 import unittest
 
 import numpy as np
 
-from cptest import Cp, GLib, join_all, record_error
+from cptest import Cp, GLib, record_error
+from ranks import run_group
 
 
 def reference(q, k, v, dout, causal, real_len):
@@ -47,27 +47,6 @@ def reference(q, k, v, dout, causal, real_len):
     return out, lse, dq, dk_shared, dv_shared
 
 
-def run_ranks(cp_size, body):
-    meshes = Cp.Mesh.new_local_group(['cp'], [cp_size])
-    results = [None] * cp_size
-    errors = []
-
-    def target(rank, mesh):
-        try:
-            results[rank] = body(rank, mesh)
-        except Exception as e:  # reported on the main thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=target, args=(r, m), name='rank %d' % r, daemon=True)
-               for r, m in enumerate(meshes)]
-    for t in threads:
-        t.start()
-    join_all(threads, 100)
-    if errors:
-        raise errors[0]
-    return results
-
-
 class AttentionTest(unittest.TestCase):
 
     def setUp(self):
@@ -85,7 +64,8 @@ class AttentionTest(unittest.TestCase):
         else:
             tensors = [Cp.Tensor.from_numpy(a) for a in arrays]
 
-        def body(rank, mesh):
+        def body(mesh):
+            rank = mesh.get_rank()
             options = Cp.AttentionOptions.new()
             options.set_causal(causal)
             options.set_rotate_method(method)
@@ -96,7 +76,7 @@ class AttentionTest(unittest.TestCase):
             dq, dk, dv = attention.backward(dout, q, k, v, out, lse)
             return out, lse, dq, dk, dv
 
-        pieces = run_ranks(cp_size, body)
+        pieces = run_group([cp_size], body, timeout_ms=None, limit_s=100)
         full = []
         for i in range(5):
             tensor = layout.unshard_pieces([p[i] for p in pieces], 2)

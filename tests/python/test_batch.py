@@ -13,7 +13,8 @@ gi.require_version('Cp', '1')
 from gi.repository import Cp, GLib  # noqa: E402
 import numpy as np  # noqa: E402
 
-from cptestutil import T, run_ranks  # noqa: E402
+from cptestutil import T  # noqa: E402
+from ranks import run_group  # noqa: E402
 from reliability import record_error  # noqa: E402
 
 
@@ -77,7 +78,7 @@ class NoContextParallelismTests(unittest.TestCase):
             self.assertEqual(batch.keys(), ['inputs_embeds', 'labels'])
             self.assertEqual(batch['inputs_embeds'].shape, (1, 6, 4))
             self.assertEqual(ctx.props.cp_size, 1)
-        run_ranks([2, 1], rank, names=('dp', 'cp'))
+        run_group([2, 1], rank, names=('dp', 'cp'))
 
 
 class PrepareTests(unittest.TestCase):
@@ -103,7 +104,7 @@ class PrepareTests(unittest.TestCase):
                     np.testing.assert_array_equal(pos.numpy(), [[2, 3, 4, 5]])
             np.testing.assert_array_equal(pos.numpy(), [[0, 1, 2, 3, 4, 5, 0, 0]])
             self.assertEqual(ids.shape, (1, 4))
-        run_ranks([2], rank)
+        run_group([2], rank)
 
     def test_e1_layouts(self):
         def rank(mesh):
@@ -115,7 +116,7 @@ class PrepareTests(unittest.TestCase):
                 expected = [2 * r, 2 * r + 1, 2 * (2 * c - 1 - r), 2 * (2 * c - 1 - r) + 1]
                 np.testing.assert_array_equal(batch['input_ids'].numpy(), [expected])
         for size in (2, 3, 4, 8):
-            run_ranks([size], rank)
+            run_group([size], rank)
 
     def test_e3_mrope(self):
         def rank(mesh):
@@ -130,7 +131,7 @@ class PrepareTests(unittest.TestCase):
                 index = [0, 1, 6, 7] if mesh.get_rank() == 0 else [2, 3, 4, 5]
                 np.testing.assert_array_equal(pos.numpy(), np.arange(24).reshape(3, 1, 8)[:, :, index])
             self.assertEqual(pos.shape, (3, 1, 8))
-        run_ranks([2], rank)
+        run_group([2], rank)
 
     def test_position_synthesis_and_expansion(self):
         def rank(mesh):
@@ -152,7 +153,7 @@ class PrepareTests(unittest.TestCase):
             ctx = c.prepare(mesh)
             self.assertEqual(single.shape, (2, 8))
             self.assertIs(ctx.buffers[2], c['position_ids'])
-        run_ranks([2], rank)
+        run_group([2], rank)
 
     def test_no_rows(self):
         # The last batch of a dataset may be empty: [0, S] ids or [0, S, H]
@@ -171,7 +172,7 @@ class PrepareTests(unittest.TestCase):
                     self.assertEqual(positions.shape, (0, 4))
                 self.assertEqual(positions.shape, (0, 8))
                 self.assertEqual(batch['labels'].shape, (0, 4))
-            run_ranks([2], rank)
+            run_group([2], rank)
 
     def test_registration_order_and_extras(self):
         def rank(mesh):
@@ -197,7 +198,7 @@ class PrepareTests(unittest.TestCase):
             with ctx:
                 self.assertEqual(loss_mask.shape, (1, 4))
                 self.assertEqual(batch['mm_token_type_ids'].shape, (1, 6))
-        run_ranks([2], rank)
+        run_group([2], rank)
 
     def test_extra_buffer_contents(self):
         # Extras along dimensions 1, 2 (not the last) and -1, every element
@@ -229,7 +230,7 @@ class PrepareTests(unittest.TestCase):
                     want = np.take(np.pad(originals[key], pad), index, axis=axis)
                     np.testing.assert_array_equal(batch[key].numpy(), want, err_msg=key)
         for size in (2, 4):
-            run_ranks([size], rank)
+            run_group([size], rank)
 
     def test_pad_values_and_identity(self):
         def rank(mesh):
@@ -253,7 +254,7 @@ class PrepareTests(unittest.TestCase):
             self.assertIs(ctx.buffers[0], embeds)
             self.assertEqual(embeds.get_storage().get_data_address(),
                              ctx.buffers[0].get_storage().get_data_address())
-        run_ranks([2], rank)
+        run_group([2], rank)
 
     def test_attention_mask_dropped(self):
         def rank(mesh):
@@ -263,7 +264,7 @@ class PrepareTests(unittest.TestCase):
             batch['attention_mask'] = T([[1, 1, 1]])
             batch.prepare(mesh)
             self.assertNotIn('attention_mask', batch)
-        run_ranks([2], rank)
+        run_group([2], rank)
 
     def test_e4_grad_primary_under_hsdp(self):
         def rank(mesh):
@@ -285,7 +286,7 @@ class PrepareTests(unittest.TestCase):
             grad = ctx.get_layout().shard_backward(ones, 1, cp_rank)
             np.testing.assert_array_equal(grad.numpy().ravel(),
                                           [1, 1, 0, 0, 0, 0, 1, 1] if cp_rank == 0 else [0, 0, 1, 1, 1, 1, 0, 0])
-        run_ranks([4, 2], rank, names=('dp', 'cp'))
+        run_group([4, 2], rank, names=('dp', 'cp'))
 
     def test_global_token_mean_c128(self):
         cp_size, seq_len, hidden = 128, 56, 3
@@ -314,7 +315,7 @@ class PrepareTests(unittest.TestCase):
                 local_grad = np.repeat(local_grad, hidden, axis=1)[None]
                 full = ctx.get_layout().shard_backward(T(np.ascontiguousarray(local_grad), np.float64), 1, r)
                 grads[r] = full.numpy()[0, :seq_len].copy()
-        run_ranks([cp_size], rank)
+        run_group([cp_size], rank)
         sums = weight.sum(axis=-1) + 0.75
         self.assertAlmostEqual(sum(losses), float((sums ** 2).sum() / seq_len), places=9)
         np.testing.assert_allclose(np.mean(grads, axis=0)[:, 0], 2.0 * sums / seq_len, rtol=1e-12)
@@ -329,7 +330,7 @@ class PrepareTests(unittest.TestCase):
                 full = ctx.unshard(logits, 1)
                 self.assertEqual(full.shape, (1, 8, 2))
                 np.testing.assert_array_equal(full.numpy()[0, :6, 0], [1, 2, 3, 4, 5, 6])
-        run_ranks([2], rank)
+        run_group([2], rank)
 
     def test_with_exits_on_exception(self):
         def rank(mesh):
@@ -342,7 +343,7 @@ class PrepareTests(unittest.TestCase):
                     raise RuntimeError('boom')
             self.assertFalse(ctx.is_entered())
             self.assertEqual(pos.shape, (1, 8))
-        run_ranks([2], rank)
+        run_group([2], rank)
 
     def test_run_callback(self):
         def rank(mesh):
@@ -352,7 +353,7 @@ class PrepareTests(unittest.TestCase):
             ctx.run(lambda c: seen.append((c.is_entered(), batch['input_ids'].shape)))
             self.assertEqual(seen, [(True, (1, 4))])
             self.assertFalse(ctx.is_entered())
-        run_ranks([2], rank)
+        run_group([2], rank)
 
 
 class ContextStateTests(unittest.TestCase):
@@ -380,7 +381,7 @@ class ContextStateTests(unittest.TestCase):
                 np.testing.assert_array_equal(pos.numpy(), local)
             self.assertFalse(ctx.is_entered())
             np.testing.assert_array_equal(pos.numpy(), [[0, 1, 2, 3, 4, 5, 0, 0]])
-        run_ranks([2], rank)
+        run_group([2], rank)
 
     def test_exit_and_register_out_of_turn(self):
         def rank(mesh):
@@ -397,7 +398,7 @@ class ContextStateTests(unittest.TestCase):
                 self.assert_state_error(caught, 'cp_context_register_buffer on an entered context')
                 self.assertEqual(ctx.get_n_buffers(), 1)
             np.testing.assert_array_equal(ids.numpy(), [np.arange(8)])
-        run_ranks([2], rank)
+        run_group([2], rank)
 
 
 class SharedTensorTests(unittest.TestCase):
@@ -432,7 +433,7 @@ class SharedTensorTests(unittest.TestCase):
                                        "rank's batch (every rank fails)")
                     self.assertEqual(batch.keys(), ['input_ids', 'labels'])
                     np.testing.assert_array_equal(ids.numpy(), [[11, 12, 13, 14, 15, 16]])
-                run_ranks([size], rank)
+                run_group([size], rank)
                 self.assertEqual(shared.get_data_address(), address)
                 np.testing.assert_array_equal(shared.numpy(), full)
 
@@ -446,7 +447,7 @@ class SharedTensorTests(unittest.TestCase):
             self.assert_in_use(caught, "'loss_mask'", 'CpBatch', 'cp_batch_prepare on every rank with '
                                'one options object carrying a loss mask (every rank fails)')
         for _ in range(self.RUNS):
-            run_ranks([2], rank)
+            run_group([2], rank)
         np.testing.assert_array_equal(mask.numpy(), [[1, 1, 1, 0, 0, 0]])
 
     def test_one_buffer_in_every_rank_context(self):
@@ -463,7 +464,7 @@ class SharedTensorTests(unittest.TestCase):
                                'rank (every rank fails)')
             self.assertFalse(ctx.is_entered())
         for _ in range(self.RUNS):
-            run_ranks([2], rank)
+            run_group([2], rank)
         np.testing.assert_array_equal(shared.numpy(), [np.arange(8)])
 
     def test_one_array_wrapped_by_every_rank(self):
@@ -482,7 +483,7 @@ class SharedTensorTests(unittest.TestCase):
                                               np.pad(labels, ((0, 0), (0, 2)), constant_values=-100)[:, index])
                 np.testing.assert_array_equal(batch['input_ids'].numpy(), np.pad(ids, ((0, 0), (0, 2)))[:, index])
         for _ in range(self.RUNS):
-            run_ranks([2], rank)
+            run_group([2], rank)
         np.testing.assert_array_equal(ids, np.arange(6)[None] + 10)
         np.testing.assert_array_equal(labels, np.arange(6)[None])
 
@@ -507,7 +508,7 @@ class SharedTensorTests(unittest.TestCase):
                 np.testing.assert_array_equal(gathered, np.concatenate([full] * 4))
                 piece = layout.shard(shared, 1, r)
                 np.testing.assert_array_equal(mesh.unshard(piece, 1).numpy(), full)
-        run_ranks([4], rank)
+        run_group([4], rank)
         np.testing.assert_array_equal(shared.numpy(), full)
 
 
@@ -550,7 +551,7 @@ class PropertyTests(unittest.TestCase):
                         gathered = ctx.unshard(batch[key], 1)
                         np.testing.assert_array_equal(gathered.numpy(), full)
                 np.testing.assert_array_equal(batch['position_ids'].numpy(), want['position_ids'])
-            run_ranks([size], rank)
+            run_group([size], rank)
 
 
 class ErrorTests(unittest.TestCase):
@@ -573,7 +574,7 @@ class ErrorTests(unittest.TestCase):
             for key, (tensor, values) in before.items():
                 self.assertIs(batch[key], tensor)
                 np.testing.assert_array_equal(tensor.numpy(), values)
-        run_ranks([2], rank)
+        run_group([2], rank)
 
     @staticmethod
     def e2_with(**changes):
@@ -629,7 +630,7 @@ class ErrorTests(unittest.TestCase):
                          caught.exception)
             self.assertEqual(ids.shape, (1, length))
             self.assertFalse(ctx.is_entered())
-        run_ranks([2], rank)
+        run_group([2], rank)
 
 
 if __name__ == '__main__':

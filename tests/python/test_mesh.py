@@ -7,7 +7,8 @@ import unittest
 
 import numpy as np
 
-from cptest import Cp, GLib, record_error, run_ranks
+from cptest import Cp, GLib, record_error
+from ranks import run_ranks
 
 
 def group(size, name='cp'):

@@ -13,7 +13,8 @@ gi.require_version('Cp', '1')
 from gi.repository import Cp, GLib  # noqa: E402
 import numpy as np  # noqa: E402
 
-from cptestutil import T, run_ranks  # noqa: E402
+from cptestutil import T  # noqa: E402
+from ranks import run_group  # noqa: E402
 from reliability import record_error  # noqa: E402
 
 SENTINEL = -1000
@@ -168,7 +169,7 @@ class ShardTests(unittest.TestCase):
             np.testing.assert_array_equal(arr(out, 'input_ids'), expected)
             self.assertEqual(int(arr(out, 'cp_size')), 2)
             self.assertEqual(int(arr(out, 'cp_rank')), mesh.get_rank())
-        run_ranks([2], rank)
+        run_group([2], rank)
 
     def test_no_rows(self):
         batch = packed(np.zeros((0, 8), np.int64), np.zeros((0, 2)))
@@ -180,7 +181,7 @@ class ShardTests(unittest.TestCase):
             np.testing.assert_array_equal(arr(out, 'cu_seqlens'), [0])
             np.testing.assert_array_equal(arr(out, 'local_cu_seqlens'), [0])
             self.assertNotIn('max_seqlen', out)
-        run_ranks([2], rank)
+        run_group([2], rank)
 
     def test_packed_input(self):
         def rank(mesh):
@@ -194,7 +195,7 @@ class ShardTests(unittest.TestCase):
             self.assertIn('input_ids', out)
             self.assertNotIn('attention_mask', out)
             np.testing.assert_array_equal(arr(out, 'labels'), [10, 40] if mesh.get_rank() == 0 else [20, 30])
-        run_ranks([2], rank)
+        run_group([2], rank)
 
     def test_packed_input_keeps_sentinels(self):
         # The reference's _shard_thd_chunk_for_te: partition with the bounds
@@ -225,7 +226,7 @@ class ShardTests(unittest.TestCase):
                 np.testing.assert_array_equal(arr(out, 'input_ids'), want_ids)
                 np.testing.assert_array_equal(arr(out, 'cu_seqlens'), want_cu)
                 self.assertEqual(arr(out, 'cu_seqlens').dtype, np.int32)
-            run_ranks([2], rank)
+            run_group([2], rank)
 
     def test_e6(self):
         def rank(mesh):
@@ -245,7 +246,7 @@ class ShardTests(unittest.TestCase):
                 self.assertFalse(arr(out, 'padding_mask').any())
                 np.testing.assert_array_equal(arr(out, 'local_cu_seqlens'), [0, 4, 6])
             self.assertEqual(out.get_layout(0).get_imbalance(), 1.0)
-        run_ranks([2], rank)
+        run_group([2], rank)
 
     def test_e7_chunks(self):
         def rank(mesh):
@@ -256,7 +257,7 @@ class ShardTests(unittest.TestCase):
             self.assertNotIn('cu_seqlens_padded', out)
             if mesh.get_rank() == 0:
                 np.testing.assert_array_equal(arr(out, 'input_ids'), [[1, 4, 5, 8], [9, 10, 15, 16]])
-        run_ranks([2], rank)
+        run_group([2], rank)
 
     def test_embeddings_keep_dtype(self):
         def rank(mesh):
@@ -267,7 +268,7 @@ class ShardTests(unittest.TestCase):
             out = batch.to_thd(mesh)
             index = [0, 1, 6, 7] if mesh.get_rank() == 0 else [2, 3, 4, 5]
             np.testing.assert_array_equal(arr(out, 'inputs_embeds'), embeds[0, index])
-        run_ranks([2], rank)
+        run_group([2], rank)
 
     def test_random_documents(self):
         """Property: every position held exactly once, head-tail per document,
@@ -305,7 +306,7 @@ class ShardTests(unittest.TestCase):
                     local_real.append(int(arr(out, 'local_cu_seqlens')[-1]))
                 with lock:
                     seen[ids] += 1
-            run_ranks([size], rank)
+            run_group([size], rank)
             np.testing.assert_array_equal(seen, 1)
             if size > 1:
                 self.assertEqual(sum(local_real), int(real.sum()))
@@ -321,7 +322,7 @@ class ErrorTests(unittest.TestCase):
             self.assertTrue(caught.exception.matches(type(code).quark(), code), caught.exception)
             self.assertIn(needle, caught.exception.message)
             record_error(self, 'CpBatch (THD)', what, caught.exception)
-        run_ranks([size], rank)
+        run_group([size], rank)
 
     def test_errors(self):
         batch = uniform(1, 4)

@@ -13,8 +13,6 @@
 
 import datetime
 import os
-import socket
-import subprocess
 import sys
 import unittest
 
@@ -30,52 +28,23 @@ except Exception as error:  # not installed, or broken against this numpy
     sys.exit(SKIP)
 
 from cptest import Cp  # noqa: E402
+from ranks import free_port_pair, rank_environment, run_processes  # noqa: E402
 
 RANK_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'ucx_rank.py')
 WORLD = 2
 
 
-def bindable(port):
-    with socket.socket() as probe:
-        try:
-            probe.bind(('127.0.0.1', port))
-            return True
-        except OSError:
-            return False
-
-
-def free_port_pair():
-    """A free MASTER_PORT whose successor is free too."""
-    while True:
-        with socket.socket() as probe:
-            probe.bind(('127.0.0.1', 0))
-            port = probe.getsockname()[1]
-        if port < 65535 and bindable(port + 1):
-            return port
-
-
-def torchrun_environment(rank, port, store):
-    """What torchrun gives worker rank of a WORLD-rank job on one host,
-    and nothing of libcpmesh's own."""
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith(('CPMESH_', 'UCX_', 'OMPI_', 'SLURM_'))}
-    env.update({
-        'RANK': str(rank), 'LOCAL_RANK': str(rank), 'GROUP_RANK': '0',
-        'ROLE_RANK': str(rank), 'ROLE_NAME': 'default',
-        'WORLD_SIZE': str(WORLD), 'LOCAL_WORLD_SIZE': str(WORLD), 'ROLE_WORLD_SIZE': str(WORLD),
-        'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(port),
+def run_torchrun_ranks(port, store):
+    """WORLD ranks with what torchrun gives its workers, and nothing of
+    libcpmesh's own."""
+    torchrun = {
+        'ROLE_NAME': 'default', 'ROLE_WORLD_SIZE': str(WORLD),
         'TORCHELASTIC_USE_AGENT_STORE': 'True', 'TORCHELASTIC_RESTART_COUNT': '0',
         'TORCHELASTIC_MAX_RESTARTS': '0', 'TORCHELASTIC_RUN_ID': 'cpmesh-test',
         'CP_TEST_TORCH_STORE': store,
-    })
-    return env
-
-
-def run_ranks(port, store):
-    ranks = [subprocess.Popen([sys.executable, RANK_PROGRAM], env=torchrun_environment(r, port, store),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r in range(WORLD)]
-    return [rank.communicate(timeout=90) + (rank.returncode,) for rank in ranks]
+    }
+    environments = [rank_environment(r, WORLD, port, ROLE_RANK=str(r), **torchrun) for r in range(WORLD)]
+    return run_processes([sys.executable, RANK_PROGRAM], environments)
 
 
 @unittest.skipUnless(Cp.HAS_UCX, 'libcpmesh was built without UCX')
@@ -91,12 +60,12 @@ class TestTorchrun(unittest.TestCase):
         port = free_port_pair()
         agent = dist.TCPStore('127.0.0.1', port, WORLD + 1, True, datetime.timedelta(seconds=60),
                               wait_for_workers=False)
-        self.check(run_ranks(port, 'agent'))
+        self.check(run_torchrun_ranks(port, 'agent'))
         self.assertEqual(agent.get('rank 1'), b'joined')
 
     def test_program_with_its_own_store(self):
         port = free_port_pair()
-        self.check(run_ranks(port, 'own'))
+        self.check(run_torchrun_ranks(port, 'own'))
 
 
 if __name__ == '__main__':

@@ -2,19 +2,13 @@
 #
 # SPDX-License-Identifier: LGPL-2.1-or-later
 
-import os
-import subprocess
 import sys
 import unittest
 
 import numpy as np
 
 from cptest import Cp, GLib, record_error
-
-# The variables a launcher sets; without them a process is a mesh of one.
-LAUNCHER_VARIABLES = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'OMPI_COMM_WORLD_RANK',
-                      'OMPI_COMM_WORLD_SIZE', 'OMPI_COMM_WORLD_LOCAL_RANK', 'SLURM_PROCID',
-                      'SLURM_NTASKS', 'SLURM_LOCALID', 'CPMESH_MESH_DIMS')
+from ranks import rank_environment, run_processes
 
 ALONE = '''
 import numpy as np
@@ -33,11 +27,10 @@ print(mesh.props.backend, mesh.get_rank(), mesh.get_world_size(), mesh.get_dim_s
 class TestWithoutLauncher(unittest.TestCase):
 
     def test_new_from_env_is_one_rank(self):
-        env = {name: value for name, value in os.environ.items() if name not in LAUNCHER_VARIABLES}
-        result = subprocess.run([sys.executable, '-c', ALONE], env=env, capture_output=True,
-                                text=True, timeout=60)
-        self.assertEqual(result.returncode, 0, result.stderr)
-        self.assertEqual(result.stdout, 'ucx 0 1 1 [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]\n')
+        [(out, err, status)] = run_processes([sys.executable, '-c', ALONE], [rank_environment()],
+                                             timeout_s=60)
+        self.assertEqual(status, 0, err)
+        self.assertEqual(out, 'ucx 0 1 1 [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]\n')
 
 
 class TestMeshOptions(unittest.TestCase):

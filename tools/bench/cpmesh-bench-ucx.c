@@ -213,29 +213,7 @@ run_timing_rank (CpMesh     *mesh,
 static int
 run_failure_rank (CpMesh *mesh)
 {
-  const gint64 shape[] = { (gint64) (4 * MIB / 4) };
-  g_autoptr(CpTensor) mine = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 1, NULL);
-  g_autoptr(GError) error = NULL;
-  gint64 started;
-
-  for (guint i = 0;; i++)
-    {
-      g_autoptr(CpTensor) out = NULL;
-
-      started = g_get_monotonic_time ();
-      out = cp_mesh_all_gather (mesh, mine, 0, &error);
-      if (out == NULL)
-        break;
-      if (i == 0)
-        printf ("READY\n");
-      fflush (stdout);
-    }
-  printf ("FAILED %d %.1f %s\n", error->code, (g_get_monotonic_time () - started) / 1e3,
-          error->message);
-  started = g_get_monotonic_time ();
-  g_clear_object (&mesh);
-  printf ("CLOSED %.1f\n", (g_get_monotonic_time () - started) / 1e3);
-  return 0;
+  return cp_harness_gather_until_failure (mesh) ? 0 : 1;
 }
 
 static int
@@ -260,54 +238,67 @@ run_rank (const char *role,
 
 /* ---- the coordinating side ---- */
 
-typedef struct
+/* The ranks of one run, this program started again with @role. */
+static CpHarnessRank **
+spawn_ranks (const CpmeshMeshBenchOptions  *options,
+             const char                    *role,
+             GError                       **error)
 {
-  GSubprocess *process;
-  GDataInputStream *out;
-} Rank;
+  g_auto(GStrv) argv = own_command_line (error);
+  g_autofree char *token = g_uuid_string_random ();
+  guint16 port = cp_harness_free_port ();
+  CpHarnessWorld world = {
+    .size = options->n_ranks, .master_port = port, .rendezvous_port = port, .token = token,
+    .timeout_ms = g_str_equal (role, "failure") ? FAILURE_TIMEOUT_MS : 120000,
+  };
+  CpHarnessRank **ranks = g_new0 (CpHarnessRank *, options->n_ranks);
 
-static void
-rank_clear (Rank *rank)
-{
-  g_clear_object (&rank->out);
-  g_clear_object (&rank->process);
+  for (int r = 0; argv != NULL && r < options->n_ranks; r++)
+    {
+      g_autoptr(GSubprocessLauncher) launcher = g_subprocess_launcher_new (G_SUBPROCESS_FLAGS_STDOUT_PIPE);
+
+      g_subprocess_launcher_setenv (launcher, ROLE_VARIABLE, role, TRUE);
+      g_subprocess_launcher_unsetenv (launcher, "CPMESH_MESH_DIMS");
+      ranks[r] = cp_harness_rank_spawn (launcher, &world, r, NULL, (const char * const *) argv, error);
+      if (ranks[r] == NULL)
+        break;
+    }
+  return ranks;
 }
 
 static gboolean
-spawn_ranks (const CpmeshMeshBenchOptions *options,
-             const char     *role,
-             Rank           *ranks,
-             GError        **error)
+all_spawned (CpHarnessRank **ranks,
+             int             n)
 {
-  g_auto(GStrv) argv = own_command_line (error);
-  g_autofree char *port = g_strdup_printf ("%u", cpmesh_free_port ());
-  g_autofree char *world = g_strdup_printf ("%d", options->n_ranks);
-  g_autofree char *token = g_uuid_string_random ();
-  g_autofree char *timeout = g_strdup_printf ("%d", g_str_equal (role, "failure") ? FAILURE_TIMEOUT_MS : 120000);
-
-  if (argv == NULL)
-    return FALSE;
-  for (int r = 0; r < options->n_ranks; r++)
-    {
-      g_autoptr(GSubprocessLauncher) launcher = g_subprocess_launcher_new (G_SUBPROCESS_FLAGS_STDOUT_PIPE);
-      g_autofree char *rank = g_strdup_printf ("%d", r);
-
-      g_subprocess_launcher_setenv (launcher, ROLE_VARIABLE, role, TRUE);
-      g_subprocess_launcher_setenv (launcher, "RANK", rank, TRUE);
-      g_subprocess_launcher_setenv (launcher, "LOCAL_RANK", rank, TRUE);
-      g_subprocess_launcher_setenv (launcher, "WORLD_SIZE", world, TRUE);
-      g_subprocess_launcher_setenv (launcher, "MASTER_ADDR", "127.0.0.1", TRUE);
-      g_subprocess_launcher_setenv (launcher, "MASTER_PORT", port, TRUE);
-      g_subprocess_launcher_setenv (launcher, "CPMESH_PORT", port, TRUE);
-      g_subprocess_launcher_setenv (launcher, "CPMESH_TOKEN", token, TRUE);
-      g_subprocess_launcher_setenv (launcher, "CPMESH_TIMEOUT_MS", timeout, TRUE);
-      g_subprocess_launcher_unsetenv (launcher, "CPMESH_MESH_DIMS");
-      ranks[r].process = g_subprocess_launcher_spawnv (launcher, (const char * const *) argv, error);
-      if (ranks[r].process == NULL)
-        return FALSE;
-      ranks[r].out = g_data_input_stream_new (g_subprocess_get_stdout_pipe (ranks[r].process));
-    }
+  for (int r = 0; r < n; r++)
+    if (ranks[r] == NULL)
+      return FALSE;
   return TRUE;
+}
+
+/* Waits for the ranks to end, killing them first unless @ok, and frees
+ * them; fails naming the first rank that did not exit 0. */
+static gboolean
+finish_ranks (CpHarnessRank  **ranks,
+              int              n,
+              gboolean         ok,
+              GError         **error)
+{
+  for (int r = 0; r < n; r++)
+    if (ranks[r] != NULL && !ok)
+      g_subprocess_force_exit (ranks[r]->process);
+  cp_harness_run_until (ranks, n, cp_harness_all_done, 0);
+  for (int r = 0; r < n; r++)
+    {
+      int status = ranks[r] != NULL ? cp_harness_exit_status (ranks[r]->process) : 0;
+
+      if (ok && status != 0)
+        g_set_error (error, G_IO_ERROR, G_IO_ERROR_FAILED, "rank %d exited with status %d", r, status);
+      ok &= status == 0;
+      g_clear_pointer (&ranks[r], cp_harness_rank_free);
+    }
+  g_free (ranks);
+  return ok;
 }
 
 typedef struct
@@ -316,22 +307,22 @@ typedef struct
   double reduce[MAX_SIZES];
 } MeshFigures;
 
+/* The figures rank 0 reported once every rank is done. */
 static gboolean
-read_results (Rank         *rank0,
-              const Plan   *plan,
-              MeshFigures  *figures,
-              GError      **error)
+read_results (CpHarnessRank  *rank0,
+              const Plan     *plan,
+              MeshFigures    *figures,
+              GError        **error)
 {
-  char *line;
   guint found = 0;
-  gboolean wrong = FALSE;
+  gboolean wrong = cp_harness_rank_find_line (rank0, "WRONG") != NULL;
 
-  while ((line = g_data_input_stream_read_line_utf8 (rank0->out, NULL, NULL, error)) != NULL)
+  for (guint i = 0; i < rank0->lines->len; i++)
     {
+      const char *line = g_ptr_array_index (rank0->lines, i);
       guint64 size = 0;
       double gather = 0, reduce = 0;
 
-      wrong |= g_str_equal (line, "WRONG");
       for (guint s = 0; s < plan->n_sizes; s++)
         if (sscanf (line, "RESULT %" G_GUINT64_FORMAT " %lf %lf", &size, &gather, &reduce) == 3 &&
             size == plan->sizes[s])
@@ -340,12 +331,9 @@ read_results (Rank         *rank0,
             figures->reduce[s] = reduce;
             found++;
           }
-      g_free (line);
     }
   if (found == plan->n_sizes && !wrong)
     return TRUE;
-  if (error != NULL && *error != NULL)
-    return FALSE;
   if (wrong)
     return cpmesh_bench_wrong (error, "the outputs of the collectives over UCX differ from "
                                "what the ranks sent (each such rank said where, above)");
@@ -354,37 +342,17 @@ read_results (Rank         *rank0,
 }
 
 static gboolean
-wait_ranks (Rank    *ranks,
-            int      n,
-            GError **error)
-{
-  gboolean ok = TRUE;
-
-  for (int r = 0; r < n; r++)
-    {
-      if (!g_subprocess_wait_check (ranks[r].process, NULL, ok ? error : NULL))
-        ok = FALSE;
-    }
-  return ok;
-}
-
-static gboolean
 measure_mesh (const CpmeshMeshBenchOptions  *options,
               const Plan                    *plan,
               MeshFigures                   *figures,
               GError                       **error)
 {
-  g_autofree Rank *ranks = g_new0 (Rank, options->n_ranks);
-  gboolean ok = spawn_ranks (options, "timing", ranks, error) &&
-                read_results (&ranks[0], plan, figures, error);
+  int n = options->n_ranks;
+  CpHarnessRank **ranks = spawn_ranks (options, "timing", error);
+  gboolean ok = all_spawned (ranks, n) && cp_harness_run_until (ranks, n, cp_harness_all_done, 0) &&
+                read_results (ranks[0], plan, figures, error);
 
-  for (int r = 0; r < options->n_ranks; r++)
-    if (ranks[r].process != NULL && !ok)
-      g_subprocess_force_exit (ranks[r].process);
-  ok = wait_ranks (ranks, options->n_ranks, ok ? error : NULL) && ok;
-  for (int r = 0; r < options->n_ranks; r++)
-    rank_clear (&ranks[r]);
-  return ok;
+  return finish_ranks (ranks, n, ok, ok ? error : NULL) && ok;
 }
 
 /* ---- ucx_perftest ---- */
@@ -422,7 +390,7 @@ run_perftest (const char  *perftest,
               gsize        size,
               GError     **error)
 {
-  g_autofree char *port = g_strdup_printf ("%u", cpmesh_free_port ());
+  g_autofree char *port = g_strdup_printf ("%u", cp_harness_free_port ());
   g_autofree char *size_text = g_strdup_printf ("%" G_GSIZE_FORMAT, size);
   const char *iterations = size >= 64 * MIB ? "20" : "1000";
   const char *warmup = size >= 64 * MIB ? "3" : "50";
@@ -490,22 +458,10 @@ measure_perftest (const Plan       *plan,
 /* ---- failure detection ---- */
 
 static gboolean
-wait_for_line (Rank       *rank,
-               const char *prefix,
-               char      **line)
+all_closed (CpHarnessRank **ranks,
+            guint           n)
 {
-  char *text;
-
-  while ((text = g_data_input_stream_read_line_utf8 (rank->out, NULL, NULL, NULL)) != NULL)
-    {
-      if (g_str_has_prefix (text, prefix))
-        {
-          *line = text;
-          return TRUE;
-        }
-      g_free (text);
-    }
-  return FALSE;
+  return cp_harness_all_said (ranks, n, "CLOSED");
 }
 
 static gboolean
@@ -513,40 +469,30 @@ measure_failure (const CpmeshMeshBenchOptions  *options,
                  GError                       **error)
 {
   int n = options->n_ranks;
-  g_autofree Rank *ranks = g_new0 (Rank, n);
-  gboolean ok = spawn_ranks (options, "failure", ranks, error);
-  gint64 killed;
+  CpHarnessRank **ranks = spawn_ranks (options, "failure", error);
+  gboolean ok = all_spawned (ranks, n) && cp_harness_run_until (ranks, n, cp_harness_all_ready, 0) &&
+                cp_harness_all_said (ranks, n, "READY") && !cp_harness_any_done (ranks, n);
+  gint64 killed = g_get_monotonic_time ();
 
-  for (int r = 0; ok && r < n; r++)
-    {
-      g_autofree char *line = NULL;
-
-      ok = wait_for_line (&ranks[r], "READY", &line);
-    }
-  killed = g_get_monotonic_time ();
   if (ok)
-    g_subprocess_send_signal (ranks[n - 1].process, SIGKILL);
+    g_subprocess_send_signal (ranks[n - 1]->process, SIGKILL);
   printf ("\nfailure detection (rank %d killed with SIGKILL during 4 MiB all_gathers, "
           "CPMESH_TIMEOUT_MS=%d):\n", n - 1, FAILURE_TIMEOUT_MS);
   for (int r = 0; ok && r < n - 1; r++)
     {
-      g_autofree char *failed = NULL;
-      g_autofree char *closed = NULL;
+      const char *failed, *closed;
 
-      if (wait_for_line (&ranks[r], "FAILED", &failed) && wait_for_line (&ranks[r], "CLOSED", &closed))
+      cp_harness_run_until (&ranks[r], 1, all_closed, 0);
+      failed = cp_harness_rank_find_line (ranks[r], "FAILED");
+      closed = cp_harness_rank_find_line (ranks[r], "CLOSED");
+      if (failed != NULL && closed != NULL)
         printf ("  rank %d: %s (%.0f ms after the kill); teardown %s ms\n", r, failed,
                 (g_get_monotonic_time () - killed) / 1e3, closed + strlen ("CLOSED "));
     }
-  for (int r = 0; r < n; r++)
-    {
-      if (!ok && ranks[r].process != NULL)
-        g_subprocess_force_exit (ranks[r].process);
-      if (ranks[r].process != NULL)
-        g_subprocess_wait (ranks[r].process, NULL, NULL);
-      rank_clear (&ranks[r]);
-    }
   if (!ok && error != NULL && *error == NULL)
     g_set_error (error, G_IO_ERROR, G_IO_ERROR_FAILED, "the failure-detection ranks did not start");
+  /* The killed rank's status is its signal: only the start counts. */
+  finish_ranks (ranks, n, ok, NULL);
   return ok;
 }
 

@@ -394,22 +394,13 @@ cpmesh_bench_copy_blocks (guint8        *destination,
 /* Bench ranks wait long: a rank of a big benchmark may take minutes. */
 #define RANK_TIMEOUT_MS 600000
 
-/* What ranks initialise on first use, initialised on this thread before
- * any rank starts: the error quark, whose first use is an unlocked write,
- * and the classes of the objects the ranks make, which GType initialises
- * under a lock that ThreadSanitizer cannot see. */
+/* The benchmarks' error quark, whose first use is an unlocked write, is
+ * made on this thread before any rank starts; the harness does the same
+ * for the library's types. */
 static void
 init_before_ranks (void)
 {
-  const GType types[] = {
-    CP_TYPE_TENSOR, CP_TYPE_BATCH, CP_TYPE_BATCH_OPTIONS, CP_TYPE_CONTEXT,
-    CP_TYPE_THD_OPTIONS, CP_TYPE_ATTENTION, CP_TYPE_ATTENTION_OPTIONS,
-  };
-
   (void) CPMESH_BENCH_ERROR;
-  for (gsize i = 0; i < G_N_ELEMENTS (types); i++)
-    if (G_TYPE_IS_CLASSED (types[i]))
-      g_type_class_unref (g_type_class_ref (types[i]));
 }
 
 static void
@@ -427,7 +418,7 @@ cpmesh_bench_run_ranks (int                   n_ranks,
                         gpointer             *ranks,
                         GError              **error)
 {
-  GList *meshes = cpmesh_local_group (n_ranks, RANK_TIMEOUT_MS, error);
+  GList *meshes = cp_harness_local_group ("cp", n_ranks, RANK_TIMEOUT_MS, error);
   GError *first = NULL;
   int r = 0;
 
@@ -442,7 +433,7 @@ cpmesh_bench_run_ranks (int                   n_ranks,
       rank->rank = r;
       rank->func = func;
     }
-  cpmesh_run_ranks (meshes, rank_main, ranks);
+  cp_harness_run_threads (meshes, rank_main, ranks, 0, NULL);
   g_list_free_full (meshes, g_object_unref);
   for (r = 0; r < n_ranks; r++)
     {
