@@ -167,7 +167,7 @@ ranks_in_process (CpAttention *self)
   CpTransport *transport = _cp_attention_get_comm (self)->transport;
   const char *names[] = { "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE" };
 
-  if (g_strcmp0 (transport->ops->name, "local") == 0)
+  if (_cp_transport_has_caps (transport, CP_TRANSPORT_CAP_SHARED_ADDRESS_SPACE))
     return transport->world_size;
   for (guint i = 0; i < G_N_ELEMENTS (names); i++)
     {
