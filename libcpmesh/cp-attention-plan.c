@@ -529,7 +529,7 @@ _cp_attention_agree (CpAttention  *self,
 
   if (invalid == NULL)
     describe_call (self, plan, backward, desc);
-  ok = comm->transport->ops->collective (comm, &coll, _cp_mesh_deadline (self->mesh), error);
+  ok = _cp_comm_collective (comm, &coll, _cp_mesh_deadline (self->mesh), error);
   g_clear_error (&coll.invalid);
   return ok && compare_calls (all, comm->size, error);
 }

@@ -33,9 +33,9 @@ transfer_post (CpAttention *self,
   g_assert (transfer->request == NULL);
   _cp_message_from_tensor (&transfer->message, tensor);
   if (send)
-    transfer->request = comm->transport->ops->isend (comm, next, tag, &transfer->message);
+    transfer->request = _cp_comm_isend (comm, next, tag, &transfer->message);
   else
-    transfer->request = comm->transport->ops->irecv (comm, previous, tag, &transfer->message);
+    transfer->request = _cp_comm_irecv (comm, previous, tag, &transfer->message);
 }
 
 /* Completes every posted transfer of @transfers, in place (a posted
@@ -55,8 +55,8 @@ transfers_wait (CpAttention     *self,
     {
       if (transfers[i]->request == NULL)
         continue;
-      ok = comm->transport->ops->wait (comm, g_steal_pointer (&transfers[i]->request),
-                                       _cp_mesh_deadline (self->mesh), ok ? error : NULL) && ok;
+      ok = _cp_comm_wait (comm, g_steal_pointer (&transfers[i]->request),
+                          _cp_mesh_deadline (self->mesh), ok ? error : NULL) && ok;
     }
   return ok;
 }

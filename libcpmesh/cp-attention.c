@@ -67,7 +67,7 @@ cp_attention_finalize (GObject *object)
   CpAttention *self = CP_ATTENTION (object);
 
   g_clear_object (&self->mesh);
-  g_clear_pointer (&self->options, cp_attention_options_free);
+  g_clear_object (&self->options);
   g_clear_pointer (&self->thd_layout, cp_layout_unref);
 
   G_OBJECT_CLASS (cp_attention_parent_class)->finalize (object);
@@ -167,7 +167,7 @@ ranks_in_process (CpAttention *self)
   CpTransport *transport = _cp_attention_get_comm (self)->transport;
   const char *names[] = { "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE" };
 
-  if (g_strcmp0 (transport->ops->name, "local") == 0)
+  if (_cp_transport_has_caps (transport, CP_TRANSPORT_CAP_SHARED_ADDRESS_SPACE))
     return transport->world_size;
   for (guint i = 0; i < G_N_ELEMENTS (names); i++)
     {
@@ -240,6 +240,7 @@ cp_attention_new (CpMesh                    *mesh,
   g_autoptr(CpAttentionOptions) defaults = NULL;
 
   g_return_val_if_fail (CP_IS_MESH (mesh), NULL);
+  g_return_val_if_fail (options == NULL || CP_IS_ATTENTION_OPTIONS ((gpointer) options), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
   if (options == NULL)

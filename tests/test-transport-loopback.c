@@ -1,0 +1,237 @@
+/* test-transport-loopback.c: a mesh over the loopback backend, which
+ * only the test variant of the library has: proof that a backend is a
+ * source file and one line of the backend table
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include <string.h>
+
+#include "cp-test-util.h"
+
+typedef struct
+{
+  int rank;
+  int world_size;
+  guint port;
+  gboolean two_dims;  /* dp x cp, 2 x world_size / 2 */
+  CpMesh *mesh;
+  GError *error;
+} Join;
+
+static gpointer
+join_loopback (gpointer data)
+{
+  Join *join = data;
+  g_autoptr(CpMeshOptions) options = g_object_new (CP_TYPE_MESH_OPTIONS, "rank", join->rank,
+                                                   "world-size", join->world_size,
+                                                   "port", join->port, "timeout-ms", 20000,
+                                                   "transport", "loopback", NULL);
+  const char *names[] = { "dp", "cp", NULL };
+  const int sizes[] = { 2, join->world_size / 2 };
+
+  if (join->two_dims)
+    cp_mesh_options_set_dims (options, names, sizes, 2);
+  join->mesh = cp_mesh_new_with_options (options, &join->error);
+  return NULL;
+}
+
+/* Every rank's mesh, in rank order, as a local group's would be. */
+static GList *
+loopback_group (int      world_size,
+                gboolean two_dims)
+{
+  static guint next_port = 1;
+  g_autofree Join *joins = g_new0 (Join, world_size);
+  g_autofree GThread **threads = g_new0 (GThread *, world_size);
+  GList *meshes = NULL;
+
+  for (int r = 0; r < world_size; r++)
+    {
+      joins[r] = (Join) { r, world_size, next_port, two_dims };
+      threads[r] = g_thread_new ("join", join_loopback, &joins[r]);
+    }
+  next_port++;
+  for (int r = world_size - 1; r >= 0; r--)
+    {
+      g_thread_join (threads[r]);
+      g_assert_no_error (joins[r].error);
+      meshes = g_list_prepend (meshes, joins[r].mesh);
+    }
+  return meshes;
+}
+
+static void
+check_collectives (CpMesh   *mesh,
+                   gpointer  unused)
+{
+  int rank = cp_mesh_get_rank (mesh);
+  int n = cp_mesh_get_world_size (mesh);
+  const gint64 shape[] = { 2, 3 };
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) piece = cp_tensor_new_full (CP_DTYPE_FLOAT32, shape, 2, rank + 1, &error);
+  g_autoptr(CpTensor) gathered = NULL;
+  g_autoptr(CpTensor) sum = cp_tensor_new_full (CP_DTYPE_INT64, shape, 2, rank + 1, &error);
+  g_autoptr(CpTensor) root = cp_tensor_new_full (CP_DTYPE_INT32, shape, 2, rank, &error);
+  const float *values;
+  const gint64 *sums;
+  const gint32 *rooted;
+
+  g_assert_cmpstr (cp_mesh_get_backend (mesh), ==, "loopback");
+  g_assert_true (cp_mesh_barrier (mesh, &error));
+  g_assert_no_error (error);
+
+  gathered = cp_mesh_all_gather (mesh, piece, 1, &error);
+  g_assert_no_error (error);
+  values = cp_tensor_get_data (gathered);
+  for (int row = 0; row < 2; row++)
+    for (int r = 0; r < n; r++)
+      for (int k = 0; k < 3; k++)
+        g_assert_cmpfloat (values[(row * n + r) * 3 + k], ==, r + 1);
+
+  g_assert_true (cp_mesh_all_reduce (mesh, sum, CP_REDUCE_OP_SUM, &error));
+  g_assert_no_error (error);
+  sums = cp_tensor_get_data (sum);
+  for (int i = 0; i < 6; i++)
+    g_assert_cmpint (sums[i], ==, n * (n + 1) / 2);
+
+  g_assert_true (cp_mesh_broadcast (mesh, root, n - 1, &error));
+  g_assert_no_error (error);
+  rooted = cp_tensor_get_data (root);
+  for (int i = 0; i < 6; i++)
+    g_assert_cmpint (rooted[i], ==, n - 1);
+}
+
+/* One value per destination rank: rank r sends r * 10 + d to rank d. */
+static void
+check_all_to_all (CpMesh   *mesh,
+                  gpointer  unused)
+{
+  int rank = cp_mesh_get_rank (mesh);
+  int n = cp_mesh_get_world_size (mesh);
+  const gint64 shape[] = { n };
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) send = cp_tensor_new_full (CP_DTYPE_INT32, shape, 1, 0, &error);
+  g_autoptr(CpTensor) recv = NULL;
+  gint32 *out = cp_tensor_get_data (send);
+  const gint32 *in;
+
+  for (int d = 0; d < n; d++)
+    out[d] = rank * 10 + d;
+  recv = cp_mesh_all_to_all (mesh, send, 0, &error);
+  g_assert_no_error (error);
+  in = cp_tensor_get_data (recv);
+  for (int s = 0; s < n; s++)
+    g_assert_cmpint (in[s], ==, s * 10 + rank);
+}
+
+/* Ranks that disagree fail together, with the verdict of the descriptor
+ * exchange. */
+static void
+check_disagreement (CpMesh   *mesh,
+                    gpointer  unused)
+{
+  const gint64 shape[] = { 2 + (cp_mesh_get_rank (mesh) == 1) };
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) piece = cp_tensor_new_full (CP_DTYPE_FLOAT32, shape, 1, 0, &error);
+  g_autoptr(CpTensor) gathered = cp_mesh_all_gather (mesh, piece, 0, &error);
+
+  g_assert_null (gathered);
+  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE);
+}
+
+static void
+check_send_recv (CpMesh   *mesh,
+                 gpointer  unused)
+{
+  int rank = cp_mesh_get_rank (mesh);
+  int n = cp_mesh_get_world_size (mesh);
+  const gint64 shape[] = { 300000 };
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) send = cp_tensor_new_full (CP_DTYPE_FLOAT64, shape, 1, rank, &error);
+  g_autoptr(CpTensor) recv = cp_tensor_new_full (CP_DTYPE_FLOAT64, shape, 1, 0, &error);
+
+  g_assert_true (cp_mesh_send_recv (mesh, send, (rank + 1) % n, recv, (rank + n - 1) % n, 7, &error));
+  g_assert_no_error (error);
+  g_assert_cmpfloat (((const double *) cp_tensor_get_data (recv))[299999], ==, (rank + n - 1) % n);
+}
+
+static void
+run_on_loopback (int             world_size,
+                 CpTestRankFunc  func)
+{
+  GList *meshes = loopback_group (world_size, FALSE);
+
+  cp_test_run_ranks (meshes, func, NULL);
+  cp_test_free_group (meshes);
+}
+
+static void
+test_one_rank (void)
+{
+  run_on_loopback (1, check_collectives);
+  run_on_loopback (1, check_all_to_all);
+}
+
+static void
+test_collectives (void)
+{
+  run_on_loopback (3, check_collectives);
+}
+
+static void
+test_all_to_all (void)
+{
+  run_on_loopback (4, check_all_to_all);
+}
+
+static void
+test_disagreement (void)
+{
+  run_on_loopback (3, check_disagreement);
+}
+
+static void
+test_send_recv (void)
+{
+  run_on_loopback (3, check_send_recv);
+}
+
+/* The submesh's traffic shares the sockets with the world's. */
+static void
+check_submesh (CpMesh   *mesh,
+               gpointer  unused)
+{
+  g_autoptr(GError) error = NULL;
+  CpMesh *cp = cp_mesh_get_submesh (mesh, "cp", &error);
+
+  g_assert_no_error (error);
+  check_collectives (cp, NULL);
+  check_collectives (mesh, NULL);
+}
+
+static void
+test_submesh (void)
+{
+  GList *meshes = loopback_group (4, TRUE);
+
+  cp_test_run_ranks (meshes, check_submesh, NULL);
+  cp_test_free_group (meshes);
+}
+
+int
+main (int    argc,
+      char **argv)
+{
+  g_test_init (&argc, &argv, NULL);
+
+  g_test_add_func ("/Cp/Transport/loopback/one-rank", test_one_rank);
+  g_test_add_func ("/Cp/Transport/loopback/collectives", test_collectives);
+  g_test_add_func ("/Cp/Transport/loopback/all-to-all", test_all_to_all);
+  g_test_add_func ("/Cp/Transport/loopback/disagreement", test_disagreement);
+  g_test_add_func ("/Cp/Transport/loopback/send-recv", test_send_recv);
+  g_test_add_func ("/Cp/Transport/loopback/submesh", test_submesh);
+  return g_test_run ();
+}
