@@ -14,6 +14,7 @@
 #include "cp-layout-private.h"
 #include "cp-memory-private.h"
 #include "cp-tensor-private.h"
+#include "kernels/cp-index-thd.h"
 
 /* One chunk of consecutive batch rows, flattened: its documents as
  * cumulative bounds over the chunk's tokens. */
@@ -432,17 +433,10 @@ read_row (Thd      *thd,
 static void
 absorb_trailing_padding (Chunk *chunk)
 {
-  guint n = chunk->cu->len;
-
-  if (n > 1 && n == chunk->cu_padded->len &&
-      memcmp (chunk->cu->data, chunk->cu_padded->data, (n - 1) * sizeof (gint64)) == 0 &&
-      BOUND (chunk->cu, n - 1) < chunk->n_tokens)
-    {
-      BOUND (chunk->cu, n - 1) = chunk->n_tokens;
-      BOUND (chunk->cu_padded, n - 1) = chunk->n_tokens;
-    }
-  chunk->emit_padded = n != chunk->cu_padded->len ||
-                       memcmp (chunk->cu->data, chunk->cu_padded->data, n * sizeof (gint64)) != 0;
+  chunk->emit_padded = cp_index_thd_absorb_trailing ((gint64 *) chunk->cu->data,
+                                                     (gint64 *) chunk->cu_padded->data,
+                                                     chunk->cu->len, chunk->cu_padded->len,
+                                                     chunk->n_tokens);
 }
 
 static void
@@ -680,7 +674,7 @@ copy_chunk_runs (Thd      *thd,
                  gsize     step)
 {
   guint n_runs;
-  const CpRun *runs = _cp_layout_get_runs (thd->chunks[c].layout, thd->cp_rank, &n_runs);
+  const cp_index_run *runs = _cp_layout_get_runs (thd->chunks[c].layout, thd->cp_rank, &n_runs);
   gsize first = (gsize) thd->chunks[c].first * step;
   gboolean streaming = _cp_copy_wants_streaming (
     (gsize) cp_layout_get_local_len (thd->chunks[c].layout, thd->cp_rank) * step);
@@ -869,16 +863,13 @@ local_real_bounds (Chunk *chunk,
 {
   GArray *bounds = g_array_new (FALSE, TRUE, sizeof (gint64));
   gint64 total = 0;
-  gint64 c2 = 2 * (gint64) thd->cp_size;
-  gint64 r = thd->cp_rank;
 
   g_array_append_val (bounds, total);
   for (guint i = 0; i < chunk->real->len; i++)
     {
-      gint64 h = (BOUND (chunk->cu_padded, i + 1) - BOUND (chunk->cu_padded, i)) / c2;
-      gint64 real = BOUND (chunk->real, i);
-
-      total += CLAMP (real - r * h, 0, h) + CLAMP (real - (c2 - 1 - r) * h, 0, h);
+      total += cp_index_thd_local_real (BOUND (chunk->real, i),
+                                        BOUND (chunk->cu_padded, i + 1) - BOUND (chunk->cu_padded, i),
+                                        thd->cp_size, thd->cp_rank);
       g_array_append_val (bounds, total);
     }
   return bounds;
@@ -892,7 +883,7 @@ local_padded_bounds (Chunk *chunk,
 
   for (guint i = 0; i < chunk->cu_padded->len; i++)
     {
-      gint64 value = BOUND (chunk->cu_padded, i) / thd->cp_size;
+      gint64 value = cp_index_thd_local_bound (BOUND (chunk->cu_padded, i), thd->cp_size);
 
       g_array_append_val (bounds, value);
     }
@@ -952,42 +943,6 @@ add_max_seqlen (Thd      *thd,
   return add_tensor (out, "max_seqlen", to_batch_device (thd, g_steal_pointer (&tensor), error));
 }
 
-/* Marks, for the positions of @runs in order, those between their
- * document's real end and padded end.  Unsharded, a packed batch may hold
- * tokens past its last document: those are padding too. */
-static guint8 *
-write_layout_mask (Chunk       *chunk,
-                   const CpRun *runs,
-                   guint        n_runs,
-                   guint8      *mask)
-{
-  const gint64 *cu = (const gint64 *) chunk->cu_padded->data;
-  guint n_docs = MAX (chunk->cu_padded->len, 1) - 1;
-  guint doc = 0;
-
-  for (guint i = 0; i < n_runs; i++)
-    for (gint64 p = runs[i].start, end = runs[i].start + runs[i].length; p < end;)
-      {
-        gint64 stop, real_stop;
-
-        while (doc < n_docs && cu[doc + 1] <= p)
-          doc++;
-        if (doc == n_docs)
-          {
-            memset (mask, TRUE, (gsize) (end - p));
-            mask += end - p;
-            break;
-          }
-        stop = MIN (end, cu[doc + 1]);
-        real_stop = CLAMP (cu[doc] + BOUND (chunk->real, doc), p, stop);
-        memset (mask, FALSE, (gsize) (real_stop - p));
-        memset (mask + (real_stop - p), TRUE, (gsize) (stop - real_stop));
-        mask += stop - p;
-        p = stop;
-      }
-  return mask;
-}
-
 static void
 write_token_mask (Thd      *thd,
                   CpTensor *ids,
@@ -1027,12 +982,15 @@ add_padding_mask (Thd       *thd,
   else
     for (int c = 0; c < thd->num_chunks; c++)
       {
-        CpRun whole = { 0, thd->chunks[c].n_tokens };
+        cp_index_run whole = { 0, thd->chunks[c].n_tokens };
         guint n_runs = 1;
-        const CpRun *runs = thd->cp_size > 1
+        const cp_index_run *runs = thd->cp_size > 1
           ? _cp_layout_get_runs (thd->chunks[c].layout, thd->cp_rank, &n_runs) : &whole;
 
-        cursor = write_layout_mask (&thd->chunks[c], runs, n_runs, cursor);
+        cursor = cp_index_thd_padding_mask ((const gint64 *) thd->chunks[c].cu_padded->data,
+                                            (const gint64 *) thd->chunks[c].real->data,
+                                            MAX (thd->chunks[c].cu_padded->len, 1) - 1,
+                                            runs, n_runs, cursor);
       }
   return add_tensor (out, "padding_mask", to_batch_device (thd, g_steal_pointer (&mask), error));
 }
@@ -1208,13 +1166,6 @@ pad_clear (Pad *pad)
 
 G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (Pad, pad_clear)
 
-static gint64
-round_up (gint64 length,
-          gint64 divisor)
-{
-  return (length + divisor - 1) / divisor * divisor;
-}
-
 /* Checks one row's lengths and returns the padded total in @padded. */
 static gboolean
 pad_measure_row (Pad      *pad,
@@ -1243,7 +1194,7 @@ pad_measure_row (Pad      *pad,
           return FALSE;
         }
       real_total += real;
-      *padded += round_up (real, pad->divisor);
+      *padded += cp_index_thd_round_up (real, pad->divisor);
       any = TRUE;
     }
   if (!any)
@@ -1343,7 +1294,7 @@ pad_row (Pad       *pad,
   for (gint64 j = 0; j <= last; j++)
     {
       gint64 real = read_length (pad->host_lengths, row * n + j);
-      gint64 end = j == last ? pad->padded_len : written + round_up (real, pad->divisor);
+      gint64 end = j == last ? pad->padded_len : written + cp_index_thd_round_up (real, pad->divisor);
       double next = 0.0;
 
       if (real == pad->sentinel)
@@ -1420,8 +1371,8 @@ pad_lengths (Pad     *pad,
 
           if (real == pad->sentinel)
             continue;
-          cp_tensor_set_value (out, row * n + j, (double) round_up (real, pad->divisor));
-          total += round_up (real, pad->divisor);
+          cp_tensor_set_value (out, row * n + j, (double) cp_index_thd_round_up (real, pad->divisor));
+          total += cp_index_thd_round_up (real, pad->divisor);
           last = j;
         }
       cp_tensor_set_value (out, row * n + last, cp_tensor_get_value (out, row * n + last) +
