@@ -51,7 +51,7 @@ typedef struct
 struct _CpStorage
 {
   gatomicrefcount ref_count;
-  const StorageOps *ops;
+  const StorageOps *vtable;
   const CpMemoryOps *memory; /* NULL: memory this build cannot reach */
   CpStorageKind kind;
   CpDeviceKind device;
@@ -116,7 +116,7 @@ static const StorageOps fd_ops = { release_fd };
 
 static CpStorage *
 storage_alloc (CpStorageKind     kind,
-               const StorageOps *ops,
+               const StorageOps *vtable,
                gpointer          data,
                gsize             size)
 {
@@ -124,7 +124,7 @@ storage_alloc (CpStorageKind     kind,
 
   g_atomic_ref_count_init (&self->ref_count);
   self->kind = kind;
-  self->ops = ops;
+  self->vtable = vtable;
   self->device = CP_DEVICE_KIND_HOST;
   self->memory = &_cp_memory_host_ops;
   self->data = data;
@@ -559,7 +559,7 @@ cp_storage_unref (CpStorage *self)
 
   if (!g_atomic_ref_count_dec (&self->ref_count))
     return;
-  self->ops->release (self);
+  self->vtable->release (self);
   g_free (self);
 }
 
