@@ -663,8 +663,7 @@ widen_to_int64 (CpDType        dtype,
 }
 
 /* Copies the runs this rank holds of chunk @c of @tensor, in order, to
- * @out from byte @offset on: one copy per run, through the memory of the
- * two tensors. */
+ * @out from byte @offset on, through the memory of the two tensors. */
 static void
 copy_chunk_runs (Thd      *thd,
                  int       c,
@@ -673,19 +672,14 @@ copy_chunk_runs (Thd      *thd,
                  gsize     offset,
                  gsize     step)
 {
+  CpLayout *layout = thd->chunks[c].layout;
   guint n_runs;
-  const cp_index_run *runs = _cp_layout_get_runs (thd->chunks[c].layout, thd->cp_rank, &n_runs);
-  gsize first = (gsize) thd->chunks[c].first * step;
-  gboolean streaming = _cp_copy_wants_streaming (
-    (gsize) cp_layout_get_local_len (thd->chunks[c].layout, thd->cp_rank) * step);
+  const cp_index_run *runs = _cp_layout_get_runs (layout, thd->cp_rank, &n_runs);
+  gsize local_bytes = (gsize) cp_layout_get_local_len (layout, thd->cp_rank) * step;
 
-  for (guint i = 0; i < n_runs; i++)
-    {
-      gsize bytes = (gsize) runs[i].length * step;
-
-      _cp_memory_copy (out, offset, tensor, first + (gsize) runs[i].start * step, bytes, streaming);
-      offset += bytes;
-    }
+  _cp_memory_copy_runs (tensor, (gsize) thd->chunks[c].first * step, 0,
+                        _cp_layout_get_first_position (layout), out, offset, 0, runs, n_runs,
+                        step, 1, TRUE, _cp_copy_wants_streaming (local_bytes));
 }
 
 /* Integer ids narrower than int64 are gathered to the host, widened there

@@ -29,27 +29,12 @@ _cp_layout_transfer_runs (CpLayout *self,
 {
   guint n_runs;
   const cp_index_run *runs = _cp_layout_get_runs (self, rank, &n_runs);
-  gsize full_row = (gsize) cp_layout_get_seq_len (self) * step;
-  gsize full_first = (gsize) _cp_layout_get_first_position (self) * step;
-  gsize local_stride = (gsize) local_row * step;
-  gsize local_offset = (gsize) local_first * step;
   gsize local_bytes = (gsize) cp_layout_get_local_len (self, rank) * step;
-  gboolean streaming = _cp_copy_wants_streaming (outer * local_bytes);
 
-  /* One strided copy per run, over all @outer rows at once. */
-  for (guint i = 0; i < n_runs; i++)
-    {
-      gsize global = (gsize) runs[i].start * step - full_first;
-      gsize bytes = (gsize) runs[i].length * step;
-
-      if (to_local)
-        _cp_memory_copy_2d (local, local_offset, local_stride, full, global, full_row, bytes, outer,
-                            streaming);
-      else
-        _cp_memory_copy_2d (full, global, full_row, local, local_offset, local_stride, bytes, outer,
-                            streaming);
-      local_offset += bytes;
-    }
+  _cp_memory_copy_runs (full, 0, (gsize) cp_layout_get_seq_len (self) * step,
+                        _cp_layout_get_first_position (self), local, (gsize) local_first * step,
+                        (gsize) local_row * step, runs, n_runs, step, outer, to_local,
+                        _cp_copy_wants_streaming (outer * local_bytes));
 }
 
 static gboolean

@@ -7,6 +7,7 @@
 
 #include "cp-copy-private.h"
 #include "cp-tensor.h"
+#include "kernels/cp-index-math.h"
 
 G_BEGIN_DECLS
 
@@ -80,6 +81,25 @@ void      _cp_memory_copy_2d        (CpTensor      *dst,
                                      gsize          width,
                                      gsize          height,
                                      gboolean       streaming);
+/* Copies @n_runs runs of positions between @full, where position p of
+ * row o starts at byte @full_offset + o·@full_pitch + (p − @first)·@step,
+ * and @local, where the runs follow each other from byte @local_offset +
+ * o·@local_pitch, over @outer rows: gathering them into @local when
+ * @to_local, scattering them back otherwise.  Each run is one 2-D copy;
+ * the memory is resolved once for all of them, since runs can be short. */
+void      _cp_memory_copy_runs      (CpTensor           *full,
+                                     gsize               full_offset,
+                                     gsize               full_pitch,
+                                     gint64              first,
+                                     CpTensor           *local,
+                                     gsize               local_offset,
+                                     gsize               local_pitch,
+                                     const cp_index_run *runs,
+                                     guint               n_runs,
+                                     gsize               step,
+                                     gsize               outer,
+                                     gboolean            to_local,
+                                     gboolean            streaming);
 void      _cp_memory_copy           (CpTensor      *dst,
                                      gsize          dst_offset,
                                      CpTensor      *src,

@@ -43,6 +43,32 @@ device_address (CpTensor *tensor,
   return (guint8 *) cp_tensor_get_data (tensor) + offset;
 }
 
+/* Which memory's operations copy from @src to @dst, and in which
+ * direction. */
+static const CpMemoryOps *
+copier (CpTensor          *dst,
+        CpTensor          *src,
+        CpMemoryDirection *direction)
+{
+  const CpMemoryOps *to = tensor_ops (dst);
+  const CpMemoryOps *from = tensor_ops (src);
+
+  if (to == from)
+    {
+      *direction = CP_MEMORY_DEVICE_TO_DEVICE;
+      return to;
+    }
+  if (from == &_cp_memory_host_ops)
+    {
+      *direction = CP_MEMORY_HOST_TO_DEVICE;
+      return to;
+    }
+  /* Two different devices: the next device brings a staged copy. */
+  g_assert (to == &_cp_memory_host_ops);
+  *direction = CP_MEMORY_DEVICE_TO_HOST;
+  return from;
+}
+
 void
 _cp_memory_copy_2d (CpTensor *dst,
                     gsize     dst_offset,
@@ -54,26 +80,56 @@ _cp_memory_copy_2d (CpTensor *dst,
                     gsize     height,
                     gboolean  streaming)
 {
-  const CpMemoryOps *to = tensor_ops (dst);
-  const CpMemoryOps *from = tensor_ops (src);
-  const CpMemoryOps *ops;
   CpMemoryDirection direction;
+  const CpMemoryOps *ops;
 
   /* Empty tensors may have no address at all. */
   if (width == 0 || height == 0)
     return;
-  if (to == from)
-    ops = to, direction = CP_MEMORY_DEVICE_TO_DEVICE;
-  else if (from == &_cp_memory_host_ops)
-    ops = to, direction = CP_MEMORY_HOST_TO_DEVICE;
-  else
-    {
-      /* Two different devices: the next device brings a staged copy. */
-      g_assert (to == &_cp_memory_host_ops);
-      ops = from, direction = CP_MEMORY_DEVICE_TO_HOST;
-    }
+  ops = copier (dst, src, &direction);
   ops->copy_2d (device_address (dst, dst_offset), dst_pitch, device_address (src, src_offset),
                 src_pitch, width, height, direction, streaming);
+}
+
+void
+_cp_memory_copy_runs (CpTensor           *full,
+                      gsize               full_offset,
+                      gsize               full_pitch,
+                      gint64              first,
+                      CpTensor           *local,
+                      gsize               local_offset,
+                      gsize               local_pitch,
+                      const cp_index_run *runs,
+                      guint               n_runs,
+                      gsize               step,
+                      gsize               outer,
+                      gboolean            to_local,
+                      gboolean            streaming)
+{
+  CpMemoryDirection direction;
+  const CpMemoryOps *ops;
+  guint8 *full_base, *local_cursor;
+
+  if (outer == 0 || n_runs == 0)
+    return;
+  ops = to_local ? copier (local, full, &direction) : copier (full, local, &direction);
+  full_base = device_address (full, full_offset);
+  local_cursor = device_address (local, local_offset);
+  for (guint i = 0; i < n_runs; i++)
+    {
+      guint8 *global = full_base + (gsize) (runs[i].start - first) * step;
+      gsize bytes = (gsize) runs[i].length * step;
+
+      if (bytes == 0)
+        continue;
+      if (to_local)
+        ops->copy_2d (local_cursor, local_pitch, global, full_pitch, bytes, outer, direction,
+                      streaming);
+      else
+        ops->copy_2d (global, full_pitch, local_cursor, local_pitch, bytes, outer, direction,
+                      streaming);
+      local_cursor += bytes;
+    }
 }
 
 void
