@@ -252,6 +252,49 @@ test_require_device (void)
                    "cannot reach; it works on host memory");
 }
 
+/* A layout shards and restores tensors in test memory into test memory,
+ * and reads THD bounds from it. */
+static void
+test_layout_on_test_memory (void)
+{
+  g_autoptr(CpTensor) host = numbered_tensor (CP_DEVICE_KIND_HOST, 0);
+  g_autoptr(CpTensor) test = numbered_tensor (CP_DEVICE_KIND_TEST, 0);
+  g_autoptr(CpLayout) thd = NULL;
+  g_autoptr(CpLayout) thd_host = NULL;
+  g_autoptr(GError) error = NULL;
+  const gint64 bounds_shape[] = { 3 };
+  g_autoptr(CpTensor) bounds = cp_tensor_new (CP_DTYPE_INT32, bounds_shape, 1, NULL);
+  g_autoptr(CpTensor) test_bounds = NULL;
+  CpTensor *pieces[2] = { NULL, NULL };
+  g_autoptr(CpTensor) restored = NULL;
+  g_autoptr(CpTensor) restored_host = NULL;
+  g_autoptr(CpLayout) halves = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, COLS - 2, 2, NULL);
+  g_autoptr(CpTensor) narrow = cp_tensor_narrow (test, 1, 0, COLS - 2, NULL);
+  g_autoptr(CpTensor) narrow_host = cp_tensor_narrow (host, 1, 0, COLS - 2, NULL);
+
+  for (int r = 0; r < 2; r++)
+    {
+      pieces[r] = cp_layout_shard (halves, narrow, 1, r, &error);
+      g_assert_no_error (error);
+      g_assert_cmpint (cp_tensor_get_device (pieces[r]), ==, CP_DEVICE_KIND_TEST);
+    }
+  restored = cp_layout_unshard_pieces (halves, pieces, 2, 1, &error);
+  g_assert_no_error (error);
+  g_assert_cmpint (cp_tensor_get_device (restored), ==, CP_DEVICE_KIND_TEST);
+  restored_host = to_host (restored);
+  g_assert_true (cp_tensor_equal (restored_host, narrow_host));
+  g_clear_object (&pieces[0]);
+  g_clear_object (&pieces[1]);
+
+  cp_tensor_set_value (bounds, 1, 4);
+  cp_tensor_set_value (bounds, 2, 12);
+  test_bounds = cp_tensor_to_device (bounds, CP_DEVICE_KIND_TEST, NULL);
+  thd = cp_layout_new_thd_from_tensor (test_bounds, 2, &error);
+  g_assert_no_error (error);
+  thd_host = cp_layout_new_thd_from_tensor (bounds, 2, NULL);
+  g_assert_true (cp_layout_equal (thd, thd_host));
+}
+
 /* What a host shortcut looks like: generic code summing a tensor through
  * its address instead of through the memory interface. */
 static double
@@ -308,6 +351,7 @@ main (int    argc,
   g_test_add_data_func ("/Cp/Memory/copy-2d/test-to-test", &pairs[3], test_copy_2d);
   g_test_add_func ("/Cp/Memory/transfer/download-upload", test_download_upload);
   g_test_add_func ("/Cp/Memory/require-device/message", test_require_device);
+  g_test_add_func ("/Cp/Memory/layout/test-memory", test_layout_on_test_memory);
   cp_test_add_func_in_process ("/Cp/Memory/test-device/host-shortcut-crashes",
                                test_host_shortcut_crashes);
 
