@@ -295,6 +295,39 @@ test_layout_on_test_memory (void)
   g_assert_true (cp_layout_equal (thd, thd_host));
 }
 
+/* Attention computes where q is, with a kernel for that memory: none of
+ * this build's computes on test memory, and k must be where q is. */
+static void
+attention_rank (CpMesh   *mesh,
+                gpointer  unused)
+{
+  const gint64 shape[] = { 1, 2, 4, 8 };
+  g_autoptr(CpTensor) host = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 4, NULL);
+  g_autoptr(CpTensor) test = cp_tensor_to_device (host, CP_DEVICE_KIND_TEST, NULL);
+  g_autoptr(CpAttention) attention = cp_attention_new (mesh, NULL, NULL);
+  g_autoptr(CpTensor) out = NULL;
+  g_autoptr(GError) error = NULL;
+
+  g_assert_false (cp_attention_forward (attention, test, test, test, &out, NULL, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE, "CpAttention",
+                       "forward with q in memory no attention kernel computes on");
+  g_assert_nonnull (strstr (error->message, "q (float32[1, 2, 4, 8] on test)"));
+  g_clear_error (&error);
+  g_assert_false (cp_attention_forward (attention, host, test, host, &out, NULL, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE, "CpAttention",
+                       "forward with k in other memory than q");
+  g_assert_nonnull (strstr (error->message, "works on host memory"));
+}
+
+static void
+test_attention_device (void)
+{
+  GList *meshes = cp_test_local_group ("cp", 1);
+
+  cp_test_run_ranks (meshes, attention_rank, NULL);
+  cp_test_free_group (meshes);
+}
+
 /* What a host shortcut looks like: generic code summing a tensor through
  * its address instead of through the memory interface. */
 static double
@@ -352,6 +385,7 @@ main (int    argc,
   g_test_add_func ("/Cp/Memory/transfer/download-upload", test_download_upload);
   g_test_add_func ("/Cp/Memory/require-device/message", test_require_device);
   g_test_add_func ("/Cp/Memory/layout/test-memory", test_layout_on_test_memory);
+  g_test_add_func ("/Cp/Memory/attention/device", test_attention_device);
   cp_test_add_func_in_process ("/Cp/Memory/test-device/host-shortcut-crashes",
                                test_host_shortcut_crashes);
 
