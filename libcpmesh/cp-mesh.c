@@ -859,6 +859,7 @@ describe_operand (CpCollective *coll,
   coll->dtype = cp_tensor_get_dtype (tensor);
   coll->n_dims = cp_tensor_get_n_dims (tensor);
   memcpy (coll->shape, shape, coll->n_dims * sizeof (gint64));
+  coll->device = cp_tensor_get_device (tensor);
 }
 
 /* Runs the rendezvous even when this rank's own arguments are bad
@@ -1336,6 +1337,8 @@ _cp_message_from_tensor (CpMessage *message,
   memcpy (message->shape, shape, message->n_dims * sizeof (gint64));
   message->data = cp_tensor_get_data (tensor);
   message->nbytes = cp_tensor_get_nbytes (tensor);
+  message->device = cp_tensor_get_device (tensor);
+  message->stream = NULL;
 }
 
 static gboolean
