@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "cp-attention-private.h"
+#include "cp-enum-types.h"
 #include "cp-error.h"
 
 /**
@@ -22,15 +23,218 @@
  * %CP_LOAD_BALANCE_HEAD_TAIL, head counts taken from the tensors, no
  * padding, and an automatic thread count.
  *
+ * Every single-valued setting is also a property, so bindings can set
+ * them at construction — in Python
+ * `Cp.AttentionOptions(causal=False, rotate_method=Cp.RotateMethod.ALLTOALL)` —
+ * while the length arrays (real lengths and document bounds) have only
+ * their setters. [ctor@Cp.Attention.new] copies the options, so changing
+ * them later does not change an operator.
+ *
  * Since: 1.0
  */
-G_DEFINE_BOXED_TYPE (CpAttentionOptions, cp_attention_options,
-                     cp_attention_options_copy, cp_attention_options_free)
+
+G_DEFINE_FINAL_TYPE (CpAttentionOptions, cp_attention_options, G_TYPE_OBJECT)
+
+enum {
+  PROP_0,
+  PROP_CAUSAL,
+  PROP_SCALE,
+  PROP_ROTATE_METHOD,
+  PROP_LOAD_BALANCE,
+  PROP_N_HEADS,
+  PROP_N_KV_HEADS,
+  PROP_N_THREADS,
+  N_PROPS
+};
+
+static GParamSpec *properties[N_PROPS];
+
+/* The getters take const options, as they did when the type was boxed;
+ * the type checks take a plain pointer. */
+#define IS_OPTIONS(self) CP_IS_ATTENTION_OPTIONS ((gpointer) (self))
+
+static void
+cp_attention_options_finalize (GObject *object)
+{
+  CpAttentionOptions *self = (CpAttentionOptions *) object;
+
+  g_clear_pointer (&self->seq_lens, g_array_unref);
+  g_clear_pointer (&self->cu_seqlens_padded, g_array_unref);
+  g_clear_pointer (&self->cu_seqlens, g_array_unref);
+
+  G_OBJECT_CLASS (cp_attention_options_parent_class)->finalize (object);
+}
+
+static void
+cp_attention_options_get_property (GObject    *object,
+                                   guint       prop_id,
+                                   GValue     *value,
+                                   GParamSpec *pspec)
+{
+  CpAttentionOptions *self = CP_ATTENTION_OPTIONS (object);
+
+  switch (prop_id)
+    {
+    case PROP_CAUSAL:
+      g_value_set_boolean (value, self->causal);
+      break;
+    case PROP_SCALE:
+      g_value_set_double (value, self->scale);
+      break;
+    case PROP_ROTATE_METHOD:
+      g_value_set_enum (value, self->rotate_method);
+      break;
+    case PROP_LOAD_BALANCE:
+      g_value_set_enum (value, self->balance);
+      break;
+    case PROP_N_HEADS:
+      g_value_set_int (value, self->n_heads);
+      break;
+    case PROP_N_KV_HEADS:
+      g_value_set_int (value, self->n_kv_heads);
+      break;
+    case PROP_N_THREADS:
+      g_value_set_int (value, self->n_threads);
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
+    }
+}
+
+static void
+cp_attention_options_set_property (GObject      *object,
+                                   guint         prop_id,
+                                   const GValue *value,
+                                   GParamSpec   *pspec)
+{
+  CpAttentionOptions *self = CP_ATTENTION_OPTIONS (object);
+
+  switch (prop_id)
+    {
+    case PROP_CAUSAL:
+      cp_attention_options_set_causal (self, g_value_get_boolean (value));
+      break;
+    case PROP_SCALE:
+      cp_attention_options_set_scale (self, g_value_get_double (value));
+      break;
+    case PROP_ROTATE_METHOD:
+      cp_attention_options_set_rotate_method (self, g_value_get_enum (value));
+      break;
+    case PROP_LOAD_BALANCE:
+      cp_attention_options_set_load_balance (self, g_value_get_enum (value));
+      break;
+    case PROP_N_HEADS:
+      cp_attention_options_set_heads (self, g_value_get_int (value), self->n_kv_heads);
+      break;
+    case PROP_N_KV_HEADS:
+      cp_attention_options_set_heads (self, self->n_heads, g_value_get_int (value));
+      break;
+    case PROP_N_THREADS:
+      cp_attention_options_set_n_threads (self, g_value_get_int (value));
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
+    }
+}
+
+static void
+cp_attention_options_class_init (CpAttentionOptionsClass *klass)
+{
+  GObjectClass *object_class = G_OBJECT_CLASS (klass);
+  GParamFlags flags = G_PARAM_READWRITE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS;
+
+  object_class->finalize = cp_attention_options_finalize;
+  object_class->get_property = cp_attention_options_get_property;
+  object_class->set_property = cp_attention_options_set_property;
+
+  /**
+   * CpAttentionOptions:causal:
+   *
+   * Whether a query attends only to keys at or before its position; see
+   * [method@Cp.AttentionOptions.set_causal].
+   *
+   * Since: 1.0
+   */
+  properties[PROP_CAUSAL] = g_param_spec_boolean ("causal", NULL, NULL, TRUE, flags);
+
+  /**
+   * CpAttentionOptions:scale:
+   *
+   * The softmax scale, or 0 for 1/√D; see
+   * [method@Cp.AttentionOptions.set_scale].
+   *
+   * Since: 1.0
+   */
+  properties[PROP_SCALE] = g_param_spec_double ("scale", NULL, NULL, 0.0, G_MAXDOUBLE, 0.0, flags);
+
+  /**
+   * CpAttentionOptions:rotate-method:
+   *
+   * How keys and values move between ranks:
+   * %CP_ROTATE_METHOD_ALLGATHER or %CP_ROTATE_METHOD_ALLTOALL.
+   *
+   * Since: 1.0
+   */
+  properties[PROP_ROTATE_METHOD] =
+    g_param_spec_enum ("rotate-method", NULL, NULL,
+                       CP_TYPE_ROTATE_METHOD, CP_ROTATE_METHOD_ALLGATHER, flags);
+
+  /**
+   * CpAttentionOptions:load-balance:
+   *
+   * The layout of an unpacked sequence over the ranks.
+   *
+   * Since: 1.0
+   */
+  properties[PROP_LOAD_BALANCE] =
+    g_param_spec_enum ("load-balance", NULL, NULL,
+                       CP_TYPE_LOAD_BALANCE, CP_LOAD_BALANCE_HEAD_TAIL, flags);
+
+  /**
+   * CpAttentionOptions:n-heads:
+   *
+   * The number of query heads the tensors must have, or 0 to take it from
+   * the query; see [method@Cp.AttentionOptions.set_heads].
+   *
+   * Since: 1.0
+   */
+  properties[PROP_N_HEADS] = g_param_spec_int ("n-heads", NULL, NULL, 0, G_MAXINT, 0, flags);
+
+  /**
+   * CpAttentionOptions:n-kv-heads:
+   *
+   * The number of key/value heads the tensors must have, or 0 to take it
+   * from the keys.
+   *
+   * Since: 1.0
+   */
+  properties[PROP_N_KV_HEADS] = g_param_spec_int ("n-kv-heads", NULL, NULL, 0, G_MAXINT, 0, flags);
+
+  /**
+   * CpAttentionOptions:n-threads:
+   *
+   * Threads per rank, or 0 for automatic; see
+   * [method@Cp.AttentionOptions.set_n_threads].
+   *
+   * Since: 1.0
+   */
+  properties[PROP_N_THREADS] = g_param_spec_int ("n-threads", NULL, NULL, 0, G_MAXINT, 0, flags);
+
+  g_object_class_install_properties (object_class, N_PROPS, properties);
+}
+
+static void
+cp_attention_options_init (CpAttentionOptions *self)
+{
+  self->causal = TRUE;
+  self->rotate_method = CP_ROTATE_METHOD_ALLGATHER;
+  self->balance = CP_LOAD_BALANCE_HEAD_TAIL;
+}
 
 /**
  * cp_attention_options_new:
  *
- * Creates options with the defaults listed in [struct@Cp.AttentionOptions].
+ * Creates options with the defaults listed in [class@Cp.AttentionOptions].
  *
  * Returns: (transfer full): new options
  *
@@ -39,12 +243,7 @@ G_DEFINE_BOXED_TYPE (CpAttentionOptions, cp_attention_options,
 CpAttentionOptions *
 cp_attention_options_new (void)
 {
-  CpAttentionOptions *self = g_new0 (CpAttentionOptions, 1);
-
-  self->causal = TRUE;
-  self->rotate_method = CP_ROTATE_METHOD_ALLGATHER;
-  self->balance = CP_LOAD_BALANCE_HEAD_TAIL;
-  return self;
+  return g_object_new (CP_TYPE_ATTENTION_OPTIONS, NULL);
 }
 
 static GArray *
@@ -67,7 +266,8 @@ dup_lengths (GArray *array)
  * cp_attention_options_copy:
  * @self: options
  *
- * Copies @self.
+ * Copies @self: new options with the same settings, which change
+ * independently of @self.
  *
  * Returns: (transfer full): a copy
  *
@@ -78,32 +278,33 @@ cp_attention_options_copy (const CpAttentionOptions *self)
 {
   CpAttentionOptions *copy;
 
-  g_return_val_if_fail (self != NULL, NULL);
+  g_return_val_if_fail (IS_OPTIONS (self), NULL);
 
-  copy = g_memdup2 (self, sizeof *self);
+  copy = cp_attention_options_new ();
+  copy->causal = self->causal;
+  copy->scale = self->scale;
+  copy->rotate_method = self->rotate_method;
+  copy->balance = self->balance;
+  copy->n_heads = self->n_heads;
+  copy->n_kv_heads = self->n_kv_heads;
+  copy->n_threads = self->n_threads;
   copy->seq_lens = dup_lengths (self->seq_lens);
   copy->cu_seqlens_padded = dup_lengths (self->cu_seqlens_padded);
   copy->cu_seqlens = dup_lengths (self->cu_seqlens);
   return copy;
 }
 
-/**
- * cp_attention_options_free:
- * @self: (transfer full): options
- *
- * Frees @self.
- *
- * Since: 1.0
- */
-void
-cp_attention_options_free (CpAttentionOptions *self)
+/* Stores @value in @slot and notifies @prop when it changes. */
+static void
+set_int (CpAttentionOptions *self,
+         int                *slot,
+         int                 value,
+         int                 prop)
 {
-  g_return_if_fail (self != NULL);
-
-  g_clear_pointer (&self->seq_lens, g_array_unref);
-  g_clear_pointer (&self->cu_seqlens_padded, g_array_unref);
-  g_clear_pointer (&self->cu_seqlens, g_array_unref);
-  g_free (self);
+  if (*slot == value)
+    return;
+  *slot = value;
+  g_object_notify_by_pspec (G_OBJECT (self), properties[prop]);
 }
 
 /**
@@ -119,7 +320,7 @@ cp_attention_options_free (CpAttentionOptions *self)
 gboolean
 cp_attention_options_get_causal (const CpAttentionOptions *self)
 {
-  g_return_val_if_fail (self != NULL, FALSE);
+  g_return_val_if_fail (IS_OPTIONS (self), FALSE);
 
   return self->causal;
 }
@@ -139,9 +340,9 @@ void
 cp_attention_options_set_causal (CpAttentionOptions *self,
                                  gboolean            causal)
 {
-  g_return_if_fail (self != NULL);
+  g_return_if_fail (IS_OPTIONS (self));
 
-  self->causal = !!causal;
+  set_int (self, &self->causal, !!causal, PROP_CAUSAL);
 }
 
 /**
@@ -157,7 +358,7 @@ cp_attention_options_set_causal (CpAttentionOptions *self,
 double
 cp_attention_options_get_scale (const CpAttentionOptions *self)
 {
-  g_return_val_if_fail (self != NULL, 0.0);
+  g_return_val_if_fail (IS_OPTIONS (self), 0.0);
 
   return self->scale;
 }
@@ -176,10 +377,13 @@ void
 cp_attention_options_set_scale (CpAttentionOptions *self,
                                 double              scale)
 {
-  g_return_if_fail (self != NULL);
+  g_return_if_fail (IS_OPTIONS (self));
   g_return_if_fail (scale >= 0.0 && isfinite (scale));
 
+  if (self->scale == scale)
+    return;
   self->scale = scale;
+  g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_SCALE]);
 }
 
 /**
@@ -195,7 +399,7 @@ cp_attention_options_set_scale (CpAttentionOptions *self,
 CpRotateMethod
 cp_attention_options_get_rotate_method (const CpAttentionOptions *self)
 {
-  g_return_val_if_fail (self != NULL, CP_ROTATE_METHOD_ALLGATHER);
+  g_return_val_if_fail (IS_OPTIONS (self), CP_ROTATE_METHOD_ALLGATHER);
 
   return self->rotate_method;
 }
@@ -214,10 +418,10 @@ void
 cp_attention_options_set_rotate_method (CpAttentionOptions *self,
                                         CpRotateMethod      method)
 {
-  g_return_if_fail (self != NULL);
+  g_return_if_fail (IS_OPTIONS (self));
   g_return_if_fail (method == CP_ROTATE_METHOD_ALLGATHER || method == CP_ROTATE_METHOD_ALLTOALL);
 
-  self->rotate_method = method;
+  set_int (self, (int *) &self->rotate_method, method, PROP_ROTATE_METHOD);
 }
 
 /**
@@ -233,7 +437,7 @@ cp_attention_options_set_rotate_method (CpAttentionOptions *self,
 CpLoadBalance
 cp_attention_options_get_load_balance (const CpAttentionOptions *self)
 {
-  g_return_val_if_fail (self != NULL, CP_LOAD_BALANCE_HEAD_TAIL);
+  g_return_val_if_fail (IS_OPTIONS (self), CP_LOAD_BALANCE_HEAD_TAIL);
 
   return self->balance;
 }
@@ -253,10 +457,10 @@ void
 cp_attention_options_set_load_balance (CpAttentionOptions *self,
                                        CpLoadBalance       balance)
 {
-  g_return_if_fail (self != NULL);
+  g_return_if_fail (IS_OPTIONS (self));
   g_return_if_fail (balance == CP_LOAD_BALANCE_HEAD_TAIL || balance == CP_LOAD_BALANCE_CONTIGUOUS);
 
-  self->balance = balance;
+  set_int (self, (int *) &self->balance, balance, PROP_LOAD_BALANCE);
 }
 
 /**
@@ -273,7 +477,7 @@ cp_attention_options_set_load_balance (CpAttentionOptions *self,
 int
 cp_attention_options_get_n_heads (const CpAttentionOptions *self)
 {
-  g_return_val_if_fail (self != NULL, 0);
+  g_return_val_if_fail (IS_OPTIONS (self), 0);
 
   return self->n_heads;
 }
@@ -292,7 +496,7 @@ cp_attention_options_get_n_heads (const CpAttentionOptions *self)
 int
 cp_attention_options_get_n_kv_heads (const CpAttentionOptions *self)
 {
-  g_return_val_if_fail (self != NULL, 0);
+  g_return_val_if_fail (IS_OPTIONS (self), 0);
 
   return self->n_kv_heads;
 }
@@ -317,11 +521,13 @@ cp_attention_options_set_heads (CpAttentionOptions *self,
                                 int                 n_heads,
                                 int                 n_kv_heads)
 {
-  g_return_if_fail (self != NULL);
+  g_return_if_fail (IS_OPTIONS (self));
   g_return_if_fail (n_heads >= 0 && n_kv_heads >= 0);
 
-  self->n_heads = n_heads;
-  self->n_kv_heads = n_kv_heads;
+  g_object_freeze_notify (G_OBJECT (self));
+  set_int (self, &self->n_heads, n_heads, PROP_N_HEADS);
+  set_int (self, &self->n_kv_heads, n_kv_heads, PROP_N_KV_HEADS);
+  g_object_thaw_notify (G_OBJECT (self));
 }
 
 /**
@@ -337,7 +543,7 @@ cp_attention_options_set_heads (CpAttentionOptions *self,
 int
 cp_attention_options_get_n_threads (const CpAttentionOptions *self)
 {
-  g_return_val_if_fail (self != NULL, 0);
+  g_return_val_if_fail (IS_OPTIONS (self), 0);
 
   return self->n_threads;
 }
@@ -360,10 +566,10 @@ void
 cp_attention_options_set_n_threads (CpAttentionOptions *self,
                                     int                 n_threads)
 {
-  g_return_if_fail (self != NULL);
+  g_return_if_fail (IS_OPTIONS (self));
   g_return_if_fail (n_threads >= 0);
 
-  self->n_threads = n_threads;
+  set_int (self, &self->n_threads, n_threads, PROP_N_THREADS);
 }
 
 static const gint64 *
@@ -401,7 +607,7 @@ const gint64 *
 cp_attention_options_get_seq_lens (const CpAttentionOptions *self,
                                    gsize                    *n_seq_lens)
 {
-  g_return_val_if_fail (self != NULL, NULL);
+  g_return_val_if_fail (IS_OPTIONS (self), NULL);
 
   return lengths_data (self->seq_lens, n_seq_lens);
 }
@@ -426,7 +632,7 @@ cp_attention_options_set_seq_lens (CpAttentionOptions *self,
                                    const gint64       *seq_lens,
                                    gsize               n_seq_lens)
 {
-  g_return_if_fail (self != NULL);
+  g_return_if_fail (IS_OPTIONS (self));
   g_return_if_fail (seq_lens != NULL || n_seq_lens == 0);
 
   replace_lengths (&self->seq_lens, seq_lens, n_seq_lens);
@@ -448,7 +654,7 @@ const gint64 *
 cp_attention_options_get_cu_seqlens_padded (const CpAttentionOptions *self,
                                             gsize                    *n_bounds)
 {
-  g_return_val_if_fail (self != NULL, NULL);
+  g_return_val_if_fail (IS_OPTIONS (self), NULL);
 
   return lengths_data (self->cu_seqlens_padded, n_bounds);
 }
@@ -472,7 +678,7 @@ cp_attention_options_set_cu_seqlens_padded (CpAttentionOptions *self,
                                             const gint64       *cu_seqlens_padded,
                                             gsize               n_bounds)
 {
-  g_return_if_fail (self != NULL);
+  g_return_if_fail (IS_OPTIONS (self));
   g_return_if_fail (cu_seqlens_padded != NULL || n_bounds == 0);
 
   replace_lengths (&self->cu_seqlens_padded, cu_seqlens_padded, n_bounds);
@@ -494,7 +700,7 @@ const gint64 *
 cp_attention_options_get_cu_seqlens (const CpAttentionOptions *self,
                                      gsize                    *n_bounds)
 {
-  g_return_val_if_fail (self != NULL, NULL);
+  g_return_val_if_fail (IS_OPTIONS (self), NULL);
 
   return lengths_data (self->cu_seqlens, n_bounds);
 }
@@ -519,7 +725,7 @@ cp_attention_options_set_cu_seqlens (CpAttentionOptions *self,
                                      const gint64       *cu_seqlens,
                                      gsize               n_bounds)
 {
-  g_return_if_fail (self != NULL);
+  g_return_if_fail (IS_OPTIONS (self));
   g_return_if_fail (cu_seqlens != NULL || n_bounds == 0);
 
   replace_lengths (&self->cu_seqlens, cu_seqlens, n_bounds);

@@ -21,6 +21,8 @@ G_BEGIN_DECLS
 
 struct _CpAttentionOptions
 {
+  GObject parent_instance;
+
   gboolean causal;
   double scale;
   CpRotateMethod rotate_method;

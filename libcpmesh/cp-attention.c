@@ -67,7 +67,7 @@ cp_attention_finalize (GObject *object)
   CpAttention *self = CP_ATTENTION (object);
 
   g_clear_object (&self->mesh);
-  g_clear_pointer (&self->options, cp_attention_options_free);
+  g_clear_object (&self->options);
   g_clear_pointer (&self->thd_layout, cp_layout_unref);
 
   G_OBJECT_CLASS (cp_attention_parent_class)->finalize (object);
@@ -240,6 +240,7 @@ cp_attention_new (CpMesh                    *mesh,
   g_autoptr(CpAttentionOptions) defaults = NULL;
 
   g_return_val_if_fail (CP_IS_MESH (mesh), NULL);
+  g_return_val_if_fail (options == NULL || CP_IS_ATTENTION_OPTIONS ((gpointer) options), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
   if (options == NULL)

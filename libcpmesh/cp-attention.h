@@ -19,16 +19,13 @@ G_BEGIN_DECLS
 
 #define CP_TYPE_ATTENTION_OPTIONS (cp_attention_options_get_type ())
 
-typedef struct _CpAttentionOptions CpAttentionOptions;
-
 CP_AVAILABLE_IN_ALL
-GType               cp_attention_options_get_type            (void) G_GNUC_CONST;
+G_DECLARE_FINAL_TYPE (CpAttentionOptions, cp_attention_options, CP, ATTENTION_OPTIONS, GObject)
+
 CP_AVAILABLE_IN_ALL
 CpAttentionOptions *cp_attention_options_new                 (void) G_GNUC_WARN_UNUSED_RESULT;
 CP_AVAILABLE_IN_ALL
 CpAttentionOptions *cp_attention_options_copy                (const CpAttentionOptions *self) G_GNUC_WARN_UNUSED_RESULT;
-CP_AVAILABLE_IN_ALL
-void                cp_attention_options_free                (CpAttentionOptions       *self);
 
 CP_AVAILABLE_IN_ALL
 gboolean            cp_attention_options_get_causal          (const CpAttentionOptions *self);
@@ -153,7 +150,5 @@ gboolean            cp_attention_backward_finish             (CpAttention       
                                                               CpTensor                **dk,
                                                               CpTensor                **dv,
                                                               GError                  **error);
-
-G_DEFINE_AUTOPTR_CLEANUP_FUNC (CpAttentionOptions, cp_attention_options_free)
 
 G_END_DECLS

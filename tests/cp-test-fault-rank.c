@@ -256,7 +256,6 @@ main (int   argc,
   mesh = cp_harness_join_from_env ();
   if (mesh == NULL)
     return 3;
-  cp_harness_report ("JOINED %d", cp_mesh_get_rank (mesh));
   if (g_str_equal (scenario, "all-reduce"))
     {
       play_all_reduce (mesh, alloc_rank);

@@ -719,7 +719,6 @@ main (int   argc,
   mesh = cp_harness_join_from_env ();
   if (mesh == NULL)
     return 3;
-  cp_harness_report ("JOINED %d", cp_mesh_get_rank (mesh));
   wait_for_go (mesh);
   if (g_str_equal (scenario, "collectives"))
     play_collectives (mesh);

@@ -385,7 +385,7 @@ disagree_rank (CpMesh   *mesh,
   if (strstr (error->message, d->field->needle) == NULL)
     g_error ("rank %d: message \"%s\" does not name \"%s\"", cp_mesh_get_rank (mesh),
              error->message, d->field->needle);
-  cp_attention_options_free (call.options);
+  g_object_unref (call.options);
 }
 
 static void
@@ -537,6 +537,58 @@ test_backward_lse (void)
   cp_test_free_group (meshes);
 }
 
+static void
+count_notify (GObject    *object,
+              GParamSpec *pspec,
+              gpointer    user_data)
+{
+  (*(guint *) user_data)++;
+}
+
+static void
+test_options_properties (void)
+{
+  g_autoptr(CpAttentionOptions) options = NULL;
+  g_autoptr(CpAttentionOptions) copy = NULL;
+  const gint64 bounds[] = { 0, 8, 12 };
+  CpRotateMethod method;
+  guint notified = 0;
+  gboolean causal;
+  int n_kv_heads;
+
+  g_test_summary ("CpAttentionOptions is a GObject: its settings are properties, set at "
+                  "construction and through the setters, which notify only on a change");
+  options = g_object_new (CP_TYPE_ATTENTION_OPTIONS,
+                          "causal", FALSE,
+                          "rotate-method", CP_ROTATE_METHOD_ALLTOALL,
+                          "n-threads", 2,
+                          NULL);
+  g_assert_false (cp_attention_options_get_causal (options));
+  g_assert_cmpint (cp_attention_options_get_rotate_method (options), ==, CP_ROTATE_METHOD_ALLTOALL);
+  g_assert_cmpint (cp_attention_options_get_n_threads (options), ==, 2);
+  g_assert_cmpint (cp_attention_options_get_load_balance (options), ==, CP_LOAD_BALANCE_HEAD_TAIL);
+
+  g_signal_connect (options, "notify", G_CALLBACK (count_notify), &notified);
+  cp_attention_options_set_heads (options, 8, 2);
+  g_assert_cmpuint (notified, ==, 2);
+  cp_attention_options_set_heads (options, 8, 2);
+  cp_attention_options_set_n_threads (options, 2);
+  g_assert_cmpuint (notified, ==, 2);
+  g_object_get (options, "n-kv-heads", &n_kv_heads, "causal", &causal, "rotate-method", &method, NULL);
+  g_assert_cmpint (n_kv_heads, ==, 2);
+  g_assert_false (causal);
+  g_assert_cmpint (method, ==, CP_ROTATE_METHOD_ALLTOALL);
+
+  /* A copy is new options with the same settings, arrays included. */
+  cp_attention_options_set_cu_seqlens_padded (options, bounds, G_N_ELEMENTS (bounds));
+  copy = cp_attention_options_copy (options);
+  g_assert_true (copy != options);
+  g_assert_cmpint (cp_attention_options_get_n_heads (copy), ==, 8);
+  g_assert_cmpint (cp_attention_options_get_cu_seqlens_padded (copy, NULL)[2], ==, 12);
+  cp_attention_options_set_causal (copy, TRUE);
+  g_assert_false (cp_attention_options_get_causal (options));
+}
+
 int
 main (int   argc,
       char *argv[])
@@ -554,6 +606,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Attention/errors/seq-lens-count", test_seq_lens_count);
   g_test_add_func ("/Cp/Attention/errors/cu-seqlens", test_bad_cu_seqlens);
   g_test_add_func ("/Cp/Attention/errors/backward-lse", test_backward_lse);
+  g_test_add_func ("/Cp/AttentionOptions/properties", test_options_properties);
 
   return g_test_run ();
 }

@@ -156,13 +156,6 @@ both_said (CpHarnessRank **ranks,
 }
 
 static gboolean
-all_closed (CpHarnessRank **ranks,
-            guint           n)
-{
-  return cp_harness_all_said (ranks, n, "CLOSED");
-}
-
-static gboolean
 check_failure (CpHarnessRank *rank,
                int            index)
 {
@@ -220,7 +213,7 @@ cut_the_link (const Host *hosts)
                 wait_for (ranks, cp_harness_all_ready, deadline) && both_said (ranks, "READY");
   gint64 cut = g_get_monotonic_time ();
 
-  ok = ok && ip (down) && wait_for (ranks, all_closed, deadline);
+  ok = ok && ip (down) && wait_for (ranks, cp_harness_all_closed, deadline);
   for (int r = 0; ok && r < 2; r++)
     ok = check_failure (ranks[r], r);
   if (ok && g_get_monotonic_time () - cut > (TIMEOUT_MS + 3000) * G_TIME_SPAN_MILLISECOND)

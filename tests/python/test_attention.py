@@ -156,6 +156,21 @@ class AttentionTest(unittest.TestCase):
         self.assertEqual(list(options.get_cu_seqlens_padded()), [0, 8, 12])
         copy = options.copy()
         self.assertEqual(list(copy.get_cu_seqlens_padded()), [0, 8, 12])
+        copy.props.causal = False
+        self.assertTrue(options.props.causal)
+
+    def test_options_properties(self):
+        options = Cp.AttentionOptions(causal=False, rotate_method=Cp.RotateMethod.ALLTOALL,
+                                      n_heads=4, n_kv_heads=2, n_threads=1)
+        self.assertFalse(options.get_causal())
+        self.assertEqual(options.get_rotate_method(), Cp.RotateMethod.ALLTOALL)
+        self.assertEqual((options.get_n_heads(), options.get_n_kv_heads()), (4, 2))
+        options.set_scale(0.5)
+        self.assertEqual(options.props.scale, 0.5)
+        mesh = Cp.Mesh.new_local_group(['cp'], [1])[0]
+        attention = Cp.Attention.new(mesh, options)
+        self.assertEqual(attention.get_n_threads(), 1)
+        self.assertEqual(attention.dup_options().props.rotate_method, Cp.RotateMethod.ALLTOALL)
 
     def test_error(self):
         mesh = Cp.Mesh.new_local_group(['cp'], [1])[0]

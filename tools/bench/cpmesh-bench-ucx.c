@@ -220,15 +220,11 @@ static int
 run_rank (const char *role,
           const Plan *plan)
 {
-  g_autoptr(GError) error = NULL;
-  CpMesh *mesh = cp_mesh_new_from_env (&error);
+  CpMesh *mesh = cp_harness_join_from_env ();
   int status;
 
   if (mesh == NULL)
-    {
-      g_printerr ("%s\n", error->message);
-      return 1;
-    }
+    return 1;
   if (g_str_equal (role, "failure"))
     return run_failure_rank (mesh);
   status = run_timing_rank (mesh, plan);
@@ -291,9 +287,11 @@ finish_ranks (CpHarnessRank  **ranks,
   for (int r = 0; r < n; r++)
     {
       int status = ranks[r] != NULL ? cp_harness_exit_status (ranks[r]->process) : 0;
+      const char *why = status != 0 ? cp_harness_rank_find_line (ranks[r], "ERROR") : NULL;
 
       if (ok && status != 0)
-        g_set_error (error, G_IO_ERROR, G_IO_ERROR_FAILED, "rank %d exited with status %d", r, status);
+        g_set_error (error, G_IO_ERROR, G_IO_ERROR_FAILED, "rank %d exited with status %d%s%s", r, status,
+                     why ? ": " : "", why ? why : "");
       ok &= status == 0;
       g_clear_pointer (&ranks[r], cp_harness_rank_free);
     }
@@ -458,13 +456,6 @@ measure_perftest (const Plan       *plan,
 /* ---- failure detection ---- */
 
 static gboolean
-all_closed (CpHarnessRank **ranks,
-            guint           n)
-{
-  return cp_harness_all_said (ranks, n, "CLOSED");
-}
-
-static gboolean
 measure_failure (const CpmeshMeshBenchOptions  *options,
                  GError                       **error)
 {
@@ -482,7 +473,7 @@ measure_failure (const CpmeshMeshBenchOptions  *options,
     {
       const char *failed, *closed;
 
-      cp_harness_run_until (&ranks[r], 1, all_closed, 0);
+      cp_harness_run_until (&ranks[r], 1, cp_harness_all_closed, 0);
       failed = cp_harness_rank_find_line (ranks[r], "FAILED");
       closed = cp_harness_rank_find_line (ranks[r], "CLOSED");
       if (failed != NULL && closed != NULL)

@@ -376,6 +376,13 @@ cp_harness_all_ready (CpHarnessRank **ranks,
   return cp_harness_all_said (ranks, n, "READY");
 }
 
+gboolean
+cp_harness_all_closed (CpHarnessRank **ranks,
+                       guint           n)
+{
+  return cp_harness_all_said (ranks, n, "CLOSED");
+}
+
 static gboolean
 time_is_up (gpointer user_data)
 {
@@ -435,6 +442,8 @@ cp_harness_join_from_env (void)
 
   if (mesh == NULL)
     cp_harness_report ("ERROR %d %s", error->code, error->message);
+  else
+    cp_harness_report ("JOINED %d", cp_mesh_get_rank (mesh));
   return mesh;
 }
 

@@ -131,6 +131,10 @@ gboolean     cp_harness_all_said           (CpHarnessRank     **ranks,
 /* Every rank reported READY, or is done. */
 gboolean     cp_harness_all_ready          (CpHarnessRank     **ranks,
                                             guint               n);
+/* Every rank reported CLOSED (the end of
+ * cp_harness_gather_until_failure), or is done. */
+gboolean     cp_harness_all_closed         (CpHarnessRank     **ranks,
+                                            guint               n);
 
 /* Runs the thread-default main context until @condition holds and gives
  * TRUE; FALSE when @limit_ms (0: no limit) passed first, after killing
@@ -150,8 +154,8 @@ void         cp_harness_run_for            (guint               ms);
 void         cp_harness_report             (const char         *format,
                                             ...) G_GNUC_PRINTF (1, 2);
 
-/* Joins the mesh the environment describes, or reports "ERROR CODE
- * MESSAGE" and gives NULL. */
+/* Joins the mesh the environment describes and reports "JOINED RANK",
+ * or reports "ERROR CODE MESSAGE" and gives NULL. */
 CpMesh      *cp_harness_join_from_env      (void);
 
 /* All_gathers 4 MiB per rank until one fails, reporting "READY" after
