@@ -115,6 +115,16 @@ void      _cp_memory_upload         (CpTensor      *dst,
                                      gsize          dst_offset,
                                      gconstpointer  host,
                                      gsize          n);
+/* The same at a device address of memory @device, for buffers that are
+ * no longer tensors (a collective's send and receive buffers). */
+void      _cp_memory_download_address (CpDeviceKind  device,
+                                       gpointer      host,
+                                       gconstpointer address,
+                                       gsize         n);
+void      _cp_memory_upload_address   (CpDeviceKind  device,
+                                       gpointer      address,
+                                       gconstpointer host,
+                                       gsize         n);
 /* Sets @count elements of @dst from @offset on to @value, converted to
  * @dst's dtype as cp_tensor_new_full() does. */
 void      _cp_memory_fill           (CpTensor      *dst,

@@ -166,6 +166,28 @@ _cp_memory_upload (CpTensor      *dst,
 }
 
 void
+_cp_memory_download_address (CpDeviceKind  device,
+                             gpointer      host,
+                             gconstpointer address,
+                             gsize         n)
+{
+  if (n > 0)
+    _cp_memory_ops_for_kind (device)->copy_2d (host, n, address, n, n, 1,
+                                               CP_MEMORY_DEVICE_TO_HOST, FALSE);
+}
+
+void
+_cp_memory_upload_address (CpDeviceKind  device,
+                           gpointer      address,
+                           gconstpointer host,
+                           gsize         n)
+{
+  if (n > 0)
+    _cp_memory_ops_for_kind (device)->copy_2d (address, n, host, n, n, 1,
+                                               CP_MEMORY_HOST_TO_DEVICE, FALSE);
+}
+
+void
 _cp_memory_fill (CpTensor *dst,
                  gsize     offset,
                  gsize     count,

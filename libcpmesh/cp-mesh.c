@@ -7,9 +7,11 @@
 
 #include <string.h>
 
+#include "cp-enum-types.h"
 #include "cp-error.h"
 #include "cp-layout-private.h"
 #include "cp-mesh-private.h"
+#include "cp-memory-private.h"
 #include "cp-tensor-private.h"
 
 /**
@@ -56,7 +58,9 @@ struct _CpMesh
 {
   GObject parent_instance;
 
-  CpComm *comm;
+  CpComm *comm;          /* the host communicator: agreement runs here */
+  CpComm *routes[CP_MESH_N_ROUTES]; /* per memory kind: who moves it, or NULL */
+  GPtrArray *device_comms; /* CpComm*: communicators besides the host one */
   char *label;
   char **dim_names;
   int *dim_sizes;
@@ -100,6 +104,7 @@ cp_mesh_finalize (GObject *object)
     g_source_destroy (self->poll_source);
   g_clear_pointer (&self->poll_source, g_source_unref);
   g_clear_pointer (&self->submeshes, g_hash_table_unref);
+  g_clear_pointer (&self->device_comms, g_ptr_array_unref);
   g_clear_pointer (&self->comm, _cp_comm_free);
   g_clear_pointer (&self->label, g_free);
   g_clear_pointer (&self->dim_names, g_strfreev);
@@ -293,6 +298,7 @@ cp_mesh_init (CpMesh *self)
   self->timeout_ms = CP_MESH_DEFAULT_TIMEOUT_MS;
   self->local_rank = -1;
   self->submeshes = g_hash_table_new_full (g_str_hash, g_str_equal, g_free, g_object_unref);
+  self->device_comms = g_ptr_array_new_with_free_func ((GDestroyNotify) _cp_comm_free);
 }
 
 /* Keeps meshes of absurd sizes from allocating per-rank tables. */
@@ -334,6 +340,33 @@ _cp_mesh_check_dims (const char * const  *dim_names,
   return TRUE;
 }
 
+/* Routes every memory kind @comm's transport moves to @comm. */
+static void
+route_kinds (CpMesh *self,
+             CpComm *comm)
+{
+  guint kinds = _cp_transport_get_device_kinds (comm->transport);
+
+  for (guint k = 0; k < CP_MESH_N_ROUTES; k++)
+    if (kinds & CP_TRANSPORT_DEVICE (k))
+      self->routes[k] = comm;
+}
+
+gboolean
+_cp_mesh_add_transport (CpMesh       *self,
+                        CpTransport  *transport,
+                        GError      **error)
+{
+  CpComm *comm = _cp_transport_comm_new (transport, self->label, self->comm->members,
+                                         self->comm->size, self->comm->index, error);
+
+  if (comm == NULL)
+    return FALSE;
+  g_ptr_array_add (self->device_comms, comm);
+  route_kinds (self, comm);
+  return TRUE;
+}
+
 static void
 compute_coordinates (CpMesh *self)
 {
@@ -369,6 +402,7 @@ _cp_mesh_new (CpTransport         *transport,
   self->comm = _cp_transport_comm_new (transport, label, members, n_members, my_index, error);
   if (self->comm == NULL)
     return NULL;
+  route_kinds (self, self->comm);
   self->label = g_strdup (label);
   self->dim_names = g_strdupv ((char **) dim_names);
   self->dim_sizes = g_memdup2 (dim_sizes, n_dims * sizeof (int));
@@ -775,10 +809,19 @@ create_submesh (CpMesh      *self,
 
   submesh = _cp_mesh_new (self->comm->transport, label, members, self->dim_sizes[d],
                           self->coordinates[d], names, &self->dim_sizes[d], 1, error);
-  if (submesh != NULL)
+  if (submesh == NULL)
+    return NULL;
+  submesh->timeout_ms = self->timeout_ms;
+  submesh->local_rank = self->local_rank;
+  for (guint i = 0; i < self->device_comms->len; i++)
     {
-      submesh->timeout_ms = self->timeout_ms;
-      submesh->local_rank = self->local_rank;
+      CpComm *comm = g_ptr_array_index (self->device_comms, i);
+
+      if (!_cp_mesh_add_transport (submesh, comm->transport, error))
+        {
+          g_object_unref (submesh);
+          return NULL;
+        }
     }
   return submesh;
 }
@@ -859,16 +902,17 @@ describe_operand (CpCollective *coll,
   coll->dtype = cp_tensor_get_dtype (tensor);
   coll->n_dims = cp_tensor_get_n_dims (tensor);
   memcpy (coll->shape, shape, coll->n_dims * sizeof (gint64));
+  coll->device = cp_tensor_get_device (tensor);
 }
 
-/* Runs the rendezvous even when this rank's own arguments are bad
- * (@invalid, taken), so that every rank fails with the same error instead
- * of timing out waiting for this one. */
+/* Runs @coll on the host communicator, the rendezvous included even when
+ * this rank's own arguments are bad (@invalid, taken), so that every rank
+ * fails with the same error instead of timing out waiting for this one. */
 static gboolean
-run_collective (CpMesh        *self,
-                CpCollective  *coll,
-                GError        *invalid,
-                GError       **error)
+run_on_host (CpMesh        *self,
+             CpCollective  *coll,
+             GError        *invalid,
+             GError       **error)
 {
   gboolean ok;
 
@@ -876,6 +920,213 @@ run_collective (CpMesh        *self,
   ok = _cp_comm_collective (self->comm, coll, _cp_mesh_deadline (self), error);
   g_clear_error (&coll->invalid);
   return ok;
+}
+
+/* A descriptor as numbers: kind, dtype, dims, shape, dim, root, op,
+ * device. */
+#define DESCRIPTOR_WORDS (7 + CP_TENSOR_MAX_DIMS)
+
+static void
+pack_descriptor (const CpCollective *coll,
+                 gint64             *words)
+{
+  memset (words, 0, DESCRIPTOR_WORDS * sizeof (gint64));
+  words[0] = coll->kind;
+  words[1] = coll->dtype;
+  words[2] = coll->n_dims;
+  memcpy (words + 3, coll->shape, coll->n_dims * sizeof (gint64));
+  words[3 + CP_TENSOR_MAX_DIMS] = coll->dim;
+  words[4 + CP_TENSOR_MAX_DIMS] = coll->root;
+  words[5 + CP_TENSOR_MAX_DIMS] = coll->op;
+  words[6 + CP_TENSOR_MAX_DIMS] = coll->device;
+}
+
+static void
+unpack_descriptor (const gint64 *words,
+                   CpCollective *coll)
+{
+  memset (coll, 0, sizeof *coll);
+  coll->kind = (CpCollKind) words[0];
+  coll->dtype = (CpDType) words[1];
+  coll->n_dims = (guint) MIN (words[2], CP_TENSOR_MAX_DIMS);
+  memcpy (coll->shape, words + 3, coll->n_dims * sizeof (gint64));
+  coll->dim = (int) words[3 + CP_TENSOR_MAX_DIMS];
+  coll->root = (int) words[4 + CP_TENSOR_MAX_DIMS];
+  coll->op = (CpReduceOp) words[5 + CP_TENSOR_MAX_DIMS];
+  coll->device = (CpDeviceKind) words[6 + CP_TENSOR_MAX_DIMS];
+}
+
+/* Every rank's descriptor of @coll, exchanged over the host communicator
+ * and compared, before a device communicator moves any byte: a device
+ * transport (NCCL) cannot tell ranks that disagree from ranks that
+ * agree. */
+static gboolean
+agree_on_host (CpMesh        *self,
+               CpCollective  *coll,
+               GError        *invalid,
+               GError       **error)
+{
+  int n = self->comm->size;
+  gint64 mine[DESCRIPTOR_WORDS];
+  g_autofree gint64 *table = g_new0 (gint64, (gsize) n * DESCRIPTOR_WORDS);
+  g_autofree CpCollective *descs = g_new0 (CpCollective, n);
+  g_autofree const CpCollective **order = g_new0 (const CpCollective *, n);
+  CpCollective gather = { .kind = CP_COLL_ALL_GATHER, .dtype = CP_DTYPE_INT64, .n_dims = 1,
+                          .shape = { DESCRIPTOR_WORDS }, .outer = 1, .block = sizeof mine,
+                          .send = mine, .recv = table };
+
+  pack_descriptor (coll, mine);
+  if (!run_on_host (self, &gather, invalid, error))
+    return FALSE;
+  for (int r = 0; r < n; r++)
+    {
+      unpack_descriptor (table + (gsize) r * DESCRIPTOR_WORDS, &descs[r]);
+      order[r] = &descs[r];
+    }
+  return _cp_collective_check_agreement (order, n, error);
+}
+
+/* The communicator that moves memory of kind @device, or NULL. */
+static CpComm *
+route (CpMesh       *self,
+       CpDeviceKind  device)
+{
+  return (guint) device < CP_MESH_N_ROUTES ? self->routes[device] : NULL;
+}
+
+/* Runs @coll over the communicator that moves its memory.  A mesh with
+ * communicators besides the host one agrees on the host first; one that
+ * has only the host communicator agrees and moves in one call, as its
+ * backend compares descriptors itself. */
+static gboolean
+run_routed (CpMesh        *self,
+            CpCollective  *coll,
+            GError        *invalid,
+            GError       **error)
+{
+  if (self->device_comms->len == 0)
+    return run_on_host (self, coll, invalid, error);
+  if (!agree_on_host (self, coll, invalid, error))
+    return FALSE;
+  return _cp_comm_collective (route (self, coll->device), coll, _cp_mesh_deadline (self), error);
+}
+
+/* The bytes @coll sends and receives, by the geometry CpCollective
+ * documents; @in_place when it also reads what it receives into. */
+static void
+staged_sizes (CpMesh             *self,
+              const CpCollective *coll,
+              gsize              *send_bytes,
+              gsize              *recv_bytes,
+              gboolean           *in_place)
+{
+  gsize all = coll->outer * (gsize) self->comm->size * coll->block;
+
+  *send_bytes = *recv_bytes = 0;
+  *in_place = FALSE;
+  switch (coll->kind)
+    {
+    case CP_COLL_ALL_GATHER:
+      *send_bytes = coll->outer * coll->block;
+      *recv_bytes = all;
+      break;
+    case CP_COLL_ALL_TO_ALL:
+      *send_bytes = *recv_bytes = all;
+      break;
+    case CP_COLL_ALL_REDUCE:
+    case CP_COLL_BROADCAST:
+      *recv_bytes = coll->count * cp_dtype_get_size (coll->dtype);
+      *in_place = TRUE;
+      break;
+    case CP_COLL_BARRIER:
+    default:
+      break;
+    }
+}
+
+/* Memory no communicator moves but the memory interface reaches (test
+ * memory; a device without a transport of its own) crosses to the host
+ * before the host communicator's collective and back after it. */
+static gboolean
+run_staged (CpMesh        *self,
+            CpCollective  *coll,
+            GError        *invalid,
+            GError       **error)
+{
+  CpCollective staged = *coll;
+  gsize send_bytes, recv_bytes;
+  gboolean in_place, ok;
+  g_autofree guint8 *send = NULL;
+  g_autofree guint8 *recv = NULL;
+
+  staged.device = CP_DEVICE_KIND_HOST;
+  /* Bad arguments move nothing: the rendezvous only reports them. */
+  if (invalid != NULL)
+    return run_routed (self, &staged, invalid, error);
+  staged_sizes (self, coll, &send_bytes, &recv_bytes, &in_place);
+  if (coll->send != NULL)
+    {
+      staged.send = send = g_malloc (MAX (send_bytes, 1));
+      _cp_memory_download_address (coll->device, send, coll->send, send_bytes);
+    }
+  if (coll->recv != NULL)
+    {
+      staged.recv = recv = g_malloc (MAX (recv_bytes, 1));
+      if (in_place)
+        _cp_memory_download_address (coll->device, recv, coll->recv, recv_bytes);
+    }
+  ok = run_routed (self, &staged, NULL, error);
+  if (ok && coll->recv != NULL)
+    _cp_memory_upload_address (coll->device, coll->recv, recv, recv_bytes);
+  return ok;
+}
+
+static gboolean
+run_collective (CpMesh        *self,
+                CpCollective  *coll,
+                GError        *invalid,
+                GError       **error)
+{
+  if (route (self, coll->device) == NULL && _cp_memory_ops_for_kind (coll->device) != NULL)
+    return run_staged (self, coll, invalid, error);
+  return run_routed (self, coll, invalid, error);
+}
+
+
+/* The memory kinds a communicator of the mesh moves, as a set for
+ * _cp_tensor_require_device(). */
+static guint
+routed_kinds (CpMesh *self)
+{
+  guint kinds = 0;
+
+  for (guint k = 0; k < CP_MESH_N_ROUTES; k++)
+    if (self->routes[k] != NULL)
+      kinds |= 1u << k;
+  return kinds;
+}
+
+/* Messages go only where a communicator moves the memory. */
+static gboolean
+check_routed (CpMesh      *self,
+              CpTensor    *tensor,
+              const char  *what,
+              GError     **error)
+{
+  return _cp_tensor_require_device (tensor, what, "the tensor", routed_kinds (self), error);
+}
+
+/* Collectives also take memory no communicator moves but the memory
+ * interface reaches: it crosses through host copies (run_staged). */
+static gboolean
+check_collective_operand (CpMesh      *self,
+                          CpTensor    *tensor,
+                          const char  *what,
+                          const char  *label,
+                          GError     **error)
+{
+  return _cp_tensor_require_device (tensor, what, label,
+                                    routed_kinds (self) | CP_DEVICE_KINDS_REACHABLE, error);
 }
 
 /* Fills the byte geometry of an all-gather along @dim. */
@@ -965,7 +1216,7 @@ check_gather_output (CpMesh     *self,
                    have, cp_dtype_get_name (cp_tensor_get_dtype (tensor)), want);
       return FALSE;
     }
-  return _cp_tensor_require_device (out, "all_gather", "the output", CP_DEVICE_KINDS_HOST, error);
+  return check_collective_operand (self, out, "all_gather", "the output", error);
 }
 
 static gboolean
@@ -980,7 +1231,7 @@ gather_into (CpMesh    *self,
   guint d = 0;
 
   describe_operand (&coll, CP_COLL_ALL_GATHER, tensor);
-  if (_cp_tensor_require_device (tensor, "all_gather", "the tensor", CP_DEVICE_KINDS_HOST, &invalid) &&
+  if (check_collective_operand (self, tensor, "all_gather", "the tensor", &invalid) &&
       _cp_tensor_normalize_dim (tensor, "all_gather", dim, &d, &invalid) &&
       (out == NULL || check_gather_output (self, tensor, d, out, &invalid)))
     {
@@ -989,6 +1240,21 @@ gather_into (CpMesh    *self,
       coll.recv = out ? cp_tensor_get_data (out) : NULL;
     }
   return run_collective (self, &coll, invalid, error);
+}
+
+/* A result of @shape in @tensor's memory; in host memory when this build
+ * cannot reach that, which the operand check then reports. */
+static CpTensor *
+result_like (CpTensor      *tensor,
+             const gint64  *shape,
+             GError       **error)
+{
+  CpDeviceKind device = cp_tensor_get_device (tensor);
+
+  if (_cp_memory_ops_for_kind (device) == NULL)
+    device = CP_DEVICE_KIND_HOST;
+  return _cp_tensor_new_on_device (device, cp_tensor_get_dtype (tensor), shape,
+                                   cp_tensor_get_n_dims (tensor), FALSE, error);
 }
 
 /**
@@ -1024,8 +1290,7 @@ cp_mesh_all_gather (CpMesh    *self,
 
   if (_cp_tensor_normalize_dim (tensor, "all_gather", dim, &d, &invalid) &&
       gathered_shape (self, tensor, d, shape, &invalid))
-    out = _cp_tensor_new_uninit (cp_tensor_get_dtype (tensor), shape,
-                                 cp_tensor_get_n_dims (tensor), &invalid);
+    out = result_like (tensor, shape, &invalid);
   if (invalid != NULL)
     {
       fail_gather_together (self, tensor, invalid, error);
@@ -1077,7 +1342,7 @@ plan_all_to_all (CpMesh        *self,
   gsize step;
   guint d;
 
-  if (!_cp_tensor_require_device (tensor, "all_to_all", "the tensor", CP_DEVICE_KINDS_HOST, error) ||
+  if (!check_collective_operand (self, tensor, "all_to_all", "the tensor", error) ||
       !_cp_tensor_normalize_dim (tensor, "all_to_all", dim, &d, error))
     return FALSE;
   _cp_tensor_split_at (tensor, d, &coll->outer, &length, &step);
@@ -1126,8 +1391,7 @@ cp_mesh_all_to_all (CpMesh    *self,
 
   describe_operand (&coll, CP_COLL_ALL_TO_ALL, tensor);
   if (plan_all_to_all (self, &coll, tensor, dim, &invalid))
-    out = _cp_tensor_new_uninit (cp_tensor_get_dtype (tensor), cp_tensor_get_shape (tensor, NULL),
-                                 cp_tensor_get_n_dims (tensor), &invalid);
+    out = result_like (tensor, cp_tensor_get_shape (tensor, NULL), &invalid);
   if (out != NULL)
     {
       coll.send = cp_tensor_get_data (tensor);
@@ -1171,7 +1435,7 @@ cp_mesh_all_reduce (CpMesh      *self,
 
   describe_operand (&coll, CP_COLL_ALL_REDUCE, tensor);
   coll.op = op;
-  if (_cp_tensor_require_device (tensor, "all_reduce", "the tensor", CP_DEVICE_KINDS_HOST, &invalid))
+  if (check_collective_operand (self, tensor, "all_reduce", "the tensor", &invalid))
     {
       coll.count = (gsize) cp_tensor_get_numel (tensor);
       coll.recv = cp_tensor_get_data (tensor);
@@ -1210,7 +1474,7 @@ cp_mesh_broadcast (CpMesh    *self,
   if (root < 0 || root >= self->comm->size)
     g_set_error (&invalid, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
                  "broadcast: root %d is outside [0, %d)", root, self->comm->size);
-  else if (_cp_tensor_require_device (tensor, "broadcast", "the tensor", CP_DEVICE_KINDS_HOST, &invalid))
+  else if (check_collective_operand (self, tensor, "broadcast", "the tensor", &invalid))
     {
       coll.count = (gsize) cp_tensor_get_numel (tensor);
       coll.recv = cp_tensor_get_data (tensor);
@@ -1282,7 +1546,7 @@ _cp_mesh_agree (CpMesh              *self,
   coll.block = n_values * sizeof (gint64);
   coll.send = mine;
   coll.recv = table;
-  if (!run_collective (self, &coll, invalid, error))
+  if (!run_on_host (self, &coll, invalid, error))
     return FALSE;
   return check_agreement (self, what, names, table, n_values, error);
 }
@@ -1321,6 +1585,8 @@ _cp_message_from_tensor (CpMessage *message,
   memcpy (message->shape, shape, message->n_dims * sizeof (gint64));
   message->data = cp_tensor_get_data (tensor);
   message->nbytes = cp_tensor_get_nbytes (tensor);
+  message->device = cp_tensor_get_device (tensor);
+  message->stream = NULL;
 }
 
 static gboolean
@@ -1336,7 +1602,7 @@ check_peer (CpMesh      *self,
                    "%s: rank %d is outside [0, %d)", what, peer, self->comm->size);
       return FALSE;
     }
-  return _cp_tensor_require_device (tensor, what, "the tensor", CP_DEVICE_KINDS_HOST, error);
+  return check_routed (self, tensor, what, error);
 }
 
 /* Posts every operation before waiting for any, so that exchanges in a
@@ -1351,6 +1617,8 @@ exchange (CpMesh    *self,
           GError   **error)
 {
   gint64 deadline = _cp_mesh_deadline (self);
+  CpComm *send_comm = send_tensor ? route (self, cp_tensor_get_device (send_tensor)) : NULL;
+  CpComm *recv_comm = recv_tensor ? route (self, cp_tensor_get_device (recv_tensor)) : NULL;
   CpMessage sent, received;
   CpRequest *send_request = NULL;
   CpRequest *recv_request = NULL;
@@ -1360,16 +1628,16 @@ exchange (CpMesh    *self,
   if (send_tensor != NULL)
     {
       _cp_message_from_tensor (&sent, send_tensor);
-      send_request = _cp_comm_isend (self->comm, dst, tag, &sent);
+      send_request = _cp_comm_isend (send_comm, dst, tag, &sent);
     }
   if (recv_tensor != NULL)
     {
       _cp_message_from_tensor (&received, recv_tensor);
-      recv_request = _cp_comm_irecv (self->comm, src, tag, &received);
-      ok = _cp_comm_wait (self->comm, recv_request, deadline, &recv_error);
+      recv_request = _cp_comm_irecv (recv_comm, src, tag, &received);
+      ok = _cp_comm_wait (recv_comm, recv_request, deadline, &recv_error);
     }
   if (send_request != NULL)
-    ok = _cp_comm_wait (self->comm, send_request, deadline, recv_error ? NULL : error) && ok;
+    ok = _cp_comm_wait (send_comm, send_request, deadline, recv_error ? NULL : error) && ok;
   if (recv_error != NULL)
     g_propagate_error (error, recv_error);
   return ok;
