@@ -466,6 +466,21 @@ buffer_new_like (CpTensor **slot,
                      cp_tensor_get_n_dims (tensor), zeroed, error);
 }
 
+/* What the caller gets back lives where q is; the buffers the ring moves
+ * stay in host memory, which every transport moves. */
+static gboolean
+result_new (CpTensor     **slot,
+            const Plan    *plan,
+            CpDType        dtype,
+            const gint64  *shape,
+            guint          n_dims,
+            gboolean       zeroed,
+            GError       **error)
+{
+  *slot = _cp_tensor_new_on_device (plan->device, dtype, shape, n_dims, zeroed, error);
+  return *slot != NULL;
+}
+
 /* A [2, ...] K/V pack of @rows rows per head. */
 static gboolean
 buffer_new_kv (CpTensor   **slot,
@@ -525,8 +540,9 @@ buffers_new_forward (CpAttention  *self,
 
   return buffers_new_common (self, plan, q, bufs, error) &&
          buffer_new_rows (&bufs->rows[1], plan, error) &&
-         buffer_new_like (&bufs->results[0], q, plan->dtype, plan->dtype == CP_DTYPE_FLOAT32, error) &&
-         buffer_new (&bufs->results[1], CP_DTYPE_FLOAT32, shape, n_dims, FALSE, error) &&
+         result_new (&bufs->results[0], plan, plan->dtype, cp_tensor_get_shape (q, NULL),
+                     cp_tensor_get_n_dims (q), plan->dtype == CP_DTYPE_FLOAT32, error) &&
+         result_new (&bufs->results[1], plan, CP_DTYPE_FLOAT32, shape, n_dims, FALSE, error) &&
          (plan->dtype == CP_DTYPE_FLOAT32 ||
           buffer_new_like (&bufs->acc, q, CP_DTYPE_FLOAT32, TRUE, error));
 }
@@ -566,9 +582,10 @@ buffers_new_backward (CpAttention  *self,
          buffer_new_like (&bufs->acc, q, CP_DTYPE_FLOAT32, TRUE, error) &&
          buffer_new_kv (&bufs->dkv, plan, CP_DTYPE_FLOAT32, plan->local_len, TRUE, error) &&
          buffers_new_partials (self, plan, bufs, error) &&
-         buffer_new_like (&bufs->results[0], q, plan->dtype, FALSE, error) &&
-         buffer_new (&bufs->results[1], plan->dtype, kv_shape, kv_dims, FALSE, error) &&
-         buffer_new (&bufs->results[2], plan->dtype, kv_shape, kv_dims, FALSE, error);
+         result_new (&bufs->results[0], plan, plan->dtype, cp_tensor_get_shape (q, NULL),
+                     cp_tensor_get_n_dims (q), FALSE, error) &&
+         result_new (&bufs->results[1], plan, plan->dtype, kv_shape, kv_dims, FALSE, error) &&
+         result_new (&bufs->results[2], plan, plan->dtype, kv_shape, kv_dims, FALSE, error);
 }
 
 /* K and V side by side in one buffer, so that every transfer moves both

@@ -295,8 +295,9 @@ test_layout_on_test_memory (void)
   g_assert_true (cp_layout_equal (thd, thd_host));
 }
 
-/* Attention computes where q is, with a kernel for that memory: none of
- * this build's computes on test memory, and k must be where q is. */
+/* Attention computes where q is, with a kernel for that memory (the CPU
+ * kernel computes on host and test memory, none on CUDA memory in this
+ * build), and its results are where q is; k must be there too. */
 static void
 attention_rank (CpMesh   *mesh,
                 gpointer  unused)
@@ -304,19 +305,31 @@ attention_rank (CpMesh   *mesh,
   const gint64 shape[] = { 1, 2, 4, 8 };
   g_autoptr(CpTensor) host = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 4, NULL);
   g_autoptr(CpTensor) test = cp_tensor_to_device (host, CP_DEVICE_KIND_TEST, NULL);
+  g_autoptr(CpStorage) storage = _cp_storage_new_dlpack (CP_DEVICE_KIND_CUDA, 0, 0x7f0000010000,
+                                                         256, NULL, NULL);
+  g_autoptr(CpTensor) cuda = cp_tensor_new_from_storage (CP_DTYPE_FLOAT32, shape, 4, storage, 0,
+                                                         NULL);
   g_autoptr(CpAttention) attention = cp_attention_new (mesh, NULL, NULL);
   g_autoptr(CpTensor) out = NULL;
   g_autoptr(GError) error = NULL;
 
-  g_assert_false (cp_attention_forward (attention, test, test, test, &out, NULL, &error));
-  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE, "CpAttention",
-                       "forward with q in memory no attention kernel computes on");
-  g_assert_nonnull (strstr (error->message, "q (float32[1, 2, 4, 8] on test)"));
-  g_clear_error (&error);
+  g_assert_true (cp_attention_forward (attention, test, test, test, &out, NULL, &error));
+  g_assert_no_error (error);
+  g_assert_cmpint (cp_tensor_get_device (out), ==, CP_DEVICE_KIND_TEST);
+  g_clear_object (&out);
+  if (!CP_HAS_CUDA)
+    {
+      g_assert_false (cp_attention_forward (attention, cuda, cuda, cuda, &out, NULL, &error));
+      CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE, "CpAttention",
+                           "forward with q in memory no attention kernel computes on");
+      g_assert_nonnull (strstr (error->message, "q (float32[1, 2, 4, 8] on cuda)"));
+      g_clear_error (&error);
+    }
   g_assert_false (cp_attention_forward (attention, host, test, host, &out, NULL, &error));
   CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE, "CpAttention",
                        "forward with k in other memory than q");
   g_assert_nonnull (strstr (error->message, "works on host memory"));
+  g_assert_null (out);
 }
 
 static void
