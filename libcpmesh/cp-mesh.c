@@ -1106,24 +1106,15 @@ routed_kinds (CpMesh *self)
   return kinds;
 }
 
-/* Messages go only where a communicator moves the memory. */
+/* Collectives and messages take memory a communicator of the mesh moves,
+ * and also memory none moves but the memory interface reaches: that
+ * crosses through host copies (run_staged, host_stand_in). */
 static gboolean
-check_routed (CpMesh      *self,
-              CpTensor    *tensor,
-              const char  *what,
-              GError     **error)
-{
-  return _cp_tensor_require_device (tensor, what, "the tensor", routed_kinds (self), error);
-}
-
-/* Collectives also take memory no communicator moves but the memory
- * interface reaches: it crosses through host copies (run_staged). */
-static gboolean
-check_collective_operand (CpMesh      *self,
-                          CpTensor    *tensor,
-                          const char  *what,
-                          const char  *label,
-                          GError     **error)
+check_operand (CpMesh      *self,
+               CpTensor    *tensor,
+               const char  *what,
+               const char  *label,
+               GError     **error)
 {
   return _cp_tensor_require_device (tensor, what, label,
                                     routed_kinds (self) | CP_DEVICE_KINDS_REACHABLE, error);
@@ -1216,7 +1207,7 @@ check_gather_output (CpMesh     *self,
                    have, cp_dtype_get_name (cp_tensor_get_dtype (tensor)), want);
       return FALSE;
     }
-  return check_collective_operand (self, out, "all_gather", "the output", error);
+  return check_operand (self, out, "all_gather", "the output", error);
 }
 
 static gboolean
@@ -1231,7 +1222,7 @@ gather_into (CpMesh    *self,
   guint d = 0;
 
   describe_operand (&coll, CP_COLL_ALL_GATHER, tensor);
-  if (check_collective_operand (self, tensor, "all_gather", "the tensor", &invalid) &&
+  if (check_operand (self, tensor, "all_gather", "the tensor", &invalid) &&
       _cp_tensor_normalize_dim (tensor, "all_gather", dim, &d, &invalid) &&
       (out == NULL || check_gather_output (self, tensor, d, out, &invalid)))
     {
@@ -1342,7 +1333,7 @@ plan_all_to_all (CpMesh        *self,
   gsize step;
   guint d;
 
-  if (!check_collective_operand (self, tensor, "all_to_all", "the tensor", error) ||
+  if (!check_operand (self, tensor, "all_to_all", "the tensor", error) ||
       !_cp_tensor_normalize_dim (tensor, "all_to_all", dim, &d, error))
     return FALSE;
   _cp_tensor_split_at (tensor, d, &coll->outer, &length, &step);
@@ -1435,7 +1426,7 @@ cp_mesh_all_reduce (CpMesh      *self,
 
   describe_operand (&coll, CP_COLL_ALL_REDUCE, tensor);
   coll.op = op;
-  if (check_collective_operand (self, tensor, "all_reduce", "the tensor", &invalid))
+  if (check_operand (self, tensor, "all_reduce", "the tensor", &invalid))
     {
       coll.count = (gsize) cp_tensor_get_numel (tensor);
       coll.recv = cp_tensor_get_data (tensor);
@@ -1474,7 +1465,7 @@ cp_mesh_broadcast (CpMesh    *self,
   if (root < 0 || root >= self->comm->size)
     g_set_error (&invalid, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
                  "broadcast: root %d is outside [0, %d)", root, self->comm->size);
-  else if (check_collective_operand (self, tensor, "broadcast", "the tensor", &invalid))
+  else if (check_operand (self, tensor, "broadcast", "the tensor", &invalid))
     {
       coll.count = (gsize) cp_tensor_get_numel (tensor);
       coll.recv = cp_tensor_get_data (tensor);
@@ -1602,19 +1593,19 @@ check_peer (CpMesh      *self,
                    "%s: rank %d is outside [0, %d)", what, peer, self->comm->size);
       return FALSE;
     }
-  return check_routed (self, tensor, what, error);
+  return check_operand (self, tensor, what, "the tensor", error);
 }
 
 /* Posts every operation before waiting for any, so that exchanges in a
  * ring cannot deadlock. */
 static gboolean
-exchange (CpMesh    *self,
-          CpTensor  *send_tensor,
-          int        dst,
-          CpTensor  *recv_tensor,
-          int        src,
-          guint64    tag,
-          GError   **error)
+exchange_routed (CpMesh    *self,
+                 CpTensor  *send_tensor,
+                 int        dst,
+                 CpTensor  *recv_tensor,
+                 int        src,
+                 guint64    tag,
+                 GError   **error)
 {
   gint64 deadline = _cp_mesh_deadline (self);
   CpComm *send_comm = send_tensor ? route (self, cp_tensor_get_device (send_tensor)) : NULL;
@@ -1641,6 +1632,47 @@ exchange (CpMesh    *self,
   if (recv_error != NULL)
     g_propagate_error (error, recv_error);
   return ok;
+}
+
+/* @tensor itself when a communicator moves its memory; otherwise a host
+ * tensor that stands in for it, holding its bytes when @copy_in, as a
+ * staged collective's buffers do. */
+static CpTensor *
+host_stand_in (CpMesh    *self,
+               CpTensor  *tensor,
+               gboolean   copy_in,
+               GError   **error)
+{
+  if (route (self, cp_tensor_get_device (tensor)) != NULL)
+    return g_object_ref (tensor);
+  if (copy_in)
+    return cp_tensor_to_device (tensor, CP_DEVICE_KIND_HOST, error);
+  return _cp_tensor_new_on_device (CP_DEVICE_KIND_HOST, cp_tensor_get_dtype (tensor),
+                                   cp_tensor_get_shape (tensor, NULL),
+                                   cp_tensor_get_n_dims (tensor), FALSE, error);
+}
+
+static gboolean
+exchange (CpMesh    *self,
+          CpTensor  *send_tensor,
+          int        dst,
+          CpTensor  *recv_tensor,
+          int        src,
+          guint64    tag,
+          GError   **error)
+{
+  g_autoptr(CpTensor) sent = NULL;
+  g_autoptr(CpTensor) received = NULL;
+
+  if (send_tensor != NULL && (sent = host_stand_in (self, send_tensor, TRUE, error)) == NULL)
+    return FALSE;
+  if (recv_tensor != NULL && (received = host_stand_in (self, recv_tensor, FALSE, error)) == NULL)
+    return FALSE;
+  if (!exchange_routed (self, sent, dst, received, src, tag, error))
+    return FALSE;
+  if (received != recv_tensor && received != NULL)
+    _cp_memory_copy (recv_tensor, 0, received, 0, cp_tensor_get_nbytes (recv_tensor), FALSE);
+  return TRUE;
 }
 
 /**

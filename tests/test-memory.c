@@ -341,6 +341,34 @@ test_attention_device (void)
   cp_test_free_group (meshes);
 }
 
+/* Messages in test memory cross through host copies: rank 0 sends its
+ * tensor to rank 1, which receives it into a tensor in test memory. */
+static void
+message_rank (CpMesh   *mesh,
+              gpointer  unused)
+{
+  g_autoptr(CpTensor) sent = numbered_tensor (CP_DEVICE_KIND_TEST, 0);
+  g_autoptr(CpTensor) received = numbered_tensor (CP_DEVICE_KIND_TEST, 5000);
+  g_autoptr(GError) error = NULL;
+
+  if (cp_mesh_get_rank (mesh) == 0)
+    g_assert_true (cp_mesh_send (mesh, sent, 1, 7, &error));
+  else
+    g_assert_true (cp_mesh_recv (mesh, received, 0, 7, &error));
+  g_assert_no_error (error);
+  if (cp_mesh_get_rank (mesh) == 1)
+    g_assert_true (cp_tensor_equal (received, sent));
+}
+
+static void
+test_messages (void)
+{
+  GList *meshes = cp_test_local_group ("cp", 2);
+
+  cp_test_run_ranks (meshes, message_rank, NULL);
+  cp_test_free_group (meshes);
+}
+
 /* What a host shortcut looks like: generic code summing a tensor through
  * its address instead of through the memory interface. */
 static double
@@ -399,6 +427,7 @@ main (int    argc,
   g_test_add_func ("/Cp/Memory/require-device/message", test_require_device);
   g_test_add_func ("/Cp/Memory/layout/test-memory", test_layout_on_test_memory);
   g_test_add_func ("/Cp/Memory/attention/device", test_attention_device);
+  g_test_add_func ("/Cp/Memory/mesh/messages", test_messages);
   cp_test_add_func_in_process ("/Cp/Memory/test-device/host-shortcut-crashes",
                                test_host_shortcut_crashes);
 
