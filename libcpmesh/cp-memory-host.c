@@ -12,10 +12,9 @@
 #include <unistd.h>
 
 #include "cp-error.h"
-#include "cp-host-memory-private.h"
+#include "cp-fault-private.h"
 #include "cp-memory-private.h"
 #include "cp-sync-private.h"
-#include "cp-fault-private.h"
 
 /* SSE2 is part of x86-64; other targets copy with memcpy alone. */
 #if defined(__x86_64__)

@@ -5,7 +5,6 @@
 
 #pragma once
 
-#include "cp-copy-private.h"
 #include "cp-tensor.h"
 #include "kernels/cp-index-math.h"
 
@@ -138,5 +137,42 @@ gboolean  _cp_memory_equal          (CpTensor      *a,
 void      _cp_memory_synchronize    (CpTensor      *tensor);
 /* Where @tensor's first byte is for the kernels of its device. */
 gpointer  _cp_memory_kernel_address (CpTensor      *tensor);
+
+/* Host memory, which the transports also use directly for their own
+ * buffers. */
+
+/* Host allocations for tensor storage: 64-byte aligned, and large blocks
+ * are recycled through a bounded cache, because copying into freshly
+ * faulted pages runs at a tenth of the speed of copying into warm ones.
+ * The cache holds at most CPMESH_HOST_CACHE_MB mebibytes (default a
+ * quarter of physical memory, at least 1024; 0 turns it off). */
+gpointer _cp_host_alloc       (gsize     size,
+                               gboolean  zeroed,
+                               GError  **error);
+void     _cp_host_free        (gpointer  data,
+                               gsize     size);
+
+/* Bulk copies for shard, unshard and the in-process collectives.
+ *
+ * An operation whose destination is larger than a core's share of the
+ * last-level cache copies with non-temporal (streaming) stores: its bytes
+ * will not stay cached anyway, and a streaming store skips the read for
+ * ownership an ordinary store pays per cache line, which is a third of
+ * the memory traffic.  glibc's memcpy makes the same choice, but per
+ * call, so an operation made of many mid-sized runs would never stream
+ * and would run at about half the speed of one large memcpy of the same
+ * bytes.  Callers therefore decide once per operation, from its total
+ * size, and pass the decision to every copy. */
+
+/* Whether an operation writing @total_bytes should stream. */
+gboolean  _cp_copy_wants_streaming (gsize          total_bytes);
+
+/* memcpy, with streaming stores when @streaming.  Regions must not
+ * overlap.  Streaming stores are fenced before this returns, so the bytes
+ * are visible to whichever thread synchronises with this one next. */
+void      _cp_copy                 (gpointer       dst,
+                                    gconstpointer  src,
+                                    gsize          n,
+                                    gboolean       streaming);
 
 G_END_DECLS
