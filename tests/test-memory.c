@@ -237,6 +237,19 @@ test_to_device_from_unreachable (void)
   g_assert_nonnull (strstr (error->message, "host or test memory"));
 }
 
+/* Test memory has no DLPack device type: no framework may read it. */
+static void
+test_no_dlpack (void)
+{
+  g_autoptr(CpTensor) test = numbered_tensor (CP_DEVICE_KIND_TEST, 0);
+  g_autoptr(GError) error = NULL;
+
+  g_assert_null (cp_tensor_to_dlpack (test, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE, "CpTensor",
+                       "cp_tensor_to_dlpack of a tensor in test memory");
+  g_assert_cmpstr (error->message, ==, "a float32 tensor in test memory has no DLPack device type");
+}
+
 static void
 test_require_device (void)
 {
@@ -425,6 +438,7 @@ main (int    argc,
   g_test_add_data_func ("/Cp/Memory/copy-2d/test-to-test", &pairs[3], test_copy_2d);
   g_test_add_func ("/Cp/Memory/transfer/download-upload", test_download_upload);
   g_test_add_func ("/Cp/Memory/require-device/message", test_require_device);
+  g_test_add_func ("/Cp/Memory/to-device/no-dlpack", test_no_dlpack);
   g_test_add_func ("/Cp/Memory/layout/test-memory", test_layout_on_test_memory);
   g_test_add_func ("/Cp/Memory/attention/device", test_attention_device);
   g_test_add_func ("/Cp/Memory/mesh/messages", test_messages);
