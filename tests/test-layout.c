@@ -177,7 +177,7 @@ round_trip (CpDType dtype,
                              cp_tensor_get_value (full, src));
         }
 
-      into = cp_tensor_new (dtype, local_shape, 4, NULL);
+      into = cp_test_on_device (cp_tensor_new (dtype, local_shape, 4, NULL));
       g_assert_true (cp_layout_shard_into (layout, full, seq_dim, r, into, &error));
       g_assert_no_error (error);
       g_assert_true (cp_tensor_equal (into, pieces[r]));
@@ -209,12 +209,12 @@ test_shard_backward (void)
   const gint64 shape[] = { 1, 8, 1 };
   const gint64 local_shape[] = { 1, 4, 1 };
   g_autoptr(CpLayout) layout = head_tail (8, 2);
-  g_autoptr(CpTensor) embeds = cp_tensor_new_arange (CP_DTYPE_FLOAT32, 0, 8, 1, NULL);
+  g_autoptr(CpTensor) embeds = cp_test_on_device (cp_tensor_new_arange (CP_DTYPE_FLOAT32, 0, 8, 1, NULL));
   g_autoptr(CpTensor) view = cp_tensor_new_from_storage (CP_DTYPE_FLOAT32, shape, 3,
                                                          cp_tensor_get_storage (embeds), 0, NULL);
   g_autoptr(CpTensor) r1 = cp_layout_shard (layout, view, 1, 1, NULL);
   g_autoptr(CpTensor) r0 = cp_layout_shard (layout, view, 1, 0, NULL);
-  g_autoptr(CpTensor) ones = cp_tensor_new_full (CP_DTYPE_FLOAT32, local_shape, 3, 1.0, NULL);
+  g_autoptr(CpTensor) ones = cp_test_on_device (cp_tensor_new_full (CP_DTYPE_FLOAT32, local_shape, 3, 1.0, NULL));
   g_autoptr(CpTensor) grad = NULL;
   g_autoptr(GError) error = NULL;
 
@@ -303,7 +303,7 @@ test_thd_partition (void)
   g_autoptr(CpLayout) a = cp_layout_new_thd (e6, 3, 2, NULL);
   g_autoptr(CpLayout) b = cp_layout_new_thd (small, 3, 2, NULL);
   g_autoptr(CpLayout) c = cp_layout_new_thd (c4, 3, 4, NULL);
-  g_autoptr(CpTensor) bounds = cp_tensor_new_arange (CP_DTYPE_INT32, 0, 13, 4, NULL);
+  g_autoptr(CpTensor) bounds = cp_test_on_device (cp_tensor_new_arange (CP_DTYPE_INT32, 0, 13, 4, NULL));
   g_autoptr(CpLayout) from_tensor = NULL;
   g_autoptr(GError) error = NULL;
 
@@ -485,7 +485,7 @@ test_empty_sequence (void)
   const gint64 shape[] = { 3, 0 };
   g_autoptr(GError) error = NULL;
   g_autoptr(CpLayout) layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, 0, 2, &error);
-  g_autoptr(CpTensor) empty = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 2, NULL);
+  g_autoptr(CpTensor) empty = cp_test_on_device (cp_tensor_new (CP_DTYPE_FLOAT32, shape, 2, NULL));
   g_autoptr(CpTensor) restore = NULL;
 
   g_assert_no_error (error);
@@ -510,7 +510,7 @@ test_empty_tensor_with_huge_rows (void)
   const gint64 shape[] = { G_GINT64_CONSTANT (1) << 40, 8, 0 };
   g_autoptr(GError) error = NULL;
   g_autoptr(CpLayout) layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, 8, 2, &error);
-  g_autoptr(CpTensor) empty = cp_tensor_new (CP_DTYPE_INT64, shape, 3, NULL);
+  g_autoptr(CpTensor) empty = cp_test_on_device (cp_tensor_new (CP_DTYPE_INT64, shape, 3, NULL));
   g_autoptr(CpTensor) narrowed = NULL;
 
   g_assert_no_error (error);
@@ -605,18 +605,18 @@ test_shard_errors (void)
   const gint64 local[] = { 2, 4 };
   const gint64 wrong_local[] = { 2, 5 };
   g_autoptr(CpLayout) layout = head_tail (8, 2);
-  g_autoptr(CpTensor) bad = cp_tensor_new (CP_DTYPE_INT64, shape, 2, NULL);
-  g_autoptr(CpTensor) good = cp_tensor_new_arange (CP_DTYPE_INT64, 0, 8, 1, NULL);
-  g_autoptr(CpTensor) piece = cp_tensor_new (CP_DTYPE_INT64, local, 2, NULL);
-  g_autoptr(CpTensor) wrong = cp_tensor_new (CP_DTYPE_INT64, wrong_local, 2, NULL);
-  g_autoptr(CpTensor) out = cp_tensor_new (CP_DTYPE_INT32, local, 1, NULL);
+  g_autoptr(CpTensor) bad = cp_test_on_device (cp_tensor_new (CP_DTYPE_INT64, shape, 2, NULL));
+  g_autoptr(CpTensor) good = cp_test_on_device (cp_tensor_new_arange (CP_DTYPE_INT64, 0, 8, 1, NULL));
+  g_autoptr(CpTensor) piece = cp_test_on_device (cp_tensor_new (CP_DTYPE_INT64, local, 2, NULL));
+  g_autoptr(CpTensor) wrong = cp_test_on_device (cp_tensor_new (CP_DTYPE_INT64, wrong_local, 2, NULL));
+  g_autoptr(CpTensor) out = cp_test_on_device (cp_tensor_new (CP_DTYPE_INT32, local, 1, NULL));
   CpTensor *pieces[2] = { piece, wrong };
   g_autoptr(GError) error = NULL;
 
   g_assert_null (cp_layout_shard (layout, bad, 1, 0, &error));
   CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpLayout",
                        "cp_layout_shard of a tensor whose sequence length differs from the layout");
-  g_assert_nonnull (strstr (error->message, "dimension 1 of int64[2, 10] on host has length 10, the layout needs 8"));
+  cp_test_assert_message (error, "dimension 1 of int64[2, 10] on host has length 10, the layout needs 8");
   g_clear_error (&error);
 
   g_assert_null (cp_layout_shard (layout, good, 0, 2, &error));
