@@ -517,7 +517,7 @@ backward_bad_lse (CpMesh   *mesh,
   g_autoptr(GError) error = NULL;
 
   g_assert_true (cp_attention_forward (attention, q, q, q, &out, &lse, &error));
-  bad_lse = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 3, NULL);
+  bad_lse = cp_test_on_device (cp_tensor_new (CP_DTYPE_FLOAT32, shape, 3, NULL));
   g_assert_false (cp_attention_backward (attention, out, q, q, q, out,
                                          cp_mesh_get_rank (mesh) == 0 ? bad_lse : lse,
                                          &dq, &dk, &dv, &error));
