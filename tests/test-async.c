@@ -44,7 +44,7 @@ tensor_of (const gint64 *shape,
 
   for (gint64 i = 0; i < cp_tensor_get_numel (tensor); i++)
     cp_tensor_set_value (tensor, i, value (rank, i));
-  return tensor;
+  return cp_test_on_device (tensor);
 }
 
 static double
@@ -100,7 +100,7 @@ check_all_gather_into (Ranks *ranks)
   for (int r = 0; r < ranks->n; r++)
     {
       pieces.t[r] = tensor_of (shape, 2, rank_and_index, r);
-      outs.t[r] = cp_tensor_new (CP_DTYPE_FLOAT32, out_shape, 2, NULL);
+      outs.t[r] = cp_test_on_device (cp_tensor_new (CP_DTYPE_FLOAT32, out_shape, 2, NULL));
       cp_mesh_all_gather_into_async (ranks->meshes[r], pieces.t[r], -1, outs.t[r], NULL, DONE (ranks, r));
     }
   cp_test_loop_await_all (ranks);
@@ -200,7 +200,7 @@ check_ring (Ranks *ranks)
   for (int r = 0; r < n; r++)
     {
       sent.t[r] = tensor_of (shape, 1, rank_and_index, r);
-      received.t[r] = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 1, NULL);
+      received.t[r] = cp_test_on_device (cp_tensor_new (CP_DTYPE_FLOAT32, shape, 1, NULL));
       cp_mesh_send_recv_async (ranks->meshes[r], sent.t[r], (r + 1) % n, received.t[r], (r + n - 1) % n,
                                7, NULL, DONE (ranks, r));
     }
@@ -223,7 +223,7 @@ check_send_recv (Ranks *ranks)
 {
   const gint64 shape[] = { 2 };
   g_autoptr(CpTensor) sent = tensor_of (shape, 1, rank_and_index, 0);
-  g_autoptr(CpTensor) received = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 1, NULL);
+  g_autoptr(CpTensor) received = cp_test_on_device (cp_tensor_new (CP_DTYPE_FLOAT32, shape, 1, NULL));
   g_autoptr(GError) error = NULL;
   int last = ranks->n - 1;
 
@@ -326,7 +326,7 @@ row (gint64 length,
 
   for (gint64 i = 0; i < length; i++)
     cp_tensor_set_value (tensor, i, offset + (double) i);
-  return tensor;
+  return cp_test_on_device (tensor);
 }
 
 typedef struct
@@ -481,7 +481,7 @@ test_many_ranks (void)
   cp_test_loop_ranks_init (&ranks, MAX_RANKS, 2000);
   for (int r = 0; r < MAX_RANKS; r++)
     {
-      values.t[r] = cp_tensor_new_full (CP_DTYPE_FLOAT32, shape, 1, 1.0, NULL);
+      values.t[r] = cp_test_on_device (cp_tensor_new_full (CP_DTYPE_FLOAT32, shape, 1, 1.0, NULL));
       cp_mesh_all_reduce_async (ranks.meshes[r], values.t[r], CP_REDUCE_OP_SUM, NULL, DONE (&ranks, r));
     }
   cp_test_loop_await (&ranks, 0, MAX_RANKS, g_get_monotonic_time (), 2000);
