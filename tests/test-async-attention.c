@@ -34,7 +34,7 @@ smooth_tensor (int    heads,
 
   for (gint64 i = 0; i < cp_tensor_get_numel (tensor); i++)
     cp_tensor_set_value (tensor, i, sin ((double) i * 0.37 + seed) * 0.5);
-  return tensor;
+  return cp_test_on_device (tensor);
 }
 
 static CpAttention *
