@@ -114,7 +114,14 @@ test_alloc (gsize     size,
 
 /* The mapping that holds [@address, @address + @extent), or abort: an
  * address that is not test memory handed to test memory's operations is
- * a bug in the caller. */
+ * a bug in the caller.
+ *
+ * An empty view may start just past the end of its mapping, but the
+ * kernel address of any tensor is asked with no extent, and mappings are
+ * often adjacent: the end of one is then the start of the next.  The
+ * mapping that holds @address wins; the one it ends is only a fallback,
+ * or a tensor's kernels would compute on the pages after another
+ * tensor's. */
 static Mapping
 find_mapping (gconstpointer address,
               gsize         extent)
@@ -127,14 +134,13 @@ find_mapping (gconstpointer address,
     {
       Mapping *mapping = &g_array_index (mappings, Mapping, i);
 
-      /* An empty view may start just past the end. */
-      if (start >= mapping->visible &&
-          (start < mapping->visible + mapping->length ||
-           (extent == 0 && start == mapping->visible + mapping->length)))
+      if (start >= mapping->visible && start < mapping->visible + mapping->length)
         {
           found = *mapping;
           break;
         }
+      if (extent == 0 && start == mapping->visible + mapping->length)
+        found = *mapping;
     }
   _cp_mutex_unlock (&mappings_lock);
   if (found.visible == NULL || extent > (gsize) (found.visible + found.length - start))
