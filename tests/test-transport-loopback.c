@@ -65,6 +65,20 @@ loopback_group (int      world_size,
   return meshes;
 }
 
+/* A tensor of @shape filled with @value, in the suite's memory. */
+static CpTensor *
+full (CpDType       dtype,
+      const gint64 *shape,
+      guint         n_dims,
+      double        value)
+{
+  g_autoptr(GError) error = NULL;
+  CpTensor *tensor = cp_tensor_new_full (dtype, shape, n_dims, value, &error);
+
+  g_assert_no_error (error);
+  return cp_test_on_device (tensor);
+}
+
 static void
 check_collectives (CpMesh   *mesh,
                    gpointer  unused)
@@ -73,36 +87,30 @@ check_collectives (CpMesh   *mesh,
   int n = cp_mesh_get_world_size (mesh);
   const gint64 shape[] = { 2, 3 };
   g_autoptr(GError) error = NULL;
-  g_autoptr(CpTensor) piece = cp_tensor_new_full (CP_DTYPE_FLOAT32, shape, 2, rank + 1, &error);
+  g_autoptr(CpTensor) piece = full (CP_DTYPE_FLOAT32, shape, 2, rank + 1);
   g_autoptr(CpTensor) gathered = NULL;
-  g_autoptr(CpTensor) sum = cp_tensor_new_full (CP_DTYPE_INT64, shape, 2, rank + 1, &error);
-  g_autoptr(CpTensor) root = cp_tensor_new_full (CP_DTYPE_INT32, shape, 2, rank, &error);
-  const float *values;
-  const gint64 *sums;
-  const gint32 *rooted;
+  g_autoptr(CpTensor) sum = full (CP_DTYPE_INT64, shape, 2, rank + 1);
+  g_autoptr(CpTensor) root = full (CP_DTYPE_INT32, shape, 2, rank);
 
   g_assert_true (cp_mesh_barrier (mesh, &error));
   g_assert_no_error (error);
 
   gathered = cp_mesh_all_gather (mesh, piece, 1, &error);
   g_assert_no_error (error);
-  values = cp_tensor_get_data (gathered);
   for (int row = 0; row < 2; row++)
     for (int r = 0; r < n; r++)
       for (int k = 0; k < 3; k++)
-        g_assert_cmpfloat (values[(row * n + r) * 3 + k], ==, r + 1);
+        g_assert_cmpfloat (cp_tensor_get_value (gathered, (row * n + r) * 3 + k), ==, r + 1);
 
   g_assert_true (cp_mesh_all_reduce (mesh, sum, CP_REDUCE_OP_SUM, &error));
   g_assert_no_error (error);
-  sums = cp_tensor_get_data (sum);
   for (int i = 0; i < 6; i++)
-    g_assert_cmpint (sums[i], ==, n * (n + 1) / 2);
+    g_assert_cmpfloat (cp_tensor_get_value (sum, i), ==, n * (n + 1) / 2);
 
   g_assert_true (cp_mesh_broadcast (mesh, root, n - 1, &error));
   g_assert_no_error (error);
-  rooted = cp_tensor_get_data (root);
   for (int i = 0; i < 6; i++)
-    g_assert_cmpint (rooted[i], ==, n - 1);
+    g_assert_cmpfloat (cp_tensor_get_value (root, i), ==, n - 1);
 }
 
 /* One value per destination rank: rank r sends r * 10 + d to rank d. */
@@ -114,18 +122,15 @@ check_all_to_all (CpMesh   *mesh,
   int n = cp_mesh_get_world_size (mesh);
   const gint64 shape[] = { n };
   g_autoptr(GError) error = NULL;
-  g_autoptr(CpTensor) send = cp_tensor_new_full (CP_DTYPE_INT32, shape, 1, 0, &error);
+  g_autoptr(CpTensor) send = full (CP_DTYPE_INT32, shape, 1, 0);
   g_autoptr(CpTensor) recv = NULL;
-  gint32 *out = cp_tensor_get_data (send);
-  const gint32 *in;
 
   for (int d = 0; d < n; d++)
-    out[d] = rank * 10 + d;
+    cp_tensor_set_value (send, d, rank * 10 + d);
   recv = cp_mesh_all_to_all (mesh, send, 0, &error);
   g_assert_no_error (error);
-  in = cp_tensor_get_data (recv);
   for (int s = 0; s < n; s++)
-    g_assert_cmpint (in[s], ==, s * 10 + rank);
+    g_assert_cmpfloat (cp_tensor_get_value (recv, s), ==, s * 10 + rank);
 }
 
 /* Ranks that disagree fail together, with the verdict of the descriptor
@@ -136,7 +141,7 @@ check_disagreement (CpMesh   *mesh,
 {
   const gint64 shape[] = { 2 + (cp_mesh_get_rank (mesh) == 1) };
   g_autoptr(GError) error = NULL;
-  g_autoptr(CpTensor) piece = cp_tensor_new_full (CP_DTYPE_FLOAT32, shape, 1, 0, &error);
+  g_autoptr(CpTensor) piece = full (CP_DTYPE_FLOAT32, shape, 1, 0);
   g_autoptr(CpTensor) gathered = cp_mesh_all_gather (mesh, piece, 0, &error);
 
   g_assert_null (gathered);
@@ -151,12 +156,12 @@ check_send_recv (CpMesh   *mesh,
   int n = cp_mesh_get_world_size (mesh);
   const gint64 shape[] = { 300000 };
   g_autoptr(GError) error = NULL;
-  g_autoptr(CpTensor) send = cp_tensor_new_full (CP_DTYPE_FLOAT64, shape, 1, rank, &error);
-  g_autoptr(CpTensor) recv = cp_tensor_new_full (CP_DTYPE_FLOAT64, shape, 1, 0, &error);
+  g_autoptr(CpTensor) send = full (CP_DTYPE_FLOAT64, shape, 1, rank);
+  g_autoptr(CpTensor) recv = full (CP_DTYPE_FLOAT64, shape, 1, 0);
 
   g_assert_true (cp_mesh_send_recv (mesh, send, (rank + 1) % n, recv, (rank + n - 1) % n, 7, &error));
   g_assert_no_error (error);
-  g_assert_cmpfloat (((const double *) cp_tensor_get_data (recv))[299999], ==, (rank + n - 1) % n);
+  g_assert_cmpfloat (cp_tensor_get_value (recv, 299999), ==, (rank + n - 1) % n);
 }
 
 static void
