@@ -194,6 +194,45 @@ test_download_upload (void)
   g_assert_cmpfloat (cp_tensor_get_value (test, 5 * COLS + 1), ==, 201);
 }
 
+#define N_NEIGHBOURS 32
+
+static CpTensor *
+test_pages (gint64 n_pages)
+{
+  const gint64 shape[] = { n_pages * 1024 };
+  g_autoptr(GError) error = NULL;
+  CpTensor *tensor = _cp_tensor_new_on_device (CP_DEVICE_KIND_TEST, CP_DTYPE_INT32, shape, 1,
+                                               TRUE, &error);
+
+  g_assert_no_error (error);
+  return tensor;
+}
+
+/* Test memory maps often abut, so that one tensor's first byte is where
+ * another's mapping ends: each tensor's kernels must still compute on its
+ * own bytes.  A freed page-sized tensor leaves a hole that the writable
+ * twin of a two-page tensor fills, while its other mapping lands just
+ * before the page-sized tensor allocated after the freed one. */
+static void
+test_kernel_address_neighbours (void)
+{
+  g_autoptr(GPtrArray) kept = g_ptr_array_new_with_free_func (g_object_unref);
+
+  for (guint i = 0; i < N_NEIGHBOURS; i++)
+    {
+      g_autoptr(CpTensor) first = test_pages (1);
+      CpTensor *freed = test_pages (1);
+
+      g_ptr_array_add (kept, test_pages (1));
+      g_object_unref (freed);
+      g_ptr_array_add (kept, test_pages (2));
+    }
+  for (guint i = 0; i < kept->len; i++)
+    *(gint32 *) _cp_memory_kernel_address (kept->pdata[i]) = (gint32) i;
+  for (guint i = 0; i < kept->len; i++)
+    g_assert_cmpfloat (cp_tensor_get_value (kept->pdata[i], 0), ==, i);
+}
+
 static void
 test_to_device_cuda (void)
 {
@@ -437,6 +476,7 @@ main (int    argc,
   g_test_add_data_func ("/Cp/Memory/copy-2d/test-to-host", &pairs[2], test_copy_2d);
   g_test_add_data_func ("/Cp/Memory/copy-2d/test-to-test", &pairs[3], test_copy_2d);
   g_test_add_func ("/Cp/Memory/transfer/download-upload", test_download_upload);
+  g_test_add_func ("/Cp/Memory/kernel-address/neighbours", test_kernel_address_neighbours);
   g_test_add_func ("/Cp/Memory/require-device/message", test_require_device);
   g_test_add_func ("/Cp/Memory/to-device/no-dlpack", test_no_dlpack);
   g_test_add_func ("/Cp/Memory/layout/test-memory", test_layout_on_test_memory);
