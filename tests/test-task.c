@@ -77,7 +77,7 @@ row (int length)
 
   for (int i = 0; i < length; i++)
     cp_tensor_set_value (tensor, i, i);
-  return tensor;
+  return cp_test_on_device (tensor);
 }
 
 /* The rank's call, as an async call's worker runs it; the cancelled rank
@@ -89,7 +89,7 @@ run_call (Scene   *scene,
 {
   int rank = cp_mesh_get_rank (mesh);
   GCancellable *cancellable = rank == scene->cancelled ? scene->cancellable : NULL;
-  g_autoptr(CpTensor) tensor = cp_tensor_new_arange (CP_DTYPE_FLOAT32, 0, 2, 1, NULL);
+  g_autoptr(CpTensor) tensor = cp_test_on_device (cp_tensor_new_arange (CP_DTYPE_FLOAT32, 0, 2, 1, NULL));
   g_autoptr(CpBatch) batch = cp_batch_new ();
   CpTaskArgs args = { .objects = { tensor } };
 
