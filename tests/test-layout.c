@@ -214,7 +214,8 @@ test_shard_backward (void)
                                                          cp_tensor_get_storage (embeds), 0, NULL);
   g_autoptr(CpTensor) r1 = cp_layout_shard (layout, view, 1, 1, NULL);
   g_autoptr(CpTensor) r0 = cp_layout_shard (layout, view, 1, 0, NULL);
-  g_autoptr(CpTensor) ones = cp_test_on_device (cp_tensor_new_full (CP_DTYPE_FLOAT32, local_shape, 3, 1.0, NULL));
+  g_autoptr(CpTensor) ones = cp_test_on_device (cp_tensor_new_full (CP_DTYPE_FLOAT32, local_shape, 3,
+                                                                    1.0, NULL));
   g_autoptr(CpTensor) grad = NULL;
   g_autoptr(GError) error = NULL;
 

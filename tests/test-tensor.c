@@ -258,8 +258,10 @@ test_half_conversions (void)
 
   for (guint i = 0; i < G_N_ELEMENTS (cases); i++)
     {
-      g_autoptr(CpTensor) h = cp_tensor_new_full (CP_DTYPE_FLOAT16, shape, 1, cases[i].in, NULL);
-      g_autoptr(CpTensor) b = cp_tensor_new_full (CP_DTYPE_BFLOAT16, shape, 1, cases[i].in, NULL);
+      g_autoptr(CpTensor) h = cp_test_on_device (cp_tensor_new_full (CP_DTYPE_FLOAT16, shape, 1,
+                                                                     cases[i].in, NULL));
+      g_autoptr(CpTensor) b = cp_test_on_device (cp_tensor_new_full (CP_DTYPE_BFLOAT16, shape, 1,
+                                                                     cases[i].in, NULL));
 
       g_assert_cmpfloat (cp_tensor_get_value (h, 0), ==, cases[i].f16);
       g_assert_cmpfloat (cp_tensor_get_value (b, 0), ==, cases[i].bf16);
@@ -287,9 +289,9 @@ test_equal_distinguishes_shape_and_dtype (void)
 {
   const gint64 a_shape[] = { 2, 3 };
   const gint64 b_shape[] = { 3, 2 };
-  g_autoptr(CpTensor) a = cp_tensor_new (CP_DTYPE_INT32, a_shape, 2, NULL);
-  g_autoptr(CpTensor) b = cp_tensor_new (CP_DTYPE_INT32, b_shape, 2, NULL);
-  g_autoptr(CpTensor) c = cp_tensor_new (CP_DTYPE_FLOAT32, a_shape, 2, NULL);
+  g_autoptr(CpTensor) a = cp_test_on_device (cp_tensor_new (CP_DTYPE_INT32, a_shape, 2, NULL));
+  g_autoptr(CpTensor) b = cp_test_on_device (cp_tensor_new (CP_DTYPE_INT32, b_shape, 2, NULL));
+  g_autoptr(CpTensor) c = cp_test_on_device (cp_tensor_new (CP_DTYPE_FLOAT32, a_shape, 2, NULL));
 
   g_assert_false (cp_tensor_equal (a, b));
   g_assert_false (cp_tensor_equal (a, c));
@@ -314,7 +316,7 @@ static void
 test_narrow_copy (void)
 {
   const gint64 shape[] = { 2, 4 };
-  g_autoptr(CpTensor) t = cp_tensor_new_arange (CP_DTYPE_INT32, 0, 8, 1, NULL);
+  g_autoptr(CpTensor) t = cp_test_on_device (cp_tensor_new_arange (CP_DTYPE_INT32, 0, 8, 1, NULL));
   g_autoptr(CpTensor) m = NULL;
   g_autoptr(CpTensor) cols = NULL;
   g_autoptr(GError) error = NULL;
@@ -342,7 +344,7 @@ static void
 test_narrow_extreme_range (void)
 {
   const gint64 shape[] = { 4 };
-  g_autoptr(CpTensor) t = cp_tensor_new (CP_DTYPE_INT32, shape, 1, NULL);
+  g_autoptr(CpTensor) t = cp_test_on_device (cp_tensor_new (CP_DTYPE_INT32, shape, 1, NULL));
   g_autoptr(GError) error = NULL;
 
   g_assert_null (cp_tensor_narrow (t, 0, G_MAXINT64, G_MAXINT64, &error));
@@ -542,7 +544,8 @@ reader_rank (CpMesh   *mesh,
       g_autoptr(CpTensor) copy = cp_tensor_copy (c->shared, &error);
       g_autoptr(CpTensor) view = cp_tensor_narrow (c->shared, 0, 1, 1, &error);
       g_autoptr(CpTensor) cut = cp_tensor_narrow (c->shared, 1, 3, 5, &error);
-      g_autoptr(GBytes) bytes = cp_tensor_dup_bytes (c->shared);
+      g_autoptr(CpTensor) on_host = cp_tensor_to_device (c->shared, CP_DEVICE_KIND_HOST, &error);
+      g_autoptr(GBytes) bytes = cp_tensor_dup_bytes (on_host);
       g_autoptr(CpTensor) gathered = cp_mesh_all_gather (mesh, c->shared, 0, &error);
       g_autoptr(CpTensor) unsharded = cp_mesh_unshard (mesh, c->shared, 1, &error);
       g_autoptr(CpTensor) rebuilt = cp_layout_unshard_pieces (c->layout, (CpTensor **) c->pieces,
@@ -555,7 +558,8 @@ reader_rank (CpMesh   *mesh,
       g_assert_cmpfloat (cp_tensor_get_value (view, 0), ==, read_value (1, 0, 0));
       assert_read_values (cut, 5, offset_position, GINT_TO_POINTER (3));
       g_assert_cmpmem (g_bytes_get_data (bytes, NULL), g_bytes_get_size (bytes),
-                       cp_tensor_get_data (c->shared), cp_tensor_get_nbytes (c->shared));
+                       cp_tensor_get_data (on_host), cp_tensor_get_nbytes (on_host));
+      assert_read_values (on_host, READ_S, offset_position, GINT_TO_POINTER (0));
       CP_TEST_ASSERT_SHAPE (gathered, 2 * READ_C, READ_S, 3);
       assert_read_values (gathered, READ_S, offset_position, GINT_TO_POINTER (0));
       assert_read_values (unsharded, READ_C * READ_S, unsharded_position, NULL);
@@ -567,12 +571,14 @@ static void
 test_concurrent_reads (void)
 {
   const gint64 shape[] = { 2, READ_S, 3 };
-  g_autoptr(CpTensor) shared = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 3, NULL);
+  g_autoptr(CpTensor) values = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 3, NULL);
+  g_autoptr(CpTensor) shared = NULL;
   g_autoptr(CpTensor) before = NULL;
-  ReadCase c = { shared, cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, READ_S, READ_C, NULL) };
+  ReadCase c = { NULL, cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, READ_S, READ_C, NULL) };
 
   for (gint64 i = 0; i < 2 * READ_S * 3; i++)
-    cp_tensor_set_value (shared, i, read_value (i / (READ_S * 3), i / 3 % READ_S, i % 3));
+    cp_tensor_set_value (values, i, read_value (i / (READ_S * 3), i / 3 % READ_S, i % 3));
+  shared = c.shared = cp_test_on_device (g_steal_pointer (&values));
   before = cp_tensor_copy (shared, NULL);
   for (int r = 0; r < READ_C; r++)
     c.pieces[r] = cp_layout_shard (c.layout, shared, 1, r, NULL);
