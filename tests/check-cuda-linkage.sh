@@ -26,9 +26,9 @@ fail () {
 case $cuda in
   no)
     cuda_symbols=$(echo "$symbols" | grep -i -E 'cuda|nccl' || true)
-    [ -z "$cuda_symbols" ] || fail "a build without CUDA has CUDA symbols:" $cuda_symbols
+    [ -z "$cuda_symbols" ] || fail "a build without CUDA has CUDA symbols:" "$cuda_symbols"
     cuda_libraries=$(echo "$needed" | grep -i -E 'cuda|nccl' || true)
-    [ -z "$cuda_libraries" ] || fail "a build without CUDA needs" $cuda_libraries
+    [ -z "$cuda_libraries" ] || fail "a build without CUDA needs" "$cuda_libraries"
     ;;
   yes)
     echo "$needed" | grep -q -x 'libcuda\.so.*' && fail "the library needs the CUDA driver (libcuda.so.1)"
