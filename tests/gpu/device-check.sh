@@ -15,7 +15,7 @@
 #
 # Environment:
 #   BUILD_DIR  build directory (default: build-gpu in the source tree)
-#   GENCODE    nvcc -gencode target (default: arch=compute_90,code=sm_90)
+#   GPU_TARGETS  what nvcc compiles for (default: sm_90, an H100/H200)
 #   OUT        when set, a directory the logs are copied to
 #
 # Exit status: 0 when nothing failed, 1 otherwise.
@@ -24,7 +24,7 @@ set -u
 
 source_dir=$(cd "$(dirname "$0")/../.." && pwd)
 build_dir=${BUILD_DIR:-$source_dir/build-gpu}
-gencode=${GENCODE:-arch=compute_90,code=sm_90}
+gpu_targets=${GPU_TARGETS:-sm_90}
 deadline=$(( $(date +%s) + 450 ))
 log_dir=$(mktemp -d)
 summary=$log_dir/summary.txt
@@ -107,7 +107,7 @@ configure () {
   ucx=auto
   pkg-config --exists ucx 2> /dev/null || ucx=disabled
   timeout "$(remaining)" meson setup "$build_dir" "$source_dir" --buildtype=debugoptimized \
-    -Dcuda=enabled -Dgencode="$gencode" -Ducx=$ucx \
+    -Dcuda=enabled -Dgpu_targets="$gpu_targets" -Ducx=$ucx \
     -Dintrospection=disabled -Dvapi=disabled -Ddocs=disabled \
     > "$log_dir/configure.log" 2>&1
 }
