@@ -9,7 +9,8 @@
  * CPU tests check that header, compiled as C and as C++.
  *
  * Runs travel to the device inside the launch parameters, up to
- * RUNS_PER_LAUNCH at a time: no device allocation and no extra copy per
+ * CP_RUNS_PER_LAUNCH at a time (cp-run-batch-private.h, which also holds
+ * what each thread computes, so a CPU test runs it): no device allocation and no extra copy per
  * call.  A layout with more runs (THD with many documents) takes one
  * launch per batch of runs.
  */
@@ -18,81 +19,33 @@
 #include <string.h>
 
 #include "cp-cuda-kernels-private.h"
+#include "cp-run-batch-private.h"
 
-#define RUNS_PER_LAUNCH 64
 #define THREADS_PER_BLOCK 256
 #define MAX_BLOCKS 65536
 
-/* Consecutive runs of the local sequence: run r covers local positions
- * [first + end[r − 1], first + end[r]) and starts at global position
- * start[r]; base[r] is subtracted for position ids. */
-struct RunBatch
-{
-  int n;
-  int64_t first;
-  int64_t total;
-  int64_t end[RUNS_PER_LAUNCH];
-  int64_t start[RUNS_PER_LAUNCH];
-  int64_t base[RUNS_PER_LAUNCH];
-};
-
-/* The run holding batch-local position @l: bisection over the ends. */
-__device__ static int
-run_of (const RunBatch &batch,
-        int64_t         l)
-{
-  int lo = 0;
-  int hi = batch.n - 1;
-
-  while (lo < hi)
-    {
-      int mid = (lo + hi) / 2;
-
-      if (batch.end[mid] > l)
-        hi = mid;
-      else
-        lo = mid + 1;
-    }
-  return lo;
-}
-
-__device__ static int64_t
-global_of (const RunBatch &batch,
-           int             r,
-           int64_t         l)
-{
-  return batch.start[r] + l - (r == 0 ? 0 : batch.end[r - 1]);
-}
-
 template <typename Unit>
 __global__ static void
-gather_runs_kernel (Unit                              *full,
-                    Unit                              *local,
-                    int64_t                            outer,
-                    int64_t                            full_length,
-                    int64_t                            local_length,
-                    int64_t                            inner,
-                    const __grid_constant__ RunBatch   batch,
-                    bool                               unshard)
+gather_runs_kernel (Unit                               *full,
+                    Unit                               *local,
+                    int64_t                             outer,
+                    int64_t                             full_length,
+                    int64_t                             local_length,
+                    int64_t                             inner,
+                    const __grid_constant__ CpRunBatch  batch,
+                    bool                                unshard)
 {
-  int64_t per_outer = batch.total * inner;
-  int64_t n = outer * per_outer;
+  int64_t n = outer * batch.total * inner;
 
   for (int64_t i = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; i < n;
        i += (int64_t) gridDim.x * blockDim.x)
     {
-      int64_t o = i / per_outer;
-      int64_t rest = i - o * per_outer;
-      int64_t l = rest / inner;
-      int64_t k = rest - l * inner;
-      int64_t g = global_of (batch, run_of (batch, l), l);
-      int64_t li = (o * local_length + batch.first + l) * inner + k;
-      int64_t fi = (o * full_length + g) * inner + k;
+      CpGatherIndex at = cp_run_batch_gather_index (batch, i, full_length, local_length, inner);
 
       if (unshard)
-        full[fi] = local[li];
+        full[at.full] = local[at.local];
       else
-        local[li] = full[fi];
+        local[at.local] = full[at.full];
     }
 }
 
@@ -108,21 +61,20 @@ fill_kernel (Unit    *dst,
 }
 
 __global__ static void
-position_ids_kernel (int64_t                           *out,
-                     int64_t                            rows,
-                     int64_t                            local_length,
-                     const __grid_constant__ RunBatch   batch)
+position_ids_kernel (int64_t                            *out,
+                     int64_t                             rows,
+                     int64_t                             local_length,
+                     const __grid_constant__ CpRunBatch  batch)
 {
   int64_t n = rows * batch.total;
 
   for (int64_t i = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; i < n;
        i += (int64_t) gridDim.x * blockDim.x)
     {
-      int64_t row = i / batch.total;
-      int64_t l = i - row * batch.total;
-      int r = run_of (batch, l);
+      int64_t at;
+      int64_t position = cp_run_batch_position (batch, i, local_length, &at);
 
-      out[row * local_length + batch.first + l] = global_of (batch, r, l) - batch.base[r];
+      out[at] = position;
     }
 }
 
@@ -134,23 +86,10 @@ blocks_for (int64_t n)
   return (unsigned int) (blocks < 1 ? 1 : blocks > MAX_BLOCKS ? MAX_BLOCKS : blocks);
 }
 
-/* The widest unit (16, 8, 4, 2 or 1 bytes) that divides the bytes of a
- * position and both base addresses, so every access is aligned. */
-static size_t
-unit_for (const CpCudaShardView *view)
-{
-  uintptr_t bits = (uintptr_t) view->full | (uintptr_t) view->local | (uintptr_t) view->inner;
-  size_t unit = 16;
-
-  while (unit > 1 && (bits & (unit - 1)) != 0)
-    unit /= 2;
-  return unit;
-}
-
 template <typename Unit>
 static cudaError_t
 launch_gather (const CpCudaShardView *view,
-               const RunBatch        &batch,
+               const CpRunBatch        &batch,
                bool                   unshard,
                cudaStream_t           stream)
 {
@@ -164,11 +103,11 @@ launch_gather (const CpCudaShardView *view,
 
 static cudaError_t
 launch_gather_batch (const CpCudaShardView *view,
-                     const RunBatch        &batch,
+                     const CpRunBatch        &batch,
                      bool                   unshard,
                      cudaStream_t           stream)
 {
-  switch (unit_for (view))
+  switch (cp_run_batch_unit (view->full, view->local, view->inner))
     {
     case 16: return launch_gather<uint4> (view, batch, unshard, stream);
     case 8: return launch_gather<uint2> (view, batch, unshard, stream);
@@ -178,30 +117,6 @@ launch_gather_batch (const CpCudaShardView *view,
     }
 }
 
-/* Fills @batch with up to RUNS_PER_LAUNCH runs from @runs[@next] on;
- * returns the index of the first run left over. */
-static size_t
-take_batch (RunBatch           *batch,
-            const cp_index_run *runs,
-            const int64_t      *bases,
-            size_t              n_runs,
-            size_t              next,
-            int64_t             first)
-{
-  memset (batch, 0, sizeof *batch);
-  batch->first = first;
-  while (next < n_runs && batch->n < RUNS_PER_LAUNCH)
-    {
-      batch->total += runs[next].length;
-      batch->end[batch->n] = batch->total;
-      batch->start[batch->n] = runs[next].start;
-      batch->base[batch->n] = bases != NULL ? bases[next] : 0;
-      batch->n++;
-      next++;
-    }
-  return next;
-}
-
 extern "C" cudaError_t
 _cp_cuda_gather_runs (const CpCudaShardView *view,
                       const cp_index_run    *runs,
@@ -209,14 +124,14 @@ _cp_cuda_gather_runs (const CpCudaShardView *view,
                       bool                   unshard,
                       cudaStream_t           stream)
 {
-  RunBatch batch;
+  CpRunBatch batch;
   int64_t first = 0;
 
   for (size_t next = 0; next < n_runs;)
     {
       cudaError_t status;
 
-      next = take_batch (&batch, runs, NULL, n_runs, next, first);
+      next = cp_run_batch_take (&batch, runs, NULL, n_runs, next, first);
       if (batch.total == 0)
         continue;
       status = launch_gather_batch (view, batch, unshard, stream);
@@ -283,36 +198,6 @@ _cp_cuda_fill (void         *dst,
     }
 }
 
-/* Splits @runs where documents end, so that each piece has one document
- * start to subtract; returns the number of pieces written to @pieces and
- * their document starts to @bases (room for @n_runs + @n_documents). */
-static size_t
-split_at_documents (const cp_index_run *runs,
-                    size_t              n_runs,
-                    const int64_t      *bounds,
-                    size_t              n_documents,
-                    cp_index_run       *pieces,
-                    int64_t            *bases)
-{
-  size_t n = 0;
-
-  for (size_t i = 0; i < n_runs; i++)
-    {
-      int64_t end = runs[i].start + runs[i].length;
-
-      for (size_t d = cp_index_first_document_after (bounds, n_documents, runs[i].start);
-           d < n_documents && bounds[d] < end; d++)
-        {
-          int64_t lo = runs[i].start > bounds[d] ? runs[i].start : bounds[d];
-          int64_t hi = end < bounds[d + 1] ? end : bounds[d + 1];
-
-          pieces[n] = (cp_index_run) { lo, hi - lo };
-          bases[n++] = bounds[d];
-        }
-    }
-  return n;
-}
-
 extern "C" cudaError_t
 _cp_cuda_position_ids (int64_t            *out,
                        int64_t             rows,
@@ -329,7 +214,7 @@ _cp_cuda_position_ids (int64_t            *out,
   int64_t local_length = cp_index_runs_length (runs, n_runs);
   size_t n_pieces;
   cudaError_t status = cudaSuccess;
-  RunBatch batch;
+  CpRunBatch batch;
   int64_t first = 0;
 
   if (pieces == NULL || bases == NULL)
@@ -339,7 +224,7 @@ _cp_cuda_position_ids (int64_t            *out,
       return cudaErrorMemoryAllocation;
     }
   if (per_document)
-    n_pieces = split_at_documents (runs, n_runs, bounds, n_documents, pieces, bases);
+    n_pieces = cp_run_batch_split_at_documents (runs, n_runs, bounds, n_documents, pieces, bases);
   else
     {
       memcpy (pieces, runs, n_runs * sizeof *runs);
@@ -348,7 +233,7 @@ _cp_cuda_position_ids (int64_t            *out,
     }
   for (size_t next = 0; next < n_pieces && status == cudaSuccess;)
     {
-      next = take_batch (&batch, pieces, bases, n_pieces, next, first);
+      next = cp_run_batch_take (&batch, pieces, bases, n_pieces, next, first);
       if (batch.total == 0 || rows == 0)
         continue;
       position_ids_kernel<<<blocks_for (rows * batch.total), THREADS_PER_BLOCK, 0, stream>>> (
