@@ -34,7 +34,20 @@ gboolean  _cp_mesh_check_dims       (const char * const  *dim_names,
                                      int                 *world_size,
                                      GError             **error);
 
+/* The host communicator: agreements, fingerprints and descriptor
+ * exchanges run on it, whatever memory the data is in. */
 CpComm   *_cp_mesh_get_comm         (CpMesh              *self);
+
+/* Memory kinds a mesh can route, an upper bound on CpDeviceKind. */
+#define CP_MESH_N_ROUTES 8
+
+/* Adds a communicator over @transport, whose ranks are numbered as the
+ * mesh's own transport's, and routes to it every memory kind @transport
+ * moves: a device transport (NCCL for CUDA memory) beside the host one.
+ * Submeshes made afterwards get one too. */
+gboolean  _cp_mesh_add_transport    (CpMesh              *self,
+                                     CpTransport         *transport,
+                                     GError             **error);
 
 void      _cp_mesh_set_local_rank   (CpMesh              *self,
                                      int                  local_rank);

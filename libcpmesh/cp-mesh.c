@@ -7,6 +7,7 @@
 
 #include <string.h>
 
+#include "cp-enum-types.h"
 #include "cp-error.h"
 #include "cp-layout-private.h"
 #include "cp-mesh-private.h"
@@ -56,7 +57,9 @@ struct _CpMesh
 {
   GObject parent_instance;
 
-  CpComm *comm;
+  CpComm *comm;          /* the host communicator: agreement runs here */
+  CpComm *routes[CP_MESH_N_ROUTES]; /* per memory kind: who moves it, or NULL */
+  GPtrArray *device_comms; /* CpComm*: communicators besides the host one */
   char *label;
   char **dim_names;
   int *dim_sizes;
@@ -100,6 +103,7 @@ cp_mesh_finalize (GObject *object)
     g_source_destroy (self->poll_source);
   g_clear_pointer (&self->poll_source, g_source_unref);
   g_clear_pointer (&self->submeshes, g_hash_table_unref);
+  g_clear_pointer (&self->device_comms, g_ptr_array_unref);
   g_clear_pointer (&self->comm, _cp_comm_free);
   g_clear_pointer (&self->label, g_free);
   g_clear_pointer (&self->dim_names, g_strfreev);
@@ -293,6 +297,7 @@ cp_mesh_init (CpMesh *self)
   self->timeout_ms = CP_MESH_DEFAULT_TIMEOUT_MS;
   self->local_rank = -1;
   self->submeshes = g_hash_table_new_full (g_str_hash, g_str_equal, g_free, g_object_unref);
+  self->device_comms = g_ptr_array_new_with_free_func ((GDestroyNotify) _cp_comm_free);
 }
 
 /* Keeps meshes of absurd sizes from allocating per-rank tables. */
@@ -334,6 +339,33 @@ _cp_mesh_check_dims (const char * const  *dim_names,
   return TRUE;
 }
 
+/* Routes every memory kind @comm's transport moves to @comm. */
+static void
+route_kinds (CpMesh *self,
+             CpComm *comm)
+{
+  guint kinds = _cp_transport_get_device_kinds (comm->transport);
+
+  for (guint k = 0; k < CP_MESH_N_ROUTES; k++)
+    if (kinds & CP_TRANSPORT_DEVICE (k))
+      self->routes[k] = comm;
+}
+
+gboolean
+_cp_mesh_add_transport (CpMesh       *self,
+                        CpTransport  *transport,
+                        GError      **error)
+{
+  CpComm *comm = _cp_transport_comm_new (transport, self->label, self->comm->members,
+                                         self->comm->size, self->comm->index, error);
+
+  if (comm == NULL)
+    return FALSE;
+  g_ptr_array_add (self->device_comms, comm);
+  route_kinds (self, comm);
+  return TRUE;
+}
+
 static void
 compute_coordinates (CpMesh *self)
 {
@@ -369,6 +401,7 @@ _cp_mesh_new (CpTransport         *transport,
   self->comm = _cp_transport_comm_new (transport, label, members, n_members, my_index, error);
   if (self->comm == NULL)
     return NULL;
+  route_kinds (self, self->comm);
   self->label = g_strdup (label);
   self->dim_names = g_strdupv ((char **) dim_names);
   self->dim_sizes = g_memdup2 (dim_sizes, n_dims * sizeof (int));
@@ -775,10 +808,19 @@ create_submesh (CpMesh      *self,
 
   submesh = _cp_mesh_new (self->comm->transport, label, members, self->dim_sizes[d],
                           self->coordinates[d], names, &self->dim_sizes[d], 1, error);
-  if (submesh != NULL)
+  if (submesh == NULL)
+    return NULL;
+  submesh->timeout_ms = self->timeout_ms;
+  submesh->local_rank = self->local_rank;
+  for (guint i = 0; i < self->device_comms->len; i++)
     {
-      submesh->timeout_ms = self->timeout_ms;
-      submesh->local_rank = self->local_rank;
+      CpComm *comm = g_ptr_array_index (self->device_comms, i);
+
+      if (!_cp_mesh_add_transport (submesh, comm->transport, error))
+        {
+          g_object_unref (submesh);
+          return NULL;
+        }
     }
   return submesh;
 }
@@ -859,16 +901,17 @@ describe_operand (CpCollective *coll,
   coll->dtype = cp_tensor_get_dtype (tensor);
   coll->n_dims = cp_tensor_get_n_dims (tensor);
   memcpy (coll->shape, shape, coll->n_dims * sizeof (gint64));
+  coll->device = cp_tensor_get_device (tensor);
 }
 
-/* Runs the rendezvous even when this rank's own arguments are bad
- * (@invalid, taken), so that every rank fails with the same error instead
- * of timing out waiting for this one. */
+/* Runs @coll on the host communicator, the rendezvous included even when
+ * this rank's own arguments are bad (@invalid, taken), so that every rank
+ * fails with the same error instead of timing out waiting for this one. */
 static gboolean
-run_collective (CpMesh        *self,
-                CpCollective  *coll,
-                GError        *invalid,
-                GError       **error)
+run_on_host (CpMesh        *self,
+             CpCollective  *coll,
+             GError        *invalid,
+             GError       **error)
 {
   gboolean ok;
 
@@ -878,19 +921,133 @@ run_collective (CpMesh        *self,
   return ok;
 }
 
+/* A descriptor as numbers: kind, dtype, dims, shape, dim, root, op,
+ * device. */
+#define DESCRIPTOR_WORDS (7 + CP_TENSOR_MAX_DIMS)
+
+static void
+pack_descriptor (const CpCollective *coll,
+                 gint64             *words)
+{
+  memset (words, 0, DESCRIPTOR_WORDS * sizeof (gint64));
+  words[0] = coll->kind;
+  words[1] = coll->dtype;
+  words[2] = coll->n_dims;
+  memcpy (words + 3, coll->shape, coll->n_dims * sizeof (gint64));
+  words[3 + CP_TENSOR_MAX_DIMS] = coll->dim;
+  words[4 + CP_TENSOR_MAX_DIMS] = coll->root;
+  words[5 + CP_TENSOR_MAX_DIMS] = coll->op;
+  words[6 + CP_TENSOR_MAX_DIMS] = coll->device;
+}
+
+static void
+unpack_descriptor (const gint64 *words,
+                   CpCollective *coll)
+{
+  memset (coll, 0, sizeof *coll);
+  coll->kind = (CpCollKind) words[0];
+  coll->dtype = (CpDType) words[1];
+  coll->n_dims = (guint) MIN (words[2], CP_TENSOR_MAX_DIMS);
+  memcpy (coll->shape, words + 3, coll->n_dims * sizeof (gint64));
+  coll->dim = (int) words[3 + CP_TENSOR_MAX_DIMS];
+  coll->root = (int) words[4 + CP_TENSOR_MAX_DIMS];
+  coll->op = (CpReduceOp) words[5 + CP_TENSOR_MAX_DIMS];
+  coll->device = (CpDeviceKind) words[6 + CP_TENSOR_MAX_DIMS];
+}
+
+/* Every rank's descriptor of @coll, exchanged over the host communicator
+ * and compared, before a device communicator moves any byte: a device
+ * transport (NCCL) cannot tell ranks that disagree from ranks that
+ * agree. */
+static gboolean
+agree_on_host (CpMesh        *self,
+               CpCollective  *coll,
+               GError        *invalid,
+               GError       **error)
+{
+  int n = self->comm->size;
+  gint64 mine[DESCRIPTOR_WORDS];
+  g_autofree gint64 *table = g_new0 (gint64, (gsize) n * DESCRIPTOR_WORDS);
+  g_autofree CpCollective *descs = g_new0 (CpCollective, n);
+  g_autofree const CpCollective **order = g_new0 (const CpCollective *, n);
+  CpCollective gather = { .kind = CP_COLL_ALL_GATHER, .dtype = CP_DTYPE_INT64, .n_dims = 1,
+                          .shape = { DESCRIPTOR_WORDS }, .outer = 1, .block = sizeof mine,
+                          .send = mine, .recv = table };
+
+  pack_descriptor (coll, mine);
+  if (!run_on_host (self, &gather, invalid, error))
+    return FALSE;
+  for (int r = 0; r < n; r++)
+    {
+      unpack_descriptor (table + (gsize) r * DESCRIPTOR_WORDS, &descs[r]);
+      order[r] = &descs[r];
+    }
+  return _cp_collective_check_agreement (order, n, error);
+}
+
+/* The communicator that moves memory of kind @device, or NULL. */
+static CpComm *
+route (CpMesh       *self,
+       CpDeviceKind  device)
+{
+  return (guint) device < CP_MESH_N_ROUTES ? self->routes[device] : NULL;
+}
+
+/* Runs @coll over the communicator that moves its memory.  A mesh with
+ * communicators besides the host one agrees on the host first; one that
+ * has only the host communicator agrees and moves in one call, as its
+ * backend compares descriptors itself. */
+static gboolean
+run_collective (CpMesh        *self,
+                CpCollective  *coll,
+                GError        *invalid,
+                GError       **error)
+{
+  if (self->device_comms->len == 0)
+    return run_on_host (self, coll, invalid, error);
+  if (!agree_on_host (self, coll, invalid, error))
+    return FALSE;
+  return _cp_comm_collective (route (self, coll->device), coll, _cp_mesh_deadline (self), error);
+}
+
+static const char *
+device_nick (guint kind)
+{
+  GEnumClass *kinds = g_type_class_ref (CP_TYPE_DEVICE_KIND);
+  GEnumValue *value = g_enum_get_value (kinds, (int) kind);
+
+  g_type_class_unref (kinds);
+  return value != NULL ? value->value_nick : "unknown";
+}
+
+/* "host, test": the memory kinds the mesh moves. */
+static char *
+describe_routes (CpMesh *self)
+{
+  GString *kinds = g_string_new (NULL);
+
+  for (guint k = 0; k < CP_MESH_N_ROUTES; k++)
+    if (self->routes[k] != NULL)
+      g_string_append_printf (kinds, "%s%s", kinds->len > 0 ? ", " : "", device_nick (k));
+  return g_string_free (kinds, FALSE);
+}
+
+/* Whether a communicator of the mesh moves @tensor's memory. */
 static gboolean
 check_host (CpMesh      *self,
             CpTensor    *tensor,
             const char  *what,
             GError     **error)
 {
-  if (cp_tensor_get_device (tensor) != CP_DEVICE_KIND_HOST)
-    {
-      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED,
-                   "%s: the %s backend moves host memory only", what, cp_mesh_get_backend (self));
-      return FALSE;
-    }
-  return TRUE;
+  g_autofree char *kinds = NULL;
+
+  if (route (self, cp_tensor_get_device (tensor)) != NULL)
+    return TRUE;
+  kinds = describe_routes (self);
+  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
+               "%s: the tensor is in %s memory; the %s mesh moves %s memory only", what,
+               device_nick (cp_tensor_get_device (tensor)), cp_mesh_get_backend (self), kinds);
+  return FALSE;
 }
 
 /* Fills the byte geometry of an all-gather along @dim. */
@@ -1297,7 +1454,7 @@ _cp_mesh_agree (CpMesh              *self,
   coll.block = n_values * sizeof (gint64);
   coll.send = mine;
   coll.recv = table;
-  if (!run_collective (self, &coll, invalid, error))
+  if (!run_on_host (self, &coll, invalid, error))
     return FALSE;
   return check_agreement (self, what, names, table, n_values, error);
 }
@@ -1336,6 +1493,8 @@ _cp_message_from_tensor (CpMessage *message,
   memcpy (message->shape, shape, message->n_dims * sizeof (gint64));
   message->data = cp_tensor_get_data (tensor);
   message->nbytes = cp_tensor_get_nbytes (tensor);
+  message->device = cp_tensor_get_device (tensor);
+  message->stream = NULL;
 }
 
 static gboolean
@@ -1366,6 +1525,8 @@ exchange (CpMesh    *self,
           GError   **error)
 {
   gint64 deadline = _cp_mesh_deadline (self);
+  CpComm *send_comm = send_tensor ? route (self, cp_tensor_get_device (send_tensor)) : NULL;
+  CpComm *recv_comm = recv_tensor ? route (self, cp_tensor_get_device (recv_tensor)) : NULL;
   CpMessage sent, received;
   CpRequest *send_request = NULL;
   CpRequest *recv_request = NULL;
@@ -1375,16 +1536,16 @@ exchange (CpMesh    *self,
   if (send_tensor != NULL)
     {
       _cp_message_from_tensor (&sent, send_tensor);
-      send_request = _cp_comm_isend (self->comm, dst, tag, &sent);
+      send_request = _cp_comm_isend (send_comm, dst, tag, &sent);
     }
   if (recv_tensor != NULL)
     {
       _cp_message_from_tensor (&received, recv_tensor);
-      recv_request = _cp_comm_irecv (self->comm, src, tag, &received);
-      ok = _cp_comm_wait (self->comm, recv_request, deadline, &recv_error);
+      recv_request = _cp_comm_irecv (recv_comm, src, tag, &received);
+      ok = _cp_comm_wait (recv_comm, recv_request, deadline, &recv_error);
     }
   if (send_request != NULL)
-    ok = _cp_comm_wait (self->comm, send_request, deadline, recv_error ? NULL : error) && ok;
+    ok = _cp_comm_wait (send_comm, send_request, deadline, recv_error ? NULL : error) && ok;
   if (recv_error != NULL)
     g_propagate_error (error, recv_error);
   return ok;

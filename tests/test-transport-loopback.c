@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cp-test-util.h"
+#include "cp-mesh-private.h"
 
 typedef struct
 {
@@ -58,6 +59,7 @@ loopback_group (int      world_size,
     {
       g_thread_join (threads[r]);
       g_assert_no_error (joins[r].error);
+      g_assert_cmpstr (cp_mesh_get_backend (joins[r].mesh), ==, "loopback");
       meshes = g_list_prepend (meshes, joins[r].mesh);
     }
   return meshes;
@@ -79,7 +81,6 @@ check_collectives (CpMesh   *mesh,
   const gint64 *sums;
   const gint32 *rooted;
 
-  g_assert_cmpstr (cp_mesh_get_backend (mesh), ==, "loopback");
   g_assert_true (cp_mesh_barrier (mesh, &error));
   g_assert_no_error (error);
 
@@ -221,6 +222,55 @@ test_submesh (void)
   cp_test_free_group (meshes);
 }
 
+/* A local group whose collectives and messages move over loopback
+ * transports, while its agreement stays on the local one: the shape of a
+ * mesh with a host transport and a device transport. */
+static GList *
+routed_group (const char * const *names,
+              const int          *sizes,
+              gsize               n_dims)
+{
+  g_autoptr(GError) error = NULL;
+  GList *meshes = cp_mesh_new_local_group (names, sizes, n_dims, &error);
+  GList *loopback = loopback_group (g_list_length (meshes), FALSE);
+
+  g_assert_no_error (error);
+  for (GList *l = meshes, *m = loopback; l != NULL; l = l->next, m = m->next)
+    {
+      g_assert_true (_cp_mesh_add_transport (l->data, _cp_mesh_get_comm (m->data)->transport, &error));
+      g_assert_no_error (error);
+    }
+  cp_test_free_group (loopback);
+  return meshes;
+}
+
+static void
+test_routed (void)
+{
+  const char *names[] = { "cp", NULL };
+  const int sizes[] = { 3 };
+  GList *meshes = routed_group (names, sizes, 1);
+
+  g_assert_cmpstr (cp_mesh_get_backend (meshes->data), ==, "local");
+  g_assert_cmpstr (_cp_transport_get_name (_cp_mesh_get_comm (meshes->data)->transport), ==, "local");
+  cp_test_run_ranks (meshes, check_collectives, NULL);
+  cp_test_run_ranks (meshes, check_all_to_all, NULL);
+  cp_test_run_ranks (meshes, check_send_recv, NULL);
+  cp_test_run_ranks (meshes, check_disagreement, NULL);
+  cp_test_free_group (meshes);
+}
+
+static void
+test_routed_submesh (void)
+{
+  const char *names[] = { "dp", "cp", NULL };
+  const int sizes[] = { 2, 2 };
+  GList *meshes = routed_group (names, sizes, 2);
+
+  cp_test_run_ranks (meshes, check_submesh, NULL);
+  cp_test_free_group (meshes);
+}
+
 int
 main (int    argc,
       char **argv)
@@ -233,5 +283,7 @@ main (int    argc,
   g_test_add_func ("/Cp/Transport/loopback/disagreement", test_disagreement);
   g_test_add_func ("/Cp/Transport/loopback/send-recv", test_send_recv);
   g_test_add_func ("/Cp/Transport/loopback/submesh", test_submesh);
+  g_test_add_func ("/Cp/Transport/routed/collectives", test_routed);
+  g_test_add_func ("/Cp/Transport/routed/submesh", test_routed_submesh);
   return g_test_run ();
 }

@@ -103,6 +103,25 @@ test_capability_shared_address_space (void)
   cp_test_free_group (meshes);
 }
 
+/* Ranks must move the same kind of memory: their descriptors say which. */
+static void
+test_agreement_device (void)
+{
+  CpCollective host = { .kind = CP_COLL_ALL_REDUCE, .dtype = CP_DTYPE_FLOAT32, .n_dims = 1,
+                        .shape = { 4 }, .device = CP_DEVICE_KIND_HOST };
+  CpCollective cuda = host;
+  const CpCollective *descs[] = { &host, &cuda };
+  g_autoptr(GError) error = NULL;
+
+  g_assert_true (_cp_collective_check_agreement (descs, 2, &error));
+  g_assert_no_error (error);
+  cuda.device = CP_DEVICE_KIND_CUDA;
+  g_assert_false (_cp_collective_check_agreement (descs, 2, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE, "collective agreement",
+                       "ranks that pass different kinds of memory");
+  g_assert_nonnull (strstr (error->message, "rank 0 passed host memory, rank 1 passed cuda memory"));
+}
+
 static void
 test_options_defaults (void)
 {
@@ -258,6 +277,7 @@ main (int    argc,
   g_test_add_func ("/Cp/Transport/override/local-processes", test_override_local_processes);
   g_test_add_func ("/Cp/Transport/capability/shared-address-space",
                    test_capability_shared_address_space);
+  g_test_add_func ("/Cp/Transport/agreement/device", test_agreement_device);
   g_test_add_func ("/Cp/MeshOptions/properties/defaults", test_options_defaults);
   g_test_add_func ("/Cp/MeshOptions/new/local", test_options_local);
   g_test_add_func ("/Cp/MeshOptions/new/names-without-sizes", test_options_names_without_sizes);

@@ -1039,6 +1039,7 @@ local_fail (CpTransport  *transport,
 
 static const CpTransportOps local_ops = {
   .name = "local",
+  .device_kinds = CP_TRANSPORT_DEVICE (CP_DEVICE_KIND_HOST),
   .caps = CP_TRANSPORT_CAP_SHARED_ADDRESS_SPACE,
   .transport_free = local_transport_free,
   .comm_new = local_comm_new,

@@ -701,6 +701,7 @@ loopback_fail (CpTransport  *transport,
 
 static const CpTransportOps loopback_ops = {
   .name = "loopback",
+  .device_kinds = CP_TRANSPORT_DEVICE (CP_DEVICE_KIND_HOST),
   .caps = CP_TRANSPORT_CAP_SHARED_ADDRESS_SPACE,
   .transport_free = loopback_transport_free,
   .comm_new = loopback_comm_new,

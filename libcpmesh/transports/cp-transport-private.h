@@ -47,6 +47,9 @@ typedef enum
   CP_TRANSPORT_CAP_SHARED_ADDRESS_SPACE = 1 << 0,
 } CpTransportCaps;
 
+/* The bit of memory kind @kind in a set of kinds. */
+#define CP_TRANSPORT_DEVICE(kind) (1u << (kind))
+
 typedef enum
 {
   CP_COLL_BARRIER,
@@ -82,6 +85,12 @@ typedef struct
   gsize count;
   gconstpointer send;
   gpointer recv;
+
+  /* Where send and recv live, the same on every rank (part of the
+   * agreement), and the stream of that device the copies are ordered on
+   * (NULL: the device's default; host memory has none). */
+  CpDeviceKind device;
+  gpointer stream;
 } CpCollective;
 
 /* A point-to-point message: the receiver checks dtype and shape against
@@ -93,12 +102,19 @@ typedef struct
   gint64 shape[CP_TENSOR_MAX_DIMS];
   gpointer data;
   gsize nbytes;
+  /* Where data lives and the stream its copies are ordered on, as for a
+   * collective; each side describes its own buffer. */
+  CpDeviceKind device;
+  gpointer stream;
 } CpMessage;
 
 struct _CpTransportOps
 {
   const char *name;
   CpTransportCaps caps;
+  /* The memory kinds its collectives and messages move, as
+   * CP_TRANSPORT_DEVICE() bits. */
+  guint device_kinds;
 
   /* Tears the backend down, then calls _cp_transport_clear() before it
    * frees the structure: peers may still report failures while it closes
@@ -220,6 +236,8 @@ void         _cp_comm_free       (CpComm       *comm);
 const char  *_cp_transport_get_name    (CpTransport      *transport);
 gboolean     _cp_transport_has_caps    (CpTransport      *transport,
                                         CpTransportCaps   caps);
+/* The memory kinds @transport moves, as CP_TRANSPORT_DEVICE() bits. */
+guint        _cp_transport_get_device_kinds (CpTransport *transport);
 CpComm      *_cp_transport_comm_new    (CpTransport      *transport,
                                         const char       *label,
                                         const int        *members,
@@ -339,9 +357,6 @@ typedef struct _CpMeshConfig CpMeshConfig;
 typedef CpTransport *(*CpTransportConnectFunc) (const CpMeshConfig  *config,
                                                 GCancellable        *cancellable,
                                                 GError             **error);
-
-/* The bit of memory kind @kind in CpTransportBackend.device_kinds. */
-#define CP_TRANSPORT_DEVICE(kind) (1u << (kind))
 
 /* A backend the library can connect a mesh with: its name (what
  * CPMESH_TRANSPORT and CpMesh:backend say), the memory kinds it moves and

@@ -1594,6 +1594,7 @@ ucx_fail (CpTransport  *transport,
 
 static const CpTransportOps ucx_ops = {
   .name = "ucx",
+  .device_kinds = CP_TRANSPORT_DEVICE (CP_DEVICE_KIND_HOST),
   .transport_free = ucx_transport_free,
   .comm_new = ucx_comm_new,
   .comm_free = ucx_comm_free,

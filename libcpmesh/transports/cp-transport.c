@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cp-dtype-private.h"
+#include "cp-enum-types.h"
 #include "cp-error.h"
 #include "cp-tensor-private.h"
 #include "cp-transport-private.h"
@@ -134,6 +135,12 @@ _cp_transport_has_caps (CpTransport     *transport,
                         CpTransportCaps  caps)
 {
   return (transport->ops->caps & caps) == caps;
+}
+
+guint
+_cp_transport_get_device_kinds (CpTransport *transport)
+{
+  return transport->ops->device_kinds;
 }
 
 CpComm *
@@ -288,6 +295,16 @@ describe_operand (const CpCollective *coll)
   return g_strdup_printf ("%s%s", cp_dtype_get_name (coll->dtype), shape);
 }
 
+static const char *
+device_name (CpDeviceKind kind)
+{
+  GEnumClass *kinds = g_type_class_ref (CP_TYPE_DEVICE_KIND);
+  GEnumValue *value = g_enum_get_value (kinds, kind);
+
+  g_type_class_unref (kinds);
+  return value != NULL ? value->value_nick : "unknown";
+}
+
 /* Compares rank @r's descriptor with rank 0's. */
 static gboolean
 check_pair (const CpCollective *first,
@@ -308,6 +325,13 @@ check_pair (const CpCollective *first,
     }
   if (first->kind == CP_COLL_BARRIER)
     return TRUE;
+  if (other->device != first->device)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
+                   "%s: communicator rank 0 passed %s memory, rank %d passed %s memory", name,
+                   device_name (first->device), r, device_name (other->device));
+      return FALSE;
+    }
   a = describe_operand (first);
   b = describe_operand (other);
   if (other->dtype != first->dtype)
