@@ -106,8 +106,11 @@ configure () {
   fi
   ucx=auto
   pkg-config --exists ucx 2> /dev/null || ucx=disabled
+  # The toolkit holding the nvcc found, unless it is the usual one.
+  toolkit=/usr/local/cuda
+  [ -f $toolkit/include/cuda_runtime_api.h ] || toolkit=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
   timeout "$(remaining)" meson setup "$build_dir" "$source_dir" --buildtype=debugoptimized \
-    -Dcuda=enabled -Dgpu_targets="$gpu_targets" -Ducx=$ucx \
+    -Dcuda=enabled -Dgpu_targets="$gpu_targets" -Dgpu_toolkit="$toolkit" -Ducx=$ucx \
     -Dintrospection=disabled -Dvapi=disabled -Ddocs=disabled \
     > "$log_dir/configure.log" 2>&1
 }
