@@ -189,7 +189,7 @@ if [ $has_gpu = yes ]; then
 else
   say "benchmarks: skipped (no GPU)"
 fi
-say "not covered yet: CUDA memory through the memory seam, attention kernels, NCCL, and the comparisons with PyTorch"
+say "not covered yet: attention kernels, NCCL, page-locked host storage, and the comparisons with PyTorch"
 say "device-check: $( [ $failed = 0 ] && echo passed || echo FAILED ) in $(( $(date +%s) - started )) s"
 
 if [ -n "${OUT:-}" ]; then
