@@ -115,17 +115,22 @@ configure () {
     > "$log_dir/configure.log" 2>&1
 }
 
-# One line per skipped test of the last run, with the reason it printed.
+# One line per skipped test or subtest of the last run, with the reason
+# it printed.
 report_skips () {
   python3 - "$build_dir/meson-logs/testlog.json" << 'PY' | tee -a "$summary"
-import json, sys
+import json, re, sys
 for line in open(sys.argv[1], encoding='utf-8'):
     test = json.loads(line)
-    if test.get('result') != 'SKIP':
-        continue
     out = (test.get('stdout') or '').splitlines()
-    reason = next((l for l in out if l.startswith('SKIP')), out[-1] if out else '')
-    print('  skipped %s: %s' % (test['name'], reason))
+    if test.get('result') == 'SKIP':
+        reason = next((l for l in out if l.startswith('SKIP')), out[-1] if out else '')
+        print('  skipped %s: %s' % (test['name'], reason))
+        continue
+    for l in out:
+        subtest = re.match(r'ok \d+ (\S+) # SKIP ?(.*)', l)
+        if subtest:
+            print('  skipped %s %s: %s' % (test['name'], subtest.group(1), subtest.group(2)))
 PY
 }
 
