@@ -19,9 +19,8 @@
 #include <libcpmesh.h>
 
 #include "kernels/cuda/cp-cuda-kernels-private.h"
-#include "kernels/cuda/cp-cuda-private.h"
+#include "cp-test-gpu.h"
 
-#define EXIT_SKIP 77
 
 typedef struct
 {
@@ -100,16 +99,11 @@ int
 main (int   argc,
       char *argv[])
 {
-  g_autoptr(GError) error = NULL;
   gboolean quick = argc > 1 && strcmp (argv[1], "--quick") == 0;
   int iterations = quick ? 3 : 50;
   struct cudaDeviceProp prop;
 
-  if (_cp_cuda_device_count (&error) < 1)
-    {
-      g_print ("SKIP: %s\n", error->message);
-      return EXIT_SKIP;
-    }
+  cp_test_require_cuda_device ();
   CHECK (cudaGetDeviceProperties (&prop, 0));
   g_print ("device: %s\n", prop.name);
   g_print ("%-52s %12s %12s %7s\n", "case", "kernel GB/s", "memcpy GB/s", "ratio");

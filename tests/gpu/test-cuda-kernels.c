@@ -17,9 +17,8 @@
 #include <libcpmesh.h>
 
 #include "kernels/cuda/cp-cuda-kernels-private.h"
-#include "kernels/cuda/cp-cuda-private.h"
+#include "cp-test-gpu.h"
 
-#define EXIT_SKIP 77
 #define MAX_DOCS 80
 
 #define CHECK_CUDA(call) g_assert_cmpstr (cudaGetErrorName (call), ==, "cudaSuccess")
@@ -219,13 +218,7 @@ int
 main (int   argc,
       char *argv[])
 {
-  g_autoptr(GError) error = NULL;
-
-  if (_cp_cuda_device_count (&error) < 1)
-    {
-      g_print ("SKIP: %s\n", error->message);
-      return EXIT_SKIP;
-    }
+  cp_test_require_cuda_device ();
   g_test_init (&argc, &argv, NULL);
 
   g_test_add_func ("/Cp/Cuda/kernels/shard/any-dimension", test_shard_any_dimension);

@@ -11,9 +11,8 @@
 
 #include <libcpmesh.h>
 
-#include "kernels/cuda/cp-cuda-private.h"
+#include "cp-test-gpu.h"
 
-#define EXIT_SKIP 77
 
 static CpTensor *
 patterned (const gint64 *shape,
@@ -112,13 +111,7 @@ int
 main (int   argc,
       char *argv[])
 {
-  g_autoptr(GError) error = NULL;
-
-  if (_cp_cuda_device_count (&error) < 1)
-    {
-      g_print ("SKIP: %s\n", error->message);
-      return EXIT_SKIP;
-    }
+  cp_test_require_cuda_device ();
   g_test_init (&argc, &argv, NULL);
 
   g_test_add_func ("/Cp/Cuda/layout/balanced", test_balanced);
