@@ -57,7 +57,7 @@ void       cp_test_run_mesh           (const char * const *dim_names,
 /* The memory the suites' tensors live in: CP_TEST_DEVICE=test in the
  * environment puts them in CP_DEVICE_KIND_TEST memory, which the library
  * reaches only through its memory interface (tests/meson.build runs the
- * batch, context and THD suites so as well); host memory otherwise. */
+ * suites it lists with devices so as well); host memory otherwise. */
 CpDeviceKind cp_test_get_device       (void);
 
 /* @tensor (taken) in cp_test_get_device() memory. */
