@@ -418,3 +418,26 @@ cp_layout_unshard_pieces_into (CpLayout   *self,
   unshard_copy (self, pieces, dim, out);
   return TRUE;
 }
+
+CpTensor *
+_cp_layout_restore_gathered (CpLayout  *self,
+                             CpTensor  *gathered,
+                             guint      dim,
+                             GError   **error)
+{
+  CpTensor *out;
+  gsize outer;
+  gint64 length;
+  gsize step;
+
+  out = _cp_tensor_new_on_device (cp_tensor_get_device (gathered), cp_tensor_get_dtype (gathered),
+                                  cp_tensor_get_shape (gathered, NULL),
+                                  cp_tensor_get_n_dims (gathered), FALSE, error);
+  if (out == NULL)
+    return NULL;
+  _cp_tensor_split_at (gathered, dim, &outer, &length, &step);
+  for (int r = 0; r < cp_layout_get_cp_size (self); r++)
+    _cp_layout_transfer_runs (self, r, out, gathered, outer, step, length,
+                              _cp_layout_get_rank_offset (self, r), FALSE);
+  return out;
+}

@@ -46,4 +46,11 @@ void         _cp_layout_transfer_runs   (CpLayout      *self,
                                          gint64         local_first,
                                          gboolean       to_local);
 
+/* The full tensor from @gathered, every rank's piece along @dim in rank
+ * order (what an all-gather of the pieces gives), in @gathered's memory. */
+CpTensor    *_cp_layout_restore_gathered (CpLayout      *self,
+                                          CpTensor      *gathered,
+                                          guint          dim,
+                                          GError       **error);
+
 G_END_DECLS

@@ -1839,29 +1839,6 @@ cp_mesh_unshard (CpMesh    *self,
   return cp_mesh_unshard_layout (self, tensor, seq_dim, layout, error);
 }
 
-static CpTensor *
-restore_gathered (CpLayout *layout,
-                  CpTensor *gathered,
-                  guint     dim,
-                  GError  **error)
-{
-  CpTensor *out;
-  gsize outer;
-  gint64 length;
-  gsize step;
-
-  out = _cp_tensor_new_on_device (cp_tensor_get_device (gathered), cp_tensor_get_dtype (gathered),
-                                  cp_tensor_get_shape (gathered, NULL),
-                                  cp_tensor_get_n_dims (gathered), FALSE, error);
-  if (out == NULL)
-    return NULL;
-  _cp_tensor_split_at (gathered, dim, &outer, &length, &step);
-  for (int r = 0; r < cp_layout_get_cp_size (layout); r++)
-    _cp_layout_transfer_runs (layout, r, out, gathered, outer, step, length,
-                              _cp_layout_get_rank_offset (layout, r), FALSE);
-  return out;
-}
-
 /**
  * cp_mesh_unshard_layout:
  * @self: the context-parallel mesh
@@ -1914,5 +1891,5 @@ cp_mesh_unshard_layout (CpMesh    *self,
   gathered = cp_mesh_all_gather (self, tensor, (int) d, error);
   if (gathered == NULL)
     return NULL;
-  return restore_gathered (layout, gathered, d, error);
+  return _cp_layout_restore_gathered (layout, gathered, d, error);
 }
