@@ -169,6 +169,22 @@ run_on_loopback (int             world_size,
   cp_test_free_group (meshes);
 }
 
+/* A rank whose peers never come gives up at its timeout. */
+static void
+test_meet_timeout (void)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMeshOptions) options = g_object_new (CP_TYPE_MESH_OPTIONS, "rank", 0,
+                                                   "world-size", 2, "port", 2000,
+                                                   "timeout-ms", 200, "transport", "loopback",
+                                                   NULL);
+  g_autoptr(CpMesh) mesh = cp_mesh_new_with_options (options, &error);
+
+  g_assert_null (mesh);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT, "loopback transport",
+                       "join a mesh whose other rank never comes");
+}
+
 static void
 test_one_rank (void)
 {
@@ -283,6 +299,7 @@ main (int    argc,
   g_test_add_func ("/Cp/Transport/loopback/disagreement", test_disagreement);
   g_test_add_func ("/Cp/Transport/loopback/send-recv", test_send_recv);
   g_test_add_func ("/Cp/Transport/loopback/submesh", test_submesh);
+  g_test_add_func ("/Cp/Transport/loopback/meet-timeout", test_meet_timeout);
   g_test_add_func ("/Cp/Transport/routed/collectives", test_routed);
   g_test_add_func ("/Cp/Transport/routed/submesh", test_routed_submesh);
   return g_test_run ();
