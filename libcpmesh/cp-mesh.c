@@ -366,6 +366,16 @@ _cp_mesh_add_transport (CpMesh       *self,
   return TRUE;
 }
 
+void
+_cp_mesh_foreach_transport (CpMesh              *self,
+                            CpMeshTransportFunc  func,
+                            gpointer             user_data)
+{
+  func (self->comm->transport, user_data);
+  for (guint i = 0; i < self->device_comms->len; i++)
+    func (((CpComm *) g_ptr_array_index (self->device_comms, i))->transport, user_data);
+}
+
 static void
 compute_coordinates (CpMesh *self)
 {
