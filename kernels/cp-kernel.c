@@ -13,6 +13,10 @@ static const struct
   const CpKernel *kernel;
 } kernels[] = {
   { CP_DEVICE_KIND_HOST, &_cp_kernel_cpu },
+  /* Test memory is host memory the CPU kernel reaches through its
+   * kernel address (_cp_memory_kernel_address), as a device's kernels
+   * reach device memory. */
+  { CP_DEVICE_KIND_TEST, &_cp_kernel_cpu },
 };
 
 const CpKernel *

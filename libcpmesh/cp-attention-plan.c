@@ -42,12 +42,9 @@ check_tensor (const Plan   *plan,
   g_autofree char *have = cp_tensor_describe (tensor);
   g_autofree char *want = _cp_shape_to_string (shape, n_dims);
 
-  if (cp_tensor_get_device (tensor) != plan->device)
-    {
-      g_set_error (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_UNSUPPORTED,
-                   "%s (%s) is not on q's device; CpAttention computes where q is", name, have);
-      return FALSE;
-    }
+  /* CpAttention computes where q is. */
+  if (!_cp_tensor_require_device (tensor, "attention", name, 1u << plan->device, error))
+    return FALSE;
   if (cp_tensor_get_dtype (tensor) != dtype)
     {
       g_set_error (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_SHAPE,
@@ -101,6 +98,18 @@ _cp_attention_lse_shape (const Plan *plan,
 }
 
 /* Reads B, H, S (or T) and D from q. */
+/* The memory kinds an attention kernel of this build computes on. */
+static guint
+kernel_kinds (void)
+{
+  guint kinds = 0;
+
+  for (guint kind = 0; kind <= CP_DEVICE_KIND_TEST; kind++)
+    if (_cp_kernel_for_device ((CpDeviceKind) kind) != NULL)
+      kinds |= 1u << kind;
+  return kinds;
+}
+
 static gboolean
 read_query (Plan      *plan,
             CpTensor  *q,
@@ -113,12 +122,8 @@ read_query (Plan      *plan,
   plan->dtype = cp_tensor_get_dtype (q);
   plan->device = cp_tensor_get_device (q);
   plan->kernel = _cp_kernel_for_device (plan->device);
-  if (plan->kernel == NULL)
-    {
-      g_set_error (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_UNSUPPORTED,
-                   "q (%s) is in memory no attention kernel of this build computes on", have);
-      return FALSE;
-    }
+  if (!_cp_tensor_require_device (q, "attention", "q", kernel_kinds (), error))
+    return FALSE;
   if (plan->dtype != CP_DTYPE_FLOAT32 && plan->dtype != CP_DTYPE_BFLOAT16)
     {
       g_set_error (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_UNSUPPORTED,

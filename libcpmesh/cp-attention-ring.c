@@ -6,6 +6,7 @@
 #include "config.h"
 
 #include "cp-attention-private.h"
+#include "cp-memory-private.h"
 #include "cp-tensor-private.h"
 
 /* Tags of the ring's point-to-point messages. */
@@ -146,8 +147,8 @@ ring_pass_partial (CpAttention  *self,
 
       if (!transfers_wait (self, wait, G_N_ELEMENTS (wait), error))
         return FALSE;
-      plan->kernel->add_float32 (cp_tensor_get_data (ring->partial[0]),
-                                 cp_tensor_get_data (ring->partial[1]),
+      plan->kernel->add_float32 (_cp_memory_kernel_address (ring->partial[0]),
+                                 _cp_memory_kernel_address (ring->partial[1]),
                                  (gsize) cp_tensor_get_numel (ring->partial[0]));
     }
   swap_tensors (&ring->partial[0], &ring->partial[2]);

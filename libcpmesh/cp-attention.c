@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cp-attention-private.h"
+#include "cp-memory-private.h"
 #include "cp-error.h"
 #include "cp-task-private.h"
 #include "cp-tensor-private.h"
@@ -317,28 +318,33 @@ as_float32 (const Plan *plan,
   float *values;
 
   if (cp_tensor_get_dtype (tensor) == CP_DTYPE_FLOAT32)
-    return cp_tensor_get_data (tensor);
+    return _cp_memory_kernel_address (tensor);
   g_assert (cp_tensor_get_dtype (tensor) == CP_DTYPE_BFLOAT16);
   g_assert (copy != NULL && (gsize) cp_tensor_get_numel (copy) >= n);
-  values = cp_tensor_get_data (copy);
-  plan->kernel->bfloat16_to_float32 (values, cp_tensor_get_data (tensor), n);
+  values = _cp_memory_kernel_address (copy);
+  plan->kernel->bfloat16_to_float32 (values, _cp_memory_kernel_address (tensor), n);
   return values;
 }
 
+/* Stores the float32 values at byte @offset of @source into @tensor, in
+ * its dtype. */
 static void
 store_float32 (const Plan  *plan,
                CpTensor    *tensor,
-               const float *values)
+               CpTensor    *source,
+               gsize        offset)
 {
   gsize n = (gsize) cp_tensor_get_numel (tensor);
+  const guint8 *values = _cp_memory_kernel_address (source);
 
   if (cp_tensor_get_dtype (tensor) == CP_DTYPE_FLOAT32)
     {
-      if (cp_tensor_get_data (tensor) != values)
-        memcpy (cp_tensor_get_data (tensor), values, n * sizeof (float));
+      if (source != tensor || offset != 0)
+        _cp_memory_copy (tensor, 0, source, offset, n * sizeof (float), FALSE);
       return;
     }
-  plan->kernel->float32_to_bfloat16 (cp_tensor_get_data (tensor), values, n);
+  plan->kernel->float32_to_bfloat16 (_cp_memory_kernel_address (tensor),
+                                     (const float *) (values + offset), n);
 }
 
 /* Whether the kernel multiplies float32 copies of the inputs: bfloat16
@@ -357,7 +363,7 @@ as_operand (const Plan *plan,
             CpTensor   *copy)
 {
   if (!converts_operands (plan))
-    return cp_tensor_get_data (tensor);
+    return _cp_memory_kernel_address (tensor);
   return as_float32 (plan, tensor, copy);
 }
 
@@ -460,6 +466,21 @@ buffer_new_like (CpTensor **slot,
                      cp_tensor_get_n_dims (tensor), zeroed, error);
 }
 
+/* What the caller gets back lives where q is; the buffers the ring moves
+ * stay in host memory, which every transport moves. */
+static gboolean
+result_new (CpTensor     **slot,
+            const Plan    *plan,
+            CpDType        dtype,
+            const gint64  *shape,
+            guint          n_dims,
+            gboolean       zeroed,
+            GError       **error)
+{
+  *slot = _cp_tensor_new_on_device (plan->device, dtype, shape, n_dims, zeroed, error);
+  return *slot != NULL;
+}
+
 /* A [2, ...] K/V pack of @rows rows per head. */
 static gboolean
 buffer_new_kv (CpTensor   **slot,
@@ -519,8 +540,9 @@ buffers_new_forward (CpAttention  *self,
 
   return buffers_new_common (self, plan, q, bufs, error) &&
          buffer_new_rows (&bufs->rows[1], plan, error) &&
-         buffer_new_like (&bufs->results[0], q, plan->dtype, plan->dtype == CP_DTYPE_FLOAT32, error) &&
-         buffer_new (&bufs->results[1], CP_DTYPE_FLOAT32, shape, n_dims, FALSE, error) &&
+         result_new (&bufs->results[0], plan, plan->dtype, cp_tensor_get_shape (q, NULL),
+                     cp_tensor_get_n_dims (q), plan->dtype == CP_DTYPE_FLOAT32, error) &&
+         result_new (&bufs->results[1], plan, CP_DTYPE_FLOAT32, shape, n_dims, FALSE, error) &&
          (plan->dtype == CP_DTYPE_FLOAT32 ||
           buffer_new_like (&bufs->acc, q, CP_DTYPE_FLOAT32, TRUE, error));
 }
@@ -560,9 +582,10 @@ buffers_new_backward (CpAttention  *self,
          buffer_new_like (&bufs->acc, q, CP_DTYPE_FLOAT32, TRUE, error) &&
          buffer_new_kv (&bufs->dkv, plan, CP_DTYPE_FLOAT32, plan->local_len, TRUE, error) &&
          buffers_new_partials (self, plan, bufs, error) &&
-         buffer_new_like (&bufs->results[0], q, plan->dtype, FALSE, error) &&
-         buffer_new (&bufs->results[1], plan->dtype, kv_shape, kv_dims, FALSE, error) &&
-         buffer_new (&bufs->results[2], plan->dtype, kv_shape, kv_dims, FALSE, error);
+         result_new (&bufs->results[0], plan, plan->dtype, cp_tensor_get_shape (q, NULL),
+                     cp_tensor_get_n_dims (q), FALSE, error) &&
+         result_new (&bufs->results[1], plan, plan->dtype, kv_shape, kv_dims, FALSE, error) &&
+         result_new (&bufs->results[2], plan, plan->dtype, kv_shape, kv_dims, FALSE, error);
 }
 
 /* K and V side by side in one buffer, so that every transfer moves both
@@ -574,8 +597,8 @@ pack_kv (CpTensor *k,
 {
   gsize bytes = cp_tensor_get_nbytes (k);
 
-  memcpy (cp_tensor_get_data (kv), cp_tensor_get_data (k), bytes);
-  memcpy ((guint8 *) cp_tensor_get_data (kv) + bytes, cp_tensor_get_data (v), bytes);
+  _cp_memory_copy (kv, 0, k, 0, bytes, FALSE);
+  _cp_memory_copy (kv, bytes, v, 0, bytes, FALSE);
 }
 
 /* Keys of @n_ranks consecutive ranks from @first_rank, held in @kv, a K/V
@@ -633,14 +656,16 @@ forward_gathered (CpAttention  *self,
   return TRUE;
 }
 
+/* @acc holds the float32 accumulator of @fwd's state. */
 static void
 finish_forward (const Plan *plan,
                 Forward    *fwd,
+                CpTensor   *acc,
                 CpTensor   *out,
                 CpTensor   *lse)
 {
-  plan->kernel->finalize (&plan->problem, &fwd->state, cp_tensor_get_data (lse));
-  store_float32 (plan, out, fwd->state.acc.data);
+  plan->kernel->finalize (&plan->problem, &fwd->state, _cp_memory_kernel_address (lse));
+  store_float32 (plan, out, acc, 0);
 }
 
 /* A float32 output accumulates in place. */
@@ -652,22 +677,18 @@ forward_run (CpAttention  *self,
              GError      **error)
 {
   gsize n_rows = (gsize) cp_tensor_get_numel (bufs->rows[0]);
-  float *m = cp_tensor_get_data (bufs->rows[0]);
-  float *l = cp_tensor_get_data (bufs->rows[1]);
-  float *acc = cp_tensor_get_data (bufs->acc != NULL ? bufs->acc : bufs->results[0]);
+  CpTensor *acc = bufs->acc != NULL ? bufs->acc : bufs->results[0];
   gpointer q_data = as_operand (plan, q, bufs->q32);
   Forward fwd = {
     .q = view_of (plan, q_data, plan->n_heads, plan->local_len),
-    .state = { view_of (plan, acc, plan->n_heads, plan->local_len), m, l },
+    .state = { view_of (plan, _cp_memory_kernel_address (acc), plan->n_heads, plan->local_len),
+               _cp_memory_kernel_address (bufs->rows[0]), _cp_memory_kernel_address (bufs->rows[1]) },
     .kv32 = bufs->kv32,
   };
   gboolean ok = TRUE;
 
-  for (gsize i = 0; i < n_rows; i++)
-    {
-      m[i] = -INFINITY;
-      l[i] = 0.0f;
-    }
+  _cp_memory_fill (bufs->rows[0], 0, n_rows, -INFINITY);
+  _cp_memory_fill (bufs->rows[1], 0, n_rows, 0.0);
   if (plan->size == 1)
     _cp_attention_forward_on (plan, &fwd, bufs->kv, 0, 1);
   else if (uses_ring (self, plan))
@@ -675,7 +696,7 @@ forward_run (CpAttention  *self,
   else
     ok = forward_gathered (self, plan, &fwd, bufs->kv, error);
   if (ok)
-    finish_forward (plan, &fwd, bufs->results[0], bufs->results[1]);
+    finish_forward (plan, &fwd, acc, bufs->results[0], bufs->results[1]);
   return ok;
 }
 
@@ -747,8 +768,8 @@ row_deltas (const Plan *plan,
             float      *delta)
 {
   CpAttnType type = plan->dtype == CP_DTYPE_FLOAT32 ? CP_ATTN_FLOAT32 : CP_ATTN_BFLOAT16;
-  CpAttnView dout_view = view_of (plan, cp_tensor_get_data (dout), plan->n_heads, plan->local_len);
-  CpAttnView out_view = view_of (plan, cp_tensor_get_data (out), plan->n_heads, plan->local_len);
+  CpAttnView dout_view = view_of (plan, _cp_memory_kernel_address (dout), plan->n_heads, plan->local_len);
+  CpAttnView out_view = view_of (plan, _cp_memory_kernel_address (out), plan->n_heads, plan->local_len);
 
   plan->kernel->row_deltas (&plan->problem, type, &dout_view, &out_view, delta);
 }
@@ -771,7 +792,7 @@ _cp_attention_backward_on (const Plan        *plan,
   CpAttnKeys keys, dkeys;
 
   keys_init (plan, data, operand_size (plan), first_rank, n_ranks, runs, &keys);
-  keys_init (plan, cp_tensor_get_data (dkv), sizeof (float), first_rank, n_ranks, unused, &dkeys);
+  keys_init (plan, _cp_memory_kernel_address (dkv), sizeof (float), first_rank, n_ranks, unused, &dkeys);
   plan->kernel->backward_block (&plan->problem, grads, &keys, &dkeys.k, &dkeys.v);
 }
 
@@ -785,8 +806,8 @@ sum_pieces (const Plan *plan,
 {
   gsize outer, step;
   gint64 length;
-  const float *src = cp_tensor_get_data (exchanged);
-  float *dst = cp_tensor_get_data (dkv);
+  const float *src = _cp_memory_kernel_address (exchanged);
+  float *dst = _cp_memory_kernel_address (dkv);
   gsize piece;
 
   _cp_tensor_split_at (exchanged, (guint) kv_seq_dim (plan), &outer, &length, &step);
@@ -827,13 +848,12 @@ backward_run (CpAttention  *self,
               Buffers      *bufs,
               GError      **error)
 {
-  float *delta = cp_tensor_get_data (bufs->rows[0]);
-  float *dq = cp_tensor_get_data (bufs->acc);
-  const float *dkv = cp_tensor_get_data (bufs->dkv);
+  float *delta = _cp_memory_kernel_address (bufs->rows[0]);
+  float *dq = _cp_memory_kernel_address (bufs->acc);
   CpAttnGrads grads = {
     .q = view_of (plan, as_operand (plan, q, bufs->q32), plan->n_heads, plan->local_len),
     .dout = view_of (plan, as_operand (plan, dout, bufs->dout32), plan->n_heads, plan->local_len),
-    .lse = cp_tensor_get_data (lse),
+    .lse = _cp_memory_kernel_address (lse),
     .delta = delta,
     .dq = view_of (plan, dq, plan->n_heads, plan->local_len),
   };
@@ -848,9 +868,9 @@ backward_run (CpAttention  *self,
     ok = backward_gathered (self, plan, &grads, bufs, error);
   if (!ok)
     return FALSE;
-  store_float32 (plan, bufs->results[0], dq);
-  store_float32 (plan, bufs->results[1], dkv);
-  store_float32 (plan, bufs->results[2], dkv + cp_tensor_get_numel (bufs->dkv) / 2);
+  store_float32 (plan, bufs->results[0], bufs->acc, 0);
+  store_float32 (plan, bufs->results[1], bufs->dkv, 0);
+  store_float32 (plan, bufs->results[2], bufs->dkv, cp_tensor_get_nbytes (bufs->dkv) / 2);
   return TRUE;
 }
 

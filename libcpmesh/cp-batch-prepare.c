@@ -12,6 +12,7 @@
 #include "cp-context-private.h"
 #include "cp-dtype-private.h"
 #include "cp-error.h"
+#include "cp-memory-private.h"
 #include "cp-mesh-private.h"
 #include "cp-task-private.h"
 #include "cp-tensor-private.h"
@@ -45,6 +46,7 @@ typedef struct
   gint64 seq_len;        /* S */
   gint64 padded_len;     /* S rounded up to a multiple of 2·C */
   const char *primary_key;
+  CpDeviceKind device;   /* the primary buffer's, for synthesized buffers */
   CpLayout *layout;
   GPtrArray *claimed;    /* of CpTensor*, held by this plan until it is cleared */
 } Plan;
@@ -172,6 +174,7 @@ collect_primary (Plan     *plan,
   if (cp_tensor_get_n_dims (primary) < 2)
     return _cp_batch_shape_error (error, "prepare", plan->primary_key, primary,
                                   "[B, S] or [B, S, H]");
+  plan->device = cp_tensor_get_device (primary);
   plan->rows = cp_tensor_get_dim (primary, 0);
   plan->seq_len = cp_tensor_get_dim (primary, 1);
   item = plan_add (plan, plan->primary_key, primary, 1, 0.0);
@@ -371,14 +374,12 @@ check_item (Plan     *plan,
             Item     *item,
             GError  **error)
 {
+  g_autofree char *label = g_strdup_printf ("'%s'", item->key);
   gint64 length;
 
-  if (cp_tensor_get_device (item->tensor) != CP_DEVICE_KIND_HOST)
-    {
-      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
-                   "prepare: '%s' is not in host memory", item->key);
-      return FALSE;
-    }
+  if (!_cp_tensor_require_device (item->tensor, "prepare", label, CP_DEVICE_KINDS_REACHABLE,
+                                  error))
+    return FALSE;
   length = cp_tensor_get_dim (item->tensor, (int) item->dim);
   if (length != plan->seq_len)
     {
@@ -452,27 +453,25 @@ plan_collect (Plan            *plan,
 }
 
 /* arange(S) in every row, then zeros over the padding: what the
- * reference builds and pads. */
+ * reference builds and pads.  One host row is repeated into every row of
+ * the batch's memory by a 2-D copy whose source rows do not advance. */
 static CpTensor *
 synthesize_positions (Plan     *plan,
                       GError  **error)
 {
   const gint64 shape[2] = { plan->rows, plan->padded_len };
-  CpTensor *positions = cp_tensor_new (CP_DTYPE_INT64, shape, 2, error);
-  gint64 *data;
+  g_autoptr(CpTensor) positions = _cp_tensor_new_on_device (plan->device, CP_DTYPE_INT64, shape,
+                                                            2, TRUE, error);
+  g_autoptr(CpTensor) row = NULL;
 
   if (positions == NULL)
     return NULL;
-  /* A batch of no rows (the last, empty batch of a dataset) has no first
-   * row to write the positions to. */
-  if (plan->rows == 0)
-    return positions;
-  data = cp_tensor_get_data (positions);
-  for (gint64 p = 0; p < plan->seq_len; p++)
-    data[p] = p;
-  for (gint64 b = 1; b < plan->rows; b++)
-    memcpy (data + b * plan->padded_len, data, (gsize) plan->seq_len * sizeof (gint64));
-  return positions;
+  row = cp_tensor_new_arange (CP_DTYPE_INT64, 0, plan->seq_len, 1, error);
+  if (row == NULL)
+    return NULL;
+  _cp_memory_copy_2d (positions, 0, (gsize) plan->padded_len * sizeof (gint64), row, 0, 0,
+                      cp_tensor_get_nbytes (row), (gsize) plan->rows, FALSE);
+  return g_steal_pointer (&positions);
 }
 
 /* Copies @source with its sequence dimension right-padded to the padded
@@ -487,29 +486,26 @@ pad_item (Plan     *plan,
   CpDType dtype = cp_tensor_get_dtype (item->tensor);
   guint n_dims;
   const gint64 *source_shape = cp_tensor_get_shape (item->tensor, &n_dims);
-  gsize outer, step, row, padded_row;
+  gsize outer, step, row, padded_row, fill_count;
   gint64 length;
-  const guint8 *src = cp_tensor_get_data (item->tensor);
-  guint8 *dst;
   CpTensor *out;
 
   memcpy (shape, source_shape, n_dims * sizeof (gint64));
   shape[item->dim] = plan->padded_len;
   if (item->expand)
     shape[0] = plan->rows;
-  out = _cp_tensor_new_uninit (dtype, shape, n_dims, error);
+  out = _cp_tensor_new_on_device (cp_tensor_get_device (item->tensor), dtype, shape, n_dims, FALSE,
+                                  error);
   if (out == NULL)
     return NULL;
   _cp_tensor_split_at (out, item->dim, &outer, &length, &step);
   row = (gsize) plan->seq_len * step;
   padded_row = (gsize) plan->padded_len * step;
-  dst = cp_tensor_get_data (out);
+  fill_count = (padded_row - row) / cp_dtype_get_size (dtype);
+  _cp_memory_copy_2d (out, 0, padded_row, item->tensor, 0, item->expand ? 0 : row, row, outer,
+                      FALSE);
   for (gsize o = 0; o < outer; o++)
-    {
-      memcpy (dst + o * padded_row, src + (item->expand ? 0 : o) * row, row);
-      _cp_dtype_fill (dtype, dst + o * padded_row + row,
-                      (padded_row - row) / cp_dtype_get_size (dtype), item->fill);
-    }
+    _cp_memory_fill (out, o * padded_row + row, fill_count, item->fill);
   return out;
 }
 

@@ -12,7 +12,9 @@
 #include "cp-dtype-private.h"
 #include "cp-error.h"
 #include "cp-layout-private.h"
+#include "cp-memory-private.h"
 #include "cp-tensor-private.h"
+#include "kernels/cp-index-thd.h"
 
 /* One chunk of consecutive batch rows, flattened: its documents as
  * cumulative bounds over the chunk's tokens. */
@@ -37,6 +39,8 @@ typedef struct
   CpTensor *seq_lens_padded;
   CpTensor *cu_seqlens;  /* an already packed batch */
   CpTensor *cu_seqlens_padded;
+  GPtrArray *held;       /* host copies of the lengths, read by the plan */
+  CpDeviceKind device;   /* the primary's: where the outputs go */
   gboolean packed;
   gint64 rows;           /* B; 1 for a packed batch */
   gint64 seq_len;        /* S; T for a packed batch */
@@ -60,6 +64,7 @@ thd_clear (Thd *thd)
       g_clear_pointer (&thd->chunks[c].layout, cp_layout_unref);
     }
   g_clear_pointer (&thd->chunks, g_free);
+  g_clear_pointer (&thd->held, g_ptr_array_unref);
 }
 
 G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (Thd, thd_clear)
@@ -140,20 +145,55 @@ check_lengths_tensor (Thd         *thd,
 }
 
 static gboolean
-check_host (Thd     *thd,
-            GError **error)
+check_devices (Thd     *thd,
+               GError **error)
 {
   CpTensor *all[] = { thd->primary, thd->labels, thd->positions, thd->seq_lens,
                       thd->seq_lens_padded, thd->cu_seqlens, thd->cu_seqlens_padded };
+  const char *keys[] = { thd->primary_key, "labels", "position_ids", "seq_lens",
+                         "seq_lens_padded", "cu_seqlens", "cu_seqlens_padded" };
 
   for (guint i = 0; i < G_N_ELEMENTS (all); i++)
-    if (all[i] != NULL && cp_tensor_get_device (all[i]) != CP_DEVICE_KIND_HOST)
-      {
-        g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
-                     "to_thd: the batch's tensors must be in host memory");
+    {
+      g_autofree char *label = g_strdup_printf ("'%s'", keys[i]);
+
+      if (all[i] != NULL &&
+          !_cp_tensor_require_device (all[i], "to_thd", label, CP_DEVICE_KINDS_REACHABLE, error))
         return FALSE;
-      }
+    }
   return TRUE;
+}
+
+/* Replaces *@tensor (borrowed) by a host copy the plan holds: the lengths
+ * are small and read one by one while planning, so they cross to the host
+ * once (no copy at all when they are there already). */
+static gboolean
+hold_on_host (Thd       *thd,
+              CpTensor **tensor,
+              GError   **error)
+{
+  CpTensor *host;
+
+  if (*tensor == NULL)
+    return TRUE;
+  host = cp_tensor_to_device (*tensor, CP_DEVICE_KIND_HOST, error);
+  if (host == NULL)
+    return FALSE;
+  if (thd->held == NULL)
+    thd->held = g_ptr_array_new_with_free_func (g_object_unref);
+  g_ptr_array_add (thd->held, host);
+  *tensor = host;
+  return TRUE;
+}
+
+static gboolean
+hold_lengths_on_host (Thd     *thd,
+                      GError **error)
+{
+  return hold_on_host (thd, &thd->seq_lens, error) &&
+         hold_on_host (thd, &thd->seq_lens_padded, error) &&
+         hold_on_host (thd, &thd->cu_seqlens, error) &&
+         hold_on_host (thd, &thd->cu_seqlens_padded, error);
 }
 
 /* A padded batch [B, S] carries seq_lens and seq_lens_padded; a packed one
@@ -250,8 +290,10 @@ collect (Thd           *thd,
       !require (batch, "labels", &thd->labels, error) ||
       !require (batch, "position_ids", &thd->positions, error) ||
       !collect_shapes (thd, batch, error) ||
-      !check_host (thd, error))
+      !check_devices (thd, error) ||
+      !hold_lengths_on_host (thd, error))
     return FALSE;
+  thd->device = cp_tensor_get_device (thd->primary);
   if (thd->rule == CP_PADDING_MASK_RULE_TOKEN_ID && !holds_token_ids (thd))
     {
       g_autofree char *description = cp_tensor_describe (thd->primary);
@@ -391,17 +433,10 @@ read_row (Thd      *thd,
 static void
 absorb_trailing_padding (Chunk *chunk)
 {
-  guint n = chunk->cu->len;
-
-  if (n > 1 && n == chunk->cu_padded->len &&
-      memcmp (chunk->cu->data, chunk->cu_padded->data, (n - 1) * sizeof (gint64)) == 0 &&
-      BOUND (chunk->cu, n - 1) < chunk->n_tokens)
-    {
-      BOUND (chunk->cu, n - 1) = chunk->n_tokens;
-      BOUND (chunk->cu_padded, n - 1) = chunk->n_tokens;
-    }
-  chunk->emit_padded = n != chunk->cu_padded->len ||
-                       memcmp (chunk->cu->data, chunk->cu_padded->data, n * sizeof (gint64)) != 0;
+  chunk->emit_padded = cp_index_thd_absorb_trailing ((gint64 *) chunk->cu->data,
+                                                     (gint64 *) chunk->cu_padded->data,
+                                                     chunk->cu->len, chunk->cu_padded->len,
+                                                     chunk->n_tokens);
 }
 
 static void
@@ -627,6 +662,55 @@ widen_to_int64 (CpDType        dtype,
       out[i] = (gint64) _cp_dtype_read (dtype, source, i);
 }
 
+/* Copies the runs this rank holds of chunk @c of @tensor, in order, to
+ * @out from byte @offset on, through the memory of the two tensors. */
+static void
+copy_chunk_runs (Thd      *thd,
+                 int       c,
+                 CpTensor *tensor,
+                 CpTensor *out,
+                 gsize     offset,
+                 gsize     step)
+{
+  CpLayout *layout = thd->chunks[c].layout;
+  guint n_runs;
+  const cp_index_run *runs = _cp_layout_get_runs (layout, thd->cp_rank, &n_runs);
+  gsize local_bytes = (gsize) cp_layout_get_local_len (layout, thd->cp_rank) * step;
+
+  _cp_memory_copy_runs (tensor, (gsize) thd->chunks[c].first * step, 0,
+                        _cp_layout_get_first_position (layout), out, offset, 0, runs, n_runs,
+                        step, 1, TRUE, _cp_copy_wants_streaming (local_bytes));
+}
+
+/* Integer ids narrower than int64 are gathered to the host, widened there
+ * and sent back to the memory of @tensor in one copy. */
+static CpTensor *
+shard_and_widen (Thd           *thd,
+                 CpTensor      *tensor,
+                 const gint64  *shape,
+                 guint          n_dims,
+                 gint64         local,
+                 gsize          step,
+                 GError       **error)
+{
+  CpDType dtype = cp_tensor_get_dtype (tensor);
+  gint64 per_chunk = local * (gint64) (step / cp_dtype_get_size (dtype));  /* elements */
+  g_autoptr(CpTensor) scratch = _cp_tensor_new_uninit (dtype, &per_chunk, 1, error);
+  g_autoptr(CpTensor) wide = NULL;
+
+  if (scratch == NULL ||
+      (wide = _cp_tensor_new_uninit (CP_DTYPE_INT64, shape, n_dims, error)) == NULL)
+    return NULL;
+  for (int c = 0; c < thd->num_chunks; c++)
+    {
+      copy_chunk_runs (thd, c, tensor, scratch, 0, step);
+      widen_to_int64 (dtype, cp_tensor_get_data (scratch),
+                      (gint64 *) cp_tensor_get_data (wide) + (gsize) (c * per_chunk),
+                      (gsize) per_chunk);
+    }
+  return cp_tensor_to_device (wide, cp_tensor_get_device (tensor), error);
+}
+
 /* This rank's tokens of every chunk, whole runs at a time.  Integer
  * buffers come out as int64, as the reference casts them; floating ones
  * (embeddings) keep their dtype. */
@@ -636,27 +720,19 @@ shard_tokens (Thd       *thd,
               GError   **error)
 {
   CpDType dtype = cp_tensor_get_dtype (tensor);
-  gboolean widen = !cp_dtype_is_floating (dtype) && dtype != CP_DTYPE_INT64;
   gint64 local = cp_layout_get_local_len (thd->chunks[0].layout, thd->cp_rank);
   gsize step = token_bytes (tensor, thd->packed);
   gint64 shape[CP_TENSOR_MAX_DIMS];
   guint n = token_shape (thd, tensor, local, shape);
-  g_autoptr(CpTensor) out = _cp_tensor_new_uninit (widen ? CP_DTYPE_INT64 : dtype, shape, n, error);
-  g_autofree guint8 *scratch = widen ? g_malloc (MAX ((gsize) local * step, 1)) : NULL;
+  g_autoptr(CpTensor) out = NULL;
 
+  if (!cp_dtype_is_floating (dtype) && dtype != CP_DTYPE_INT64)
+    return shard_and_widen (thd, tensor, shape, n, local, step, error);
+  out = _cp_tensor_new_on_device (cp_tensor_get_device (tensor), dtype, shape, n, FALSE, error);
   if (out == NULL)
     return NULL;
   for (int c = 0; c < thd->num_chunks; c++)
-    {
-      guint8 *full = (guint8 *) cp_tensor_get_data (tensor) + (gsize) thd->chunks[c].first * step;
-      guint8 *dest = widen ? scratch : (guint8 *) cp_tensor_get_data (out) + (gsize) (c * local) * step;
-      gsize per_chunk = (gsize) local * step / cp_dtype_get_size (dtype);  /* elements */
-
-      _cp_layout_transfer_runs (thd->chunks[c].layout, thd->cp_rank, full, dest, 1, step, local, 0, TRUE);
-      if (widen)
-        widen_to_int64 (dtype, scratch, (gint64 *) cp_tensor_get_data (out) + (gsize) c * per_chunk,
-                        per_chunk);
-    }
+    copy_chunk_runs (thd, c, tensor, out, (gsize) (c * local) * step, step);
   return g_steal_pointer (&out);
 }
 
@@ -674,6 +750,23 @@ add_tokens (Thd         *thd,
     return FALSE;
   cp_batch_set (out, key, result);
   return TRUE;
+}
+
+/* The small outputs (bounds, maxima, masks) are computed in host memory
+ * and then go where the batch is: for a host batch that moves nothing.
+ * Takes @host. */
+static CpTensor *
+to_batch_device (Thd       *thd,
+                 CpTensor  *host,
+                 GError   **error)
+{
+  CpTensor *out;
+
+  if (host == NULL)
+    return NULL;
+  out = cp_tensor_to_device (host, thd->device, error);
+  g_object_unref (host);
+  return out;
 }
 
 typedef GArray *(*BoundsOf) (Chunk *chunk, Thd *thd);
@@ -738,7 +831,7 @@ bounds_tensor (Thd       *thd,
       for (gint64 i = 0; i < shape[1]; i++)
         data[c * shape[1] + i] = (gint32) (i < bounds->len ? BOUND (bounds, i) : thd->sentinel);
     }
-  return tensor;
+  return to_batch_device (thd, tensor, error);
 }
 
 static GArray *
@@ -764,16 +857,13 @@ local_real_bounds (Chunk *chunk,
 {
   GArray *bounds = g_array_new (FALSE, TRUE, sizeof (gint64));
   gint64 total = 0;
-  gint64 c2 = 2 * (gint64) thd->cp_size;
-  gint64 r = thd->cp_rank;
 
   g_array_append_val (bounds, total);
   for (guint i = 0; i < chunk->real->len; i++)
     {
-      gint64 h = (BOUND (chunk->cu_padded, i + 1) - BOUND (chunk->cu_padded, i)) / c2;
-      gint64 real = BOUND (chunk->real, i);
-
-      total += CLAMP (real - r * h, 0, h) + CLAMP (real - (c2 - 1 - r) * h, 0, h);
+      total += cp_index_thd_local_real (BOUND (chunk->real, i),
+                                        BOUND (chunk->cu_padded, i + 1) - BOUND (chunk->cu_padded, i),
+                                        thd->cp_size, thd->cp_rank);
       g_array_append_val (bounds, total);
     }
   return bounds;
@@ -787,7 +877,7 @@ local_padded_bounds (Chunk *chunk,
 
   for (guint i = 0; i < chunk->cu_padded->len; i++)
     {
-      gint64 value = BOUND (chunk->cu_padded, i) / thd->cp_size;
+      gint64 value = cp_index_thd_local_bound (BOUND (chunk->cu_padded, i), thd->cp_size);
 
       g_array_append_val (bounds, value);
     }
@@ -844,44 +934,7 @@ add_max_seqlen (Thd      *thd,
       for (guint i = 1; i < bounds->len; i++)
         data[c] = (gint32) MAX (data[c], BOUND (bounds, i) - BOUND (bounds, i - 1));
     }
-  cp_batch_set (out, "max_seqlen", tensor);
-  return TRUE;
-}
-
-/* Marks, for the positions of @runs in order, those between their
- * document's real end and padded end.  Unsharded, a packed batch may hold
- * tokens past its last document: those are padding too. */
-static guint8 *
-write_layout_mask (Chunk       *chunk,
-                   const CpRun *runs,
-                   guint        n_runs,
-                   guint8      *mask)
-{
-  const gint64 *cu = (const gint64 *) chunk->cu_padded->data;
-  guint n_docs = MAX (chunk->cu_padded->len, 1) - 1;
-  guint doc = 0;
-
-  for (guint i = 0; i < n_runs; i++)
-    for (gint64 p = runs[i].start, end = runs[i].start + runs[i].length; p < end;)
-      {
-        gint64 stop, real_stop;
-
-        while (doc < n_docs && cu[doc + 1] <= p)
-          doc++;
-        if (doc == n_docs)
-          {
-            memset (mask, TRUE, (gsize) (end - p));
-            mask += end - p;
-            break;
-          }
-        stop = MIN (end, cu[doc + 1]);
-        real_stop = CLAMP (cu[doc] + BOUND (chunk->real, doc), p, stop);
-        memset (mask, FALSE, (gsize) (real_stop - p));
-        memset (mask + (real_stop - p), TRUE, (gsize) (stop - real_stop));
-        mask += stop - p;
-        p = stop;
-      }
-  return mask;
+  return add_tensor (out, "max_seqlen", to_batch_device (thd, g_steal_pointer (&tensor), error));
 }
 
 static void
@@ -913,19 +966,37 @@ add_padding_mask (Thd       *thd,
     return FALSE;
   cursor = cp_tensor_get_data (mask);
   if (thd->rule == CP_PADDING_MASK_RULE_TOKEN_ID)
-    write_token_mask (thd, ids, cursor);
+    {
+      g_autoptr(CpTensor) host_ids = cp_tensor_to_device (ids, CP_DEVICE_KIND_HOST, error);
+
+      if (host_ids == NULL)
+        return FALSE;
+      write_token_mask (thd, host_ids, cursor);
+    }
   else
     for (int c = 0; c < thd->num_chunks; c++)
       {
-        CpRun whole = { 0, thd->chunks[c].n_tokens };
+        cp_index_run whole = { 0, thd->chunks[c].n_tokens };
         guint n_runs = 1;
-        const CpRun *runs = thd->cp_size > 1
+        const cp_index_run *runs = thd->cp_size > 1
           ? _cp_layout_get_runs (thd->chunks[c].layout, thd->cp_rank, &n_runs) : &whole;
 
-        cursor = write_layout_mask (&thd->chunks[c], runs, n_runs, cursor);
+        cursor = cp_index_thd_padding_mask ((const gint64 *) thd->chunks[c].cu_padded->data,
+                                            (const gint64 *) thd->chunks[c].real->data,
+                                            MAX (thd->chunks[c].cu_padded->len, 1) - 1,
+                                            runs, n_runs, cursor);
       }
-  cp_batch_set (out, "padding_mask", mask);
-  return TRUE;
+  return add_tensor (out, "padding_mask", to_batch_device (thd, g_steal_pointer (&mask), error));
+}
+
+/* A 0-d int64 tensor in the batch's memory. */
+static CpTensor *
+int64_scalar (Thd      *thd,
+              gint64    value,
+              GError  **error)
+{
+  return to_batch_device (thd, cp_tensor_new_full (CP_DTYPE_INT64, NULL, 0, (double) value, error),
+                          error);
 }
 
 static gboolean
@@ -935,8 +1006,8 @@ add_rank_info (Thd      *thd,
 {
   GPtrArray *layouts;
 
-  if (!add_tensor (out, "cp_size", cp_tensor_new_full (CP_DTYPE_INT64, NULL, 0, thd->cp_size, error)) ||
-      !add_tensor (out, "cp_rank", cp_tensor_new_full (CP_DTYPE_INT64, NULL, 0, thd->cp_rank, error)))
+  if (!add_tensor (out, "cp_size", int64_scalar (thd, thd->cp_size, error)) ||
+      !add_tensor (out, "cp_rank", int64_scalar (thd, thd->cp_rank, error)))
     return FALSE;
   layouts = g_ptr_array_new_with_free_func ((GDestroyNotify) cp_layout_unref);
   for (int c = 0; c < thd->num_chunks; c++)
@@ -1072,6 +1143,7 @@ typedef struct
   CpTensor *labels;
   CpTensor *positions;   /* may be NULL: synthesized per document */
   CpTensor *seq_lens;
+  CpTensor *host_lengths; /* seq_lens in host memory, owned */
   gint64 rows;
   gint64 seq_len;
   gint64 divisor;        /* 2·C */
@@ -1080,12 +1152,13 @@ typedef struct
   gint64 pad_id;
 } Pad;
 
-static gint64
-round_up (gint64 length,
-          gint64 divisor)
+static void
+pad_clear (Pad *pad)
 {
-  return (length + divisor - 1) / divisor * divisor;
+  g_clear_object (&pad->host_lengths);
 }
+
+G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (Pad, pad_clear)
 
 /* Checks one row's lengths and returns the padded total in @padded. */
 static gboolean
@@ -1101,7 +1174,7 @@ pad_measure_row (Pad      *pad,
   *padded = 0;
   for (gint64 j = 0; j < n; j++)
     {
-      gint64 real = read_length (pad->seq_lens, row * n + j);
+      gint64 real = read_length (pad->host_lengths, row * n + j);
 
       if (real == pad->sentinel)
         continue;
@@ -1115,7 +1188,7 @@ pad_measure_row (Pad      *pad,
           return FALSE;
         }
       real_total += real;
-      *padded += round_up (real, pad->divisor);
+      *padded += cp_index_thd_round_up (real, pad->divisor);
       any = TRUE;
     }
   if (!any)
@@ -1125,6 +1198,23 @@ pad_measure_row (Pad      *pad,
       return FALSE;
     }
   return TRUE;
+}
+
+static gboolean
+check_pad_devices (Pad     *pad,
+                   GError **error)
+{
+  g_autofree char *label = g_strdup_printf ("'%s'", pad->primary_key);
+
+  return _cp_tensor_require_device (pad->primary, "pad_documents", label,
+                                    CP_DEVICE_KINDS_REACHABLE, error) &&
+         _cp_tensor_require_device (pad->labels, "pad_documents", "'labels'",
+                                    CP_DEVICE_KINDS_REACHABLE, error) &&
+         (pad->positions == NULL ||
+          _cp_tensor_require_device (pad->positions, "pad_documents", "'position_ids'",
+                                     CP_DEVICE_KINDS_REACHABLE, error)) &&
+         _cp_tensor_require_device (pad->seq_lens, "pad_documents", "'seq_lens'",
+                                    CP_DEVICE_KINDS_REACHABLE, error);
 }
 
 static gboolean
@@ -1149,7 +1239,11 @@ pad_collect (Pad           *pad,
                                   "[B, S] or [B, S, H]");
   if (!check_like_primary (&shapes, "labels", pad->labels, error) ||
       (pad->positions != NULL && !check_like_primary (&shapes, "position_ids", pad->positions, error)) ||
-      !check_lengths_tensor (&shapes, "seq_lens", pad->seq_lens, NULL, error))
+      !check_lengths_tensor (&shapes, "seq_lens", pad->seq_lens, NULL, error) ||
+      !check_pad_devices (pad, error))
+    return FALSE;
+  pad->host_lengths = cp_tensor_to_device (pad->seq_lens, CP_DEVICE_KIND_HOST, error);
+  if (pad->host_lengths == NULL)
     return FALSE;
   pad->rows = shapes.rows;
   pad->seq_len = shapes.seq_len;
@@ -1167,40 +1261,52 @@ pad_collect (Pad           *pad,
 }
 
 /* Lays one row's documents out again, each followed by its padding; the
- * row's last document also takes what is left of the new row. */
+ * row's last document also takes what is left of the new row.  Tokens
+ * move and padding is filled through the memory of @dest; position ids,
+ * which count on from their document's last one, are computed in place,
+ * so for them @source and @dest are host tensors. */
 static void
-pad_row (Pad           *pad,
-         gint64         row,
-         const guint8  *source,
-         guint8        *dest,
-         gsize          step,
-         CpDType        dtype,
-         double         fill,
-         gboolean       positions)
+pad_row (Pad       *pad,
+         gint64     row,
+         CpTensor  *source,
+         CpTensor  *dest,
+         gsize      step,
+         double     fill,
+         gboolean   positions)
 {
+  CpDType dtype = cp_tensor_get_dtype (dest);
   gint64 n = cp_tensor_get_dim (pad->seq_lens, 1);
   gint64 read = 0, written = 0, last = -1;
   gsize per_token = step / cp_dtype_get_size (dtype);
+  gsize source_row = (gsize) (row * pad->seq_len) * step;
+  gsize dest_row = (gsize) (row * pad->padded_len) * step;
+  gsize first = dest_row / cp_dtype_get_size (dtype);  /* the row's first element */
 
   for (gint64 j = 0; j < n; j++)
-    if (read_length (pad->seq_lens, row * n + j) != pad->sentinel)
+    if (read_length (pad->host_lengths, row * n + j) != pad->sentinel)
       last = j;
   for (gint64 j = 0; j <= last; j++)
     {
-      gint64 real = read_length (pad->seq_lens, row * n + j);
-      gint64 end = j == last ? pad->padded_len : written + round_up (real, pad->divisor);
+      gint64 real = read_length (pad->host_lengths, row * n + j);
+      gint64 end = j == last ? pad->padded_len : written + cp_index_thd_round_up (real, pad->divisor);
       double next = 0.0;
 
       if (real == pad->sentinel)
         continue;
       if (source != NULL)
-        memcpy (dest + written * step, source + read * step, (gsize) real * step);
+        _cp_memory_copy (dest, dest_row + (gsize) written * step, source,
+                         source_row + (gsize) read * step, (gsize) real * step, FALSE);
       if (positions)
-        next = source != NULL && real > 0 ? _cp_dtype_read (dtype, source, (gsize) (read + real - 1)) + 1 : 0;
+        next = source != NULL && real > 0
+          ? _cp_dtype_read (dtype, cp_tensor_get_data (source),
+                            source_row / cp_dtype_get_size (dtype) + (gsize) (read + real - 1)) + 1
+          : 0;
       for (gint64 p = source != NULL ? real : 0; positions && p < end - written; p++)
-        _cp_dtype_write (dtype, dest, (gsize) (written + p), source != NULL ? next++ : (double) p);
+        _cp_dtype_write (dtype, cp_tensor_get_data (dest), first + (gsize) (written + p),
+                         source != NULL ? next++ : (double) p);
       if (!positions)
-        _cp_dtype_fill (dtype, dest + (written + real) * step, (gsize) (end - written - real) * per_token, fill);
+        _cp_memory_fill (dest, dest_row + (gsize) (written + real) * step,
+                         (gsize) (end - written - real) * per_token, fill);
       read += real;
       written = end;
     }
@@ -1217,6 +1323,8 @@ pad_buffer (Pad       *pad,
   gint64 shape[3] = { pad->rows, pad->padded_len, 0 };
   guint n_dims = source != NULL ? cp_tensor_get_n_dims (source) : 2;
   gsize step = cp_dtype_get_size (dtype);
+  CpDeviceKind device = cp_tensor_get_device (source != NULL ? source : pad->primary);
+  g_autoptr(CpTensor) host_source = NULL;
   g_autoptr(CpTensor) out = NULL;
 
   if (n_dims == 3)
@@ -1224,15 +1332,16 @@ pad_buffer (Pad       *pad,
       shape[2] = cp_tensor_get_dim (source, 2);
       step *= (gsize) shape[2];
     }
-  out = _cp_tensor_new_uninit (dtype, shape, n_dims, error);
+  if (positions && source != NULL &&
+      (host_source = cp_tensor_to_device (source, CP_DEVICE_KIND_HOST, error)) == NULL)
+    return NULL;
+  out = _cp_tensor_new_on_device (positions ? CP_DEVICE_KIND_HOST : device, dtype, shape, n_dims,
+                                  FALSE, error);
   if (out == NULL)
     return NULL;
   for (gint64 row = 0; row < pad->rows; row++)
-    pad_row (pad, row,
-             source != NULL ? (const guint8 *) cp_tensor_get_data (source) + (gsize) (row * pad->seq_len) * step : NULL,
-             (guint8 *) cp_tensor_get_data (out) + (gsize) (row * pad->padded_len) * step,
-             step, dtype, fill, positions);
-  return g_steal_pointer (&out);
+    pad_row (pad, row, positions ? host_source : source, out, step, fill, positions);
+  return positions ? cp_tensor_to_device (out, device, error) : g_steal_pointer (&out);
 }
 
 /* seq_lens_padded: each document rounded up to 2·C, the last one of each
@@ -1241,7 +1350,7 @@ static CpTensor *
 pad_lengths (Pad     *pad,
              GError **error)
 {
-  g_autoptr(CpTensor) out = cp_tensor_copy (pad->seq_lens, error);
+  g_autoptr(CpTensor) out = cp_tensor_copy (pad->host_lengths, error);
   gint64 n = cp_tensor_get_dim (pad->seq_lens, 1);
 
   if (out == NULL)
@@ -1252,18 +1361,18 @@ pad_lengths (Pad     *pad,
 
       for (gint64 j = 0; j < n; j++)
         {
-          gint64 real = read_length (pad->seq_lens, row * n + j);
+          gint64 real = read_length (pad->host_lengths, row * n + j);
 
           if (real == pad->sentinel)
             continue;
-          cp_tensor_set_value (out, row * n + j, (double) round_up (real, pad->divisor));
-          total += round_up (real, pad->divisor);
+          cp_tensor_set_value (out, row * n + j, (double) cp_index_thd_round_up (real, pad->divisor));
+          total += cp_index_thd_round_up (real, pad->divisor);
           last = j;
         }
       cp_tensor_set_value (out, row * n + last, cp_tensor_get_value (out, row * n + last) +
                                                 (double) (pad->padded_len - total));
     }
-  return g_steal_pointer (&out);
+  return cp_tensor_to_device (out, cp_tensor_get_device (pad->seq_lens), error);
 }
 
 /**
@@ -1301,7 +1410,7 @@ cp_batch_pad_documents (CpBatch       *self,
 {
   g_autoptr(CpThdOptions) defaults = NULL;
   g_autoptr(CpBatch) out = cp_batch_new ();
-  Pad pad = { 0 };
+  g_auto(Pad) pad = { 0 };
   CpDType ids_dtype, position_dtype;
 
   g_return_val_if_fail (CP_IS_BATCH (self), NULL);

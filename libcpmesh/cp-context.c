@@ -737,14 +737,11 @@ check_buffer (Buffer   *buffer,
               guint    *dim,
               GError  **error)
 {
+  g_autofree char *name = name_buffer (buffer, index);
   g_autofree char *label = describe_buffer (buffer, index);
 
-  if (cp_tensor_get_device (buffer->tensor) != CP_DEVICE_KIND_HOST)
-    {
-      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
-                   "enter: %s is not in host memory", label);
-      return FALSE;
-    }
+  if (!_cp_tensor_require_device (buffer->tensor, "enter", name, CP_DEVICE_KINDS_REACHABLE, error))
+    return FALSE;
   return _cp_tensor_normalize_dim (buffer->tensor, label, buffer->seq_dim, dim, error);
 }
 

@@ -11,16 +11,16 @@
 
 #include <string.h>
 
-#include "cp-copy-private.h"
 #include "cp-error.h"
 #include "cp-layout-private.h"
+#include "cp-memory-private.h"
 #include "cp-tensor-private.h"
 
 void
 _cp_layout_transfer_runs (CpLayout *self,
                           int       rank,
-                          guint8   *full,
-                          guint8   *local,
+                          CpTensor *full,
+                          CpTensor *local,
                           gsize     outer,
                           gsize     step,
                           gint64    local_row,
@@ -29,29 +29,12 @@ _cp_layout_transfer_runs (CpLayout *self,
 {
   guint n_runs;
   const cp_index_run *runs = _cp_layout_get_runs (self, rank, &n_runs);
-  gsize full_row = (gsize) cp_layout_get_seq_len (self) * step;
-  gsize full_first = (gsize) _cp_layout_get_first_position (self) * step;
-  gsize local_stride = (gsize) local_row * step;
   gsize local_bytes = (gsize) cp_layout_get_local_len (self, rank) * step;
-  gboolean streaming = _cp_copy_wants_streaming (outer * local_bytes);
 
-  for (gsize o = 0; o < outer; o++)
-    {
-      guint8 *full_base = full + o * full_row - full_first;
-      guint8 *local_cursor = local + o * local_stride + (gsize) local_first * step;
-
-      for (guint i = 0; i < n_runs; i++)
-        {
-          guint8 *global = full_base + (gsize) runs[i].start * step;
-          gsize bytes = (gsize) runs[i].length * step;
-
-          if (to_local)
-            _cp_copy (local_cursor, global, bytes, streaming);
-          else
-            _cp_copy (global, local_cursor, bytes, streaming);
-          local_cursor += bytes;
-        }
-    }
+  _cp_memory_copy_runs (full, 0, (gsize) cp_layout_get_seq_len (self) * step,
+                        _cp_layout_get_first_position (self), local, (gsize) local_first * step,
+                        (gsize) local_row * step, runs, n_runs, step, outer, to_local,
+                        _cp_copy_wants_streaming (outer * local_bytes));
 }
 
 static gboolean
@@ -63,20 +46,6 @@ check_rank (CpLayout  *self,
     {
       g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
                    "rank %d is outside [0, %d)", rank, cp_layout_get_cp_size (self));
-      return FALSE;
-    }
-  return TRUE;
-}
-
-static gboolean
-check_host (CpTensor    *tensor,
-            const char  *what,
-            GError     **error)
-{
-  if (cp_tensor_get_device (tensor) != CP_DEVICE_KIND_HOST)
-    {
-      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
-                   "%s: the tensor is not in host memory", what);
       return FALSE;
     }
   return TRUE;
@@ -133,7 +102,7 @@ check_output (CpTensor    *out,
                    what, have, cp_dtype_get_name (cp_tensor_get_dtype (template)), want);
       return FALSE;
     }
-  return check_host (out, what, error);
+  return _cp_tensor_require_device (out, what, "the output", CP_DEVICE_KINDS_REACHABLE, error);
 }
 
 static gboolean
@@ -145,7 +114,7 @@ shard_validate (CpLayout  *self,
                 GError   **error)
 {
   return check_rank (self, rank, error) &&
-         check_host (tensor, "shard", error) &&
+         _cp_tensor_require_device (tensor, "shard", "the tensor", CP_DEVICE_KINDS_REACHABLE, error) &&
          _cp_tensor_normalize_dim (tensor, "shard", seq_dim, dim, error) &&
          check_seq_len (tensor, "shard", *dim, cp_layout_get_seq_len (self), error);
 }
@@ -162,8 +131,8 @@ shard_copy (CpLayout *self,
   gsize step;
 
   _cp_tensor_split_at (tensor, dim, &outer, &length, &step);
-  _cp_layout_transfer_runs (self, rank, cp_tensor_get_data (tensor), cp_tensor_get_data (out),
-                            outer, step, cp_layout_get_local_len (self, rank), 0, TRUE);
+  _cp_layout_transfer_runs (self, rank, tensor, out, outer, step,
+                            cp_layout_get_local_len (self, rank), 0, TRUE);
 }
 
 /* The shape of @tensor with @length along @dim. */
@@ -216,8 +185,8 @@ cp_layout_shard (CpLayout  *self,
   if (!shard_validate (self, tensor, seq_dim, rank, &dim, error))
     return NULL;
   shape_with (tensor, dim, cp_layout_get_local_len (self, rank), shape);
-  out = _cp_tensor_new_uninit (cp_tensor_get_dtype (tensor), shape,
-                               cp_tensor_get_n_dims (tensor), error);
+  out = _cp_tensor_new_on_device (cp_tensor_get_device (tensor), cp_tensor_get_dtype (tensor),
+                                  shape, cp_tensor_get_n_dims (tensor), FALSE, error);
   if (out != NULL)
     shard_copy (self, tensor, dim, rank, out);
   return out;
@@ -299,18 +268,19 @@ cp_layout_shard_backward (CpLayout  *self,
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
   if (!check_rank (self, rank, error) ||
-      !check_host (grad_local, "shard_backward", error) ||
+      !_cp_tensor_require_device (grad_local, "shard_backward", "the tensor",
+                                  CP_DEVICE_KINDS_REACHABLE, error) ||
       !_cp_tensor_normalize_dim (grad_local, "shard_backward", seq_dim, &dim, error) ||
       !check_seq_len (grad_local, "shard_backward", dim, cp_layout_get_local_len (self, rank), error))
     return NULL;
   shape_with (grad_local, dim, cp_layout_get_seq_len (self), shape);
-  out = cp_tensor_new (cp_tensor_get_dtype (grad_local), shape,
-                       cp_tensor_get_n_dims (grad_local), error);
+  out = _cp_tensor_new_on_device (cp_tensor_get_device (grad_local),
+                                  cp_tensor_get_dtype (grad_local), shape,
+                                  cp_tensor_get_n_dims (grad_local), TRUE, error);
   if (out == NULL)
     return NULL;
   _cp_tensor_split_at (grad_local, dim, &outer, &length, &step);
-  _cp_layout_transfer_runs (self, rank, cp_tensor_get_data (out), cp_tensor_get_data (grad_local),
-                            outer, step, length, 0, FALSE);
+  _cp_layout_transfer_runs (self, rank, out, grad_local, outer, step, length, 0, FALSE);
   return out;
 }
 
@@ -338,7 +308,8 @@ check_pieces (CpLayout   *self,
       g_autofree char *what = g_strdup_printf ("unshard_pieces: piece %u", r);
 
       gboolean ok = r == 0
-        ? check_host (pieces[0], what, error) &&
+        ? _cp_tensor_require_device (pieces[0], what, "the tensor", CP_DEVICE_KINDS_REACHABLE,
+                                     error) &&
           check_seq_len (pieces[0], what, *dim, cp_layout_get_local_len (self, 0), error)
         : check_output (pieces[r], pieces[0], what, *dim, cp_layout_get_local_len (self, r), error);
 
@@ -361,8 +332,7 @@ unshard_copy (CpLayout  *self,
       gsize step;
 
       _cp_tensor_split_at (pieces[r], dim, &outer, &length, &step);
-      _cp_layout_transfer_runs (self, r, cp_tensor_get_data (out), cp_tensor_get_data (pieces[r]),
-                                outer, step, length, 0, FALSE);
+      _cp_layout_transfer_runs (self, r, out, pieces[r], outer, step, length, 0, FALSE);
     }
 }
 
@@ -402,8 +372,8 @@ cp_layout_unshard_pieces (CpLayout   *self,
   if (!check_pieces (self, pieces, n_pieces, seq_dim, &dim, error))
     return NULL;
   shape_with (pieces[0], dim, cp_layout_get_seq_len (self), shape);
-  out = _cp_tensor_new_uninit (cp_tensor_get_dtype (pieces[0]), shape,
-                               cp_tensor_get_n_dims (pieces[0]), error);
+  out = _cp_tensor_new_on_device (cp_tensor_get_device (pieces[0]), cp_tensor_get_dtype (pieces[0]),
+                                  shape, cp_tensor_get_n_dims (pieces[0]), FALSE, error);
   if (out != NULL)
     unshard_copy (self, pieces, dim, out);
   return out;

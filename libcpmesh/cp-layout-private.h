@@ -29,15 +29,17 @@ gint64       _cp_layout_get_rank_offset (CpLayout      *self,
  * from there. */
 gint64       _cp_layout_get_first_position (CpLayout  *self);
 
-/* cp-layout-copy.c: copies @rank's runs between a full buffer laid out [outer][seq_len][step]
- * and a local one laid out [outer][local_row][step], whose piece starts at
- * position @local_first of each row.  @to_local selects the direction:
- * sharding (full to local) or restoring (local to full).  Every copy is a
- * memcpy of a whole run. */
+/* cp-layout-copy.c: copies @rank's runs between a full tensor laid out
+ * [outer][seq_len][step] and a local one laid out [outer][local_row][step],
+ * whose piece starts at position @local_first of each row.  @to_local
+ * selects the direction: sharding (full to local) or restoring (local to
+ * full).  Every copy is one strided copy of a whole run over the @outer
+ * rows, through the memory interface, so either tensor may be in any
+ * memory it reaches. */
 void         _cp_layout_transfer_runs   (CpLayout      *self,
                                          int            rank,
-                                         guint8        *full,
-                                         guint8        *local,
+                                         CpTensor      *full,
+                                         CpTensor      *local,
                                          gsize          outer,
                                          gsize          step,
                                          gint64         local_row,

@@ -304,6 +304,8 @@ cp_layout_new_thd_from_tensor (CpTensor  *cu_seqlens_padded,
   CpDType dtype;
   gint64 n;
   g_autofree gint64 *bounds = NULL;
+  g_autoptr(CpTensor) host = NULL;
+  gconstpointer values;
 
   g_return_val_if_fail (CP_IS_TENSOR (cu_seqlens_padded), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
@@ -318,12 +320,16 @@ cp_layout_new_thd_from_tensor (CpTensor  *cu_seqlens_padded,
                    "cu_seqlens_padded must be a 1-D int32 or int64 tensor, not %s", description);
       return NULL;
     }
-  n = cp_tensor_get_numel (cu_seqlens_padded);
+  /* The bounds are few: they cross to the host in one copy, or none when
+   * they are there already. */
+  host = cp_tensor_to_device (cu_seqlens_padded, CP_DEVICE_KIND_HOST, error);
+  if (host == NULL)
+    return NULL;
+  n = cp_tensor_get_numel (host);
+  values = cp_tensor_get_data (host);
   bounds = g_new (gint64, MAX (n, 1));
   for (gint64 i = 0; i < n; i++)
-    bounds[i] = dtype == CP_DTYPE_INT32
-      ? ((const gint32 *) cp_tensor_get_data (cu_seqlens_padded))[i]
-      : ((const gint64 *) cp_tensor_get_data (cu_seqlens_padded))[i];
+    bounds[i] = dtype == CP_DTYPE_INT32 ? ((const gint32 *) values)[i] : ((const gint64 *) values)[i];
   return cp_layout_new_thd (bounds, (gsize) n, cp_size, error);
 }
 

@@ -11,6 +11,7 @@
 #include "cp-error.h"
 #include "cp-layout-private.h"
 #include "cp-mesh-private.h"
+#include "cp-memory-private.h"
 #include "cp-tensor-private.h"
 
 /**
@@ -1008,10 +1009,10 @@ route (CpMesh       *self,
  * has only the host communicator agrees and moves in one call, as its
  * backend compares descriptors itself. */
 static gboolean
-run_collective (CpMesh        *self,
-                CpCollective  *coll,
-                GError        *invalid,
-                GError       **error)
+run_routed (CpMesh        *self,
+            CpCollective  *coll,
+            GError        *invalid,
+            GError       **error)
 {
   if (self->device_comms->len == 0)
     return run_on_host (self, coll, invalid, error);
@@ -1020,44 +1021,113 @@ run_collective (CpMesh        *self,
   return _cp_comm_collective (route (self, coll->device), coll, _cp_mesh_deadline (self), error);
 }
 
-static const char *
-device_nick (guint kind)
+/* The bytes @coll sends and receives, by the geometry CpCollective
+ * documents; @in_place when it also reads what it receives into. */
+static void
+staged_sizes (CpMesh             *self,
+              const CpCollective *coll,
+              gsize              *send_bytes,
+              gsize              *recv_bytes,
+              gboolean           *in_place)
 {
-  GEnumClass *kinds = g_type_class_ref (CP_TYPE_DEVICE_KIND);
-  GEnumValue *value = g_enum_get_value (kinds, (int) kind);
+  gsize all = coll->outer * (gsize) self->comm->size * coll->block;
 
-  g_type_class_unref (kinds);
-  return value != NULL ? value->value_nick : "unknown";
+  *send_bytes = *recv_bytes = 0;
+  *in_place = FALSE;
+  switch (coll->kind)
+    {
+    case CP_COLL_ALL_GATHER:
+      *send_bytes = coll->outer * coll->block;
+      *recv_bytes = all;
+      break;
+    case CP_COLL_ALL_TO_ALL:
+      *send_bytes = *recv_bytes = all;
+      break;
+    case CP_COLL_ALL_REDUCE:
+    case CP_COLL_BROADCAST:
+      *recv_bytes = coll->count * cp_dtype_get_size (coll->dtype);
+      *in_place = TRUE;
+      break;
+    case CP_COLL_BARRIER:
+    default:
+      break;
+    }
 }
 
-/* "host, test": the memory kinds the mesh moves. */
-static char *
-describe_routes (CpMesh *self)
+/* Memory no communicator moves but the memory interface reaches (test
+ * memory; a device without a transport of its own) crosses to the host
+ * before the host communicator's collective and back after it. */
+static gboolean
+run_staged (CpMesh        *self,
+            CpCollective  *coll,
+            GError        *invalid,
+            GError       **error)
 {
-  GString *kinds = g_string_new (NULL);
+  CpCollective staged = *coll;
+  gsize send_bytes, recv_bytes;
+  gboolean in_place, ok;
+  g_autofree guint8 *send = NULL;
+  g_autofree guint8 *recv = NULL;
+
+  staged.device = CP_DEVICE_KIND_HOST;
+  /* Bad arguments move nothing: the rendezvous only reports them. */
+  if (invalid != NULL)
+    return run_routed (self, &staged, invalid, error);
+  staged_sizes (self, coll, &send_bytes, &recv_bytes, &in_place);
+  if (coll->send != NULL)
+    {
+      staged.send = send = g_malloc (MAX (send_bytes, 1));
+      _cp_memory_download_address (coll->device, send, coll->send, send_bytes);
+    }
+  if (coll->recv != NULL)
+    {
+      staged.recv = recv = g_malloc (MAX (recv_bytes, 1));
+      if (in_place)
+        _cp_memory_download_address (coll->device, recv, coll->recv, recv_bytes);
+    }
+  ok = run_routed (self, &staged, NULL, error);
+  if (ok && coll->recv != NULL)
+    _cp_memory_upload_address (coll->device, coll->recv, recv, recv_bytes);
+  return ok;
+}
+
+static gboolean
+run_collective (CpMesh        *self,
+                CpCollective  *coll,
+                GError        *invalid,
+                GError       **error)
+{
+  if (route (self, coll->device) == NULL && _cp_memory_ops_for_kind (coll->device) != NULL)
+    return run_staged (self, coll, invalid, error);
+  return run_routed (self, coll, invalid, error);
+}
+
+
+/* The memory kinds a communicator of the mesh moves, as a set for
+ * _cp_tensor_require_device(). */
+static guint
+routed_kinds (CpMesh *self)
+{
+  guint kinds = 0;
 
   for (guint k = 0; k < CP_MESH_N_ROUTES; k++)
     if (self->routes[k] != NULL)
-      g_string_append_printf (kinds, "%s%s", kinds->len > 0 ? ", " : "", device_nick (k));
-  return g_string_free (kinds, FALSE);
+      kinds |= 1u << k;
+  return kinds;
 }
 
-/* Whether a communicator of the mesh moves @tensor's memory. */
+/* Collectives and messages take memory a communicator of the mesh moves,
+ * and also memory none moves but the memory interface reaches: that
+ * crosses through host copies (run_staged, host_stand_in). */
 static gboolean
-check_host (CpMesh      *self,
-            CpTensor    *tensor,
-            const char  *what,
-            GError     **error)
+check_operand (CpMesh      *self,
+               CpTensor    *tensor,
+               const char  *what,
+               const char  *label,
+               GError     **error)
 {
-  g_autofree char *kinds = NULL;
-
-  if (route (self, cp_tensor_get_device (tensor)) != NULL)
-    return TRUE;
-  kinds = describe_routes (self);
-  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
-               "%s: the tensor is in %s memory; the %s mesh moves %s memory only", what,
-               device_nick (cp_tensor_get_device (tensor)), cp_mesh_get_backend (self), kinds);
-  return FALSE;
+  return _cp_tensor_require_device (tensor, what, label,
+                                    routed_kinds (self) | CP_DEVICE_KINDS_REACHABLE, error);
 }
 
 /* Fills the byte geometry of an all-gather along @dim. */
@@ -1147,7 +1217,7 @@ check_gather_output (CpMesh     *self,
                    have, cp_dtype_get_name (cp_tensor_get_dtype (tensor)), want);
       return FALSE;
     }
-  return check_host (self, out, "all_gather", error);
+  return check_operand (self, out, "all_gather", "the output", error);
 }
 
 static gboolean
@@ -1162,7 +1232,7 @@ gather_into (CpMesh    *self,
   guint d = 0;
 
   describe_operand (&coll, CP_COLL_ALL_GATHER, tensor);
-  if (check_host (self, tensor, "all_gather", &invalid) &&
+  if (check_operand (self, tensor, "all_gather", "the tensor", &invalid) &&
       _cp_tensor_normalize_dim (tensor, "all_gather", dim, &d, &invalid) &&
       (out == NULL || check_gather_output (self, tensor, d, out, &invalid)))
     {
@@ -1171,6 +1241,21 @@ gather_into (CpMesh    *self,
       coll.recv = out ? cp_tensor_get_data (out) : NULL;
     }
   return run_collective (self, &coll, invalid, error);
+}
+
+/* A result of @shape in @tensor's memory; in host memory when this build
+ * cannot reach that, which the operand check then reports. */
+static CpTensor *
+result_like (CpTensor      *tensor,
+             const gint64  *shape,
+             GError       **error)
+{
+  CpDeviceKind device = cp_tensor_get_device (tensor);
+
+  if (_cp_memory_ops_for_kind (device) == NULL)
+    device = CP_DEVICE_KIND_HOST;
+  return _cp_tensor_new_on_device (device, cp_tensor_get_dtype (tensor), shape,
+                                   cp_tensor_get_n_dims (tensor), FALSE, error);
 }
 
 /**
@@ -1206,8 +1291,7 @@ cp_mesh_all_gather (CpMesh    *self,
 
   if (_cp_tensor_normalize_dim (tensor, "all_gather", dim, &d, &invalid) &&
       gathered_shape (self, tensor, d, shape, &invalid))
-    out = _cp_tensor_new_uninit (cp_tensor_get_dtype (tensor), shape,
-                                 cp_tensor_get_n_dims (tensor), &invalid);
+    out = result_like (tensor, shape, &invalid);
   if (invalid != NULL)
     {
       fail_gather_together (self, tensor, invalid, error);
@@ -1259,7 +1343,7 @@ plan_all_to_all (CpMesh        *self,
   gsize step;
   guint d;
 
-  if (!check_host (self, tensor, "all_to_all", error) ||
+  if (!check_operand (self, tensor, "all_to_all", "the tensor", error) ||
       !_cp_tensor_normalize_dim (tensor, "all_to_all", dim, &d, error))
     return FALSE;
   _cp_tensor_split_at (tensor, d, &coll->outer, &length, &step);
@@ -1308,8 +1392,7 @@ cp_mesh_all_to_all (CpMesh    *self,
 
   describe_operand (&coll, CP_COLL_ALL_TO_ALL, tensor);
   if (plan_all_to_all (self, &coll, tensor, dim, &invalid))
-    out = _cp_tensor_new_uninit (cp_tensor_get_dtype (tensor), cp_tensor_get_shape (tensor, NULL),
-                                 cp_tensor_get_n_dims (tensor), &invalid);
+    out = result_like (tensor, cp_tensor_get_shape (tensor, NULL), &invalid);
   if (out != NULL)
     {
       coll.send = cp_tensor_get_data (tensor);
@@ -1353,7 +1436,7 @@ cp_mesh_all_reduce (CpMesh      *self,
 
   describe_operand (&coll, CP_COLL_ALL_REDUCE, tensor);
   coll.op = op;
-  if (check_host (self, tensor, "all_reduce", &invalid))
+  if (check_operand (self, tensor, "all_reduce", "the tensor", &invalid))
     {
       coll.count = (gsize) cp_tensor_get_numel (tensor);
       coll.recv = cp_tensor_get_data (tensor);
@@ -1392,7 +1475,7 @@ cp_mesh_broadcast (CpMesh    *self,
   if (root < 0 || root >= self->comm->size)
     g_set_error (&invalid, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
                  "broadcast: root %d is outside [0, %d)", root, self->comm->size);
-  else if (check_host (self, tensor, "broadcast", &invalid))
+  else if (check_operand (self, tensor, "broadcast", "the tensor", &invalid))
     {
       coll.count = (gsize) cp_tensor_get_numel (tensor);
       coll.recv = cp_tensor_get_data (tensor);
@@ -1520,19 +1603,19 @@ check_peer (CpMesh      *self,
                    "%s: rank %d is outside [0, %d)", what, peer, self->comm->size);
       return FALSE;
     }
-  return check_host (self, tensor, what, error);
+  return check_operand (self, tensor, what, "the tensor", error);
 }
 
 /* Posts every operation before waiting for any, so that exchanges in a
  * ring cannot deadlock. */
 static gboolean
-exchange (CpMesh    *self,
-          CpTensor  *send_tensor,
-          int        dst,
-          CpTensor  *recv_tensor,
-          int        src,
-          guint64    tag,
-          GError   **error)
+exchange_routed (CpMesh    *self,
+                 CpTensor  *send_tensor,
+                 int        dst,
+                 CpTensor  *recv_tensor,
+                 int        src,
+                 guint64    tag,
+                 GError   **error)
 {
   gint64 deadline = _cp_mesh_deadline (self);
   CpComm *send_comm = send_tensor ? route (self, cp_tensor_get_device (send_tensor)) : NULL;
@@ -1559,6 +1642,47 @@ exchange (CpMesh    *self,
   if (recv_error != NULL)
     g_propagate_error (error, recv_error);
   return ok;
+}
+
+/* @tensor itself when a communicator moves its memory; otherwise a host
+ * tensor that stands in for it, holding its bytes when @copy_in, as a
+ * staged collective's buffers do. */
+static CpTensor *
+host_stand_in (CpMesh    *self,
+               CpTensor  *tensor,
+               gboolean   copy_in,
+               GError   **error)
+{
+  if (route (self, cp_tensor_get_device (tensor)) != NULL)
+    return g_object_ref (tensor);
+  if (copy_in)
+    return cp_tensor_to_device (tensor, CP_DEVICE_KIND_HOST, error);
+  return _cp_tensor_new_on_device (CP_DEVICE_KIND_HOST, cp_tensor_get_dtype (tensor),
+                                   cp_tensor_get_shape (tensor, NULL),
+                                   cp_tensor_get_n_dims (tensor), FALSE, error);
+}
+
+static gboolean
+exchange (CpMesh    *self,
+          CpTensor  *send_tensor,
+          int        dst,
+          CpTensor  *recv_tensor,
+          int        src,
+          guint64    tag,
+          GError   **error)
+{
+  g_autoptr(CpTensor) sent = NULL;
+  g_autoptr(CpTensor) received = NULL;
+
+  if (send_tensor != NULL && (sent = host_stand_in (self, send_tensor, TRUE, error)) == NULL)
+    return FALSE;
+  if (recv_tensor != NULL && (received = host_stand_in (self, recv_tensor, FALSE, error)) == NULL)
+    return FALSE;
+  if (!exchange_routed (self, sent, dst, received, src, tag, error))
+    return FALSE;
+  if (received != recv_tensor && received != NULL)
+    _cp_memory_copy (recv_tensor, 0, received, 0, cp_tensor_get_nbytes (recv_tensor), FALSE);
+  return TRUE;
 }
 
 /**
@@ -1736,14 +1860,15 @@ restore_gathered (CpLayout *layout,
   gint64 length;
   gsize step;
 
-  out = _cp_tensor_new_uninit (cp_tensor_get_dtype (gathered), cp_tensor_get_shape (gathered, NULL),
-                               cp_tensor_get_n_dims (gathered), error);
+  out = _cp_tensor_new_on_device (cp_tensor_get_device (gathered), cp_tensor_get_dtype (gathered),
+                                  cp_tensor_get_shape (gathered, NULL),
+                                  cp_tensor_get_n_dims (gathered), FALSE, error);
   if (out == NULL)
     return NULL;
   _cp_tensor_split_at (gathered, dim, &outer, &length, &step);
   for (int r = 0; r < cp_layout_get_cp_size (layout); r++)
-    _cp_layout_transfer_runs (layout, r, cp_tensor_get_data (out), cp_tensor_get_data (gathered),
-                              outer, step, length, _cp_layout_get_rank_offset (layout, r), FALSE);
+    _cp_layout_transfer_runs (layout, r, out, gathered, outer, step, length,
+                              _cp_layout_get_rank_offset (layout, r), FALSE);
   return out;
 }
 

@@ -5,15 +5,18 @@
 
 #pragma once
 
+#include "cp-memory-private.h"
 #include "cp-storage.h"
 
 G_BEGIN_DECLS
 
-/* Host storage that may skip zero-filling, for outputs that are about to be
- * overwritten completely. */
-CpStorage *_cp_storage_new_host (gsize      size,
-                                 gboolean   zeroed,
-                                 GError   **error);
+/* Storage allocated by the memory of @device, which must be reachable
+ * (_cp_memory_ops_for_kind); it may skip zero-filling, for outputs that
+ * are about to be overwritten completely. */
+CpStorage *_cp_storage_new_on_device (CpDeviceKind   device,
+                                      gsize          size,
+                                      gboolean       zeroed,
+                                      GError       **error);
 
 /* Memory another framework exported through DLPack: borrowed memory that
  * also says which device holds it, so that it can be exported again as it
@@ -28,5 +31,9 @@ CpStorage *_cp_storage_new_dlpack    (CpDeviceKind   device,
 /* Which device of its kind holds the bytes: 0 for host memory and for
  * every storage the library allocated itself. */
 int        _cp_storage_get_device_id (CpStorage     *self);
+
+/* The operations of the memory holding @self's bytes, or NULL when this
+ * build cannot reach it (a CUDA tensor imported through DLPack). */
+const CpMemoryOps *_cp_storage_get_memory (CpStorage *self);
 
 G_END_DECLS

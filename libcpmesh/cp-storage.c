@@ -15,7 +15,7 @@
 #include <glib/gstdio.h>
 
 #include "cp-error.h"
-#include "cp-host-memory-private.h"
+#include "cp-memory-private.h"
 #include "cp-storage-private.h"
 
 /* The file system magic of dma-bufs (linux/magic.h). */
@@ -41,7 +41,8 @@
  * Since: 1.0
  */
 
-/* What differs between the kinds is only how the bytes are given back. */
+/* What differs between the kinds is how the bytes are given back; how
+ * they are moved is the business of the memory that holds them. */
 typedef struct
 {
   void (*release) (CpStorage *self);
@@ -50,7 +51,8 @@ typedef struct
 struct _CpStorage
 {
   gatomicrefcount ref_count;
-  const StorageOps *ops;
+  const StorageOps *vtable;
+  const CpMemoryOps *memory; /* NULL: memory this build cannot reach */
   CpStorageKind kind;
   CpDeviceKind device;
   int device_id;
@@ -75,7 +77,7 @@ G_DEFINE_BOXED_TYPE (CpStorage, cp_storage, cp_storage_ref, cp_storage_unref)
 static void
 release_owned (CpStorage *self)
 {
-  _cp_host_free (self->data, self->size);
+  self->memory->free (self->data, self->size);
 }
 
 static void
@@ -114,7 +116,7 @@ static const StorageOps fd_ops = { release_fd };
 
 static CpStorage *
 storage_alloc (CpStorageKind     kind,
-               const StorageOps *ops,
+               const StorageOps *vtable,
                gpointer          data,
                gsize             size)
 {
@@ -122,8 +124,9 @@ storage_alloc (CpStorageKind     kind,
 
   g_atomic_ref_count_init (&self->ref_count);
   self->kind = kind;
-  self->ops = ops;
+  self->vtable = vtable;
   self->device = CP_DEVICE_KIND_HOST;
+  self->memory = &_cp_memory_host_ops;
   self->data = data;
   self->size = size;
   self->fd = -1;
@@ -131,15 +134,23 @@ storage_alloc (CpStorageKind     kind,
 }
 
 CpStorage *
-_cp_storage_new_host (gsize      size,
-                      gboolean   zeroed,
-                      GError   **error)
+_cp_storage_new_on_device (CpDeviceKind   device,
+                           gsize          size,
+                           gboolean       zeroed,
+                           GError       **error)
 {
-  gpointer data = _cp_host_alloc (size, zeroed, error);
+  const CpMemoryOps *memory = _cp_memory_ops_for_kind (device);
+  gpointer data;
+  CpStorage *self;
 
+  g_assert (memory != NULL);
+  data = memory->alloc (size, zeroed, error);
   if (data == NULL)
     return NULL;
-  return storage_alloc (CP_STORAGE_KIND_OWNED, &owned_ops, data, size);
+  self = storage_alloc (CP_STORAGE_KIND_OWNED, &owned_ops, data, size);
+  self->device = device;
+  self->memory = memory;
+  return self;
 }
 
 /**
@@ -158,7 +169,7 @@ CpStorage *
 cp_storage_new (gsize    size,
                 GError **error)
 {
-  return _cp_storage_new_host (size, TRUE, error);
+  return _cp_storage_new_on_device (CP_DEVICE_KIND_HOST, size, TRUE, error);
 }
 
 /* A memfd of @size bytes sealed so that its size never changes again:
@@ -345,6 +356,7 @@ _cp_storage_new_dlpack (CpDeviceKind   device,
   self->kind = CP_STORAGE_KIND_DLPACK;
   self->device = device;
   self->device_id = device_id;
+  self->memory = _cp_memory_ops_for_kind (device);
   return self;
 }
 
@@ -352,6 +364,12 @@ int
 _cp_storage_get_device_id (CpStorage *self)
 {
   return self->device_id;
+}
+
+const CpMemoryOps *
+_cp_storage_get_memory (CpStorage *self)
+{
+  return self->memory;
 }
 
 /**
@@ -541,7 +559,7 @@ cp_storage_unref (CpStorage *self)
 
   if (!g_atomic_ref_count_dec (&self->ref_count))
     return;
-  self->ops->release (self);
+  self->vtable->release (self);
   g_free (self);
 }
 

@@ -345,8 +345,8 @@ dl_device_of (CpTensor  *self,
       return TRUE;
     default:
       g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
-                   "device kind %d of a %s tensor has no DLPack device type",
-                   (int) kind, cp_dtype_get_name (cp_tensor_get_dtype (self)));
+                   "a %s tensor in %s memory has no DLPack device type",
+                   cp_dtype_get_name (cp_tensor_get_dtype (self)), _cp_device_kind_get_name (kind));
       return FALSE;
     }
 }

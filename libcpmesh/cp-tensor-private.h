@@ -29,6 +29,34 @@ CpTensor *_cp_tensor_new_uninit      (CpDType        dtype,
                                       guint          n_dims,
                                       GError       **error);
 
+/* A tensor in the memory of @device, which must be reachable
+ * (_cp_memory_ops_for_kind), zero-filled when @zeroed. */
+CpTensor *_cp_tensor_new_on_device   (CpDeviceKind   device,
+                                      CpDType        dtype,
+                                      const gint64  *shape,
+                                      guint          n_dims,
+                                      gboolean       zeroed,
+                                      GError       **error);
+
+/* Device kinds as a set, for _cp_tensor_require_device(). */
+#define CP_DEVICE_KINDS_HOST      (1u << CP_DEVICE_KIND_HOST)
+#define CP_DEVICE_KINDS_TEST      (1u << CP_DEVICE_KIND_TEST)
+/* Every kind the memory interface reaches in this build. */
+#define CP_DEVICE_KINDS_REACHABLE (CP_DEVICE_KINDS_HOST | CP_DEVICE_KINDS_TEST)
+
+/* The one check that a tensor lives where an operation can reach it:
+ * in one of @kinds, and in memory this build reaches at all.  Otherwise
+ * sets CP_TENSOR_ERROR_DEVICE, naming @what (the operation), @label (the
+ * tensor, as the caller names it), its device and the kinds accepted. */
+gboolean  _cp_tensor_require_device  (CpTensor      *self,
+                                      const char    *what,
+                                      const char    *label,
+                                      guint          kinds,
+                                      GError       **error);
+
+/* "host", "cuda", … */
+const char *_cp_device_kind_get_name (CpDeviceKind   kind);
+
 /* In-place changes of a tensor object (prepare's padding, enter's
  * sharding, exit's restoring) are reserved to one holder at a time — a
  * prepare under way or an entered context, given as any unique pointer.

@@ -7,10 +7,10 @@
 
 #include <string.h>
 
-#include "cp-copy-private.h"
 #include "cp-dtype-private.h"
 #include "cp-enum-types.h"
 #include "cp-error.h"
+#include "cp-memory-private.h"
 #include "cp-storage-private.h"
 #include "cp-tensor-private.h"
 
@@ -292,19 +292,21 @@ tensor_wrap (CpDType       dtype,
   return self;
 }
 
-static CpTensor *
-tensor_new_host (CpDType        dtype,
-                 const gint64  *shape,
-                 guint          n_dims,
-                 gboolean       zeroed,
-                 GError       **error)
+CpTensor *
+_cp_tensor_new_on_device (CpDeviceKind   device,
+                          CpDType        dtype,
+                          const gint64  *shape,
+                          guint          n_dims,
+                          gboolean       zeroed,
+                          GError       **error)
 {
   gint64 numel;
   CpStorage *storage;
 
   if (!_cp_shape_check (dtype, shape, n_dims, &numel, error))
     return NULL;
-  storage = _cp_storage_new_host ((gsize) numel * cp_dtype_get_size (dtype), zeroed, error);
+  storage = _cp_storage_new_on_device (device, (gsize) numel * cp_dtype_get_size (dtype), zeroed,
+                                       error);
   if (storage == NULL)
     return NULL;
   return tensor_wrap (dtype, shape, n_dims, numel, storage, 0);
@@ -316,7 +318,7 @@ _cp_tensor_new_uninit (CpDType        dtype,
                        guint          n_dims,
                        GError       **error)
 {
-  return tensor_new_host (dtype, shape, n_dims, FALSE, error);
+  return _cp_tensor_new_on_device (CP_DEVICE_KIND_HOST, dtype, shape, n_dims, FALSE, error);
 }
 
 #define RETURN_IF_BAD_DTYPE(dtype, val) \
@@ -347,7 +349,7 @@ cp_tensor_new (CpDType        dtype,
   g_return_val_if_fail (shape != NULL || n_dims == 0, NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  return tensor_new_host (dtype, shape, n_dims, TRUE, error);
+  return _cp_tensor_new_on_device (CP_DEVICE_KIND_HOST, dtype, shape, n_dims, TRUE, error);
 }
 
 /**
@@ -643,7 +645,7 @@ arange_fill (CpTensor *self,
              gint64    step,
              gint64    count)
 {
-  gpointer data = cp_tensor_get_data (self);
+  gpointer data = _cp_memory_kernel_address (self);
   CpDType dtype = cp_tensor_get_dtype (self);
 
   for (gint64 i = 0; i < count; i++)
@@ -730,7 +732,7 @@ cp_tensor_new_full (CpDType        dtype,
 
   self = _cp_tensor_new_uninit (dtype, shape, n_dims, error);
   if (self != NULL)
-    _cp_dtype_fill (dtype, cp_tensor_get_data (self), (gsize) self->numel, value);
+    _cp_memory_fill (self, 0, (gsize) self->numel, value);
   return self;
 }
 
@@ -1053,12 +1055,12 @@ cp_tensor_describe (CpTensor *self)
 
   shape = _cp_shape_to_string (self->shape, self->n_dims);
   return g_strdup_printf ("%s%s on %s", cp_dtype_get_name (self->dtype), shape,
-                          cp_tensor_get_device (self) == CP_DEVICE_KIND_HOST ? "host" : "cuda");
+                          _cp_device_kind_get_name (cp_tensor_get_device (self)));
 }
 
 /**
  * cp_tensor_get_value:
- * @self: a host tensor
+ * @self: a tensor in host or test memory
  * @index: a flat, row-major element index
  *
  * Reads one element as a double, for tests and small scripts (integers
@@ -1073,16 +1075,20 @@ double
 cp_tensor_get_value (CpTensor *self,
                      gint64    index)
 {
+  gsize elsize = cp_dtype_get_size (self->dtype);
+  guint64 element = 0;
+
   g_return_val_if_fail (CP_IS_TENSOR (self), 0.0);
   g_return_val_if_fail (index >= 0 && index < self->numel, 0.0);
-  g_return_val_if_fail (cp_tensor_get_device (self) == CP_DEVICE_KIND_HOST, 0.0);
+  g_return_val_if_fail (_cp_storage_get_memory (self->storage) != NULL, 0.0);
 
-  return _cp_dtype_read (self->dtype, cp_tensor_get_data (self), (gsize) index);
+  _cp_memory_download (&element, self, (gsize) index * elsize, elsize);
+  return _cp_dtype_read (self->dtype, &element, 0);
 }
 
 /**
  * cp_tensor_set_value:
- * @self: a host tensor
+ * @self: a tensor in host or test memory
  * @index: a flat, row-major element index
  * @value: the new value, converted as by [ctor@Cp.Tensor.new_full]
  *
@@ -1095,11 +1101,15 @@ cp_tensor_set_value (CpTensor *self,
                      gint64    index,
                      double    value)
 {
+  guint64 element = 0;
+
   g_return_if_fail (CP_IS_TENSOR (self));
   g_return_if_fail (index >= 0 && index < self->numel);
-  g_return_if_fail (cp_tensor_get_device (self) == CP_DEVICE_KIND_HOST);
+  g_return_if_fail (_cp_storage_get_memory (self->storage) != NULL);
 
-  _cp_dtype_write (self->dtype, cp_tensor_get_data (self), (gsize) index, value);
+  _cp_dtype_write (self->dtype, &element, 0, value);
+  _cp_memory_upload (self, (gsize) index * cp_dtype_get_size (self->dtype), &element,
+                     cp_dtype_get_size (self->dtype));
 }
 
 /**
@@ -1110,7 +1120,8 @@ cp_tensor_set_value (CpTensor *self,
  * Copies @self into new memory of the same kind.
  *
  * Returns: (transfer full): the copy, or %NULL with
- *   %CP_TENSOR_ERROR_OUT_OF_MEMORY
+ *   %CP_TENSOR_ERROR_OUT_OF_MEMORY, or %CP_TENSOR_ERROR_DEVICE when this
+ *   build cannot reach the memory of @self
  *
  * Since: 1.0
  */
@@ -1123,10 +1134,13 @@ cp_tensor_copy (CpTensor  *self,
   g_return_val_if_fail (CP_IS_TENSOR (self), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  copy = _cp_tensor_new_uninit (self->dtype, self->shape, self->n_dims, error);
+  if (!_cp_tensor_require_device (self, "copy", "the tensor", CP_DEVICE_KINDS_REACHABLE, error))
+    return NULL;
+  copy = _cp_tensor_new_on_device (cp_tensor_get_device (self), self->dtype, self->shape,
+                                   self->n_dims, FALSE, error);
   if (copy == NULL)
     return NULL;
-  _cp_copy (cp_tensor_get_data (copy), cp_tensor_get_data (self), cp_tensor_get_nbytes (self), FALSE);
+  _cp_memory_copy (copy, 0, self, 0, cp_tensor_get_nbytes (self), FALSE);
   copy->requires_grad = self->requires_grad;
   return copy;
 }
@@ -1162,9 +1176,7 @@ cp_tensor_equal (CpTensor *self,
   return self->dtype == other->dtype &&
          _cp_tensor_same_shape (self, other) &&
          cp_tensor_get_device (self) == cp_tensor_get_device (other) &&
-         (cp_tensor_get_nbytes (self) == 0 || /* empty data may be NULL */
-          memcmp (cp_tensor_get_data (self), cp_tensor_get_data (other),
-                  cp_tensor_get_nbytes (self)) == 0);
+         _cp_memory_equal (self, other, cp_tensor_get_nbytes (self));
 }
 
 gboolean
@@ -1234,14 +1246,12 @@ copy_narrowed (CpTensor *self,
   gsize outer;
   gint64 length;
   gsize step;
-  const guint8 *src = cp_tensor_get_data (self);
-  guint8 *dst = cp_tensor_get_data (out);
   gsize run;
 
   _cp_tensor_split_at (self, dim, &outer, &length, &step);
   run = (gsize) out->shape[dim] * step;
-  for (gsize o = 0; o < outer; o++)
-    memcpy (dst + o * run, src + (o * (gsize) length + (gsize) start) * step, run);
+  _cp_memory_copy_2d (out, 0, run, self, (gsize) start * step, (gsize) length * step, run, outer,
+                      FALSE);
 }
 
 /* The message names the range as [start, end) when that end exists;
@@ -1318,10 +1328,31 @@ cp_tensor_narrow (CpTensor  *self,
   if (narrow_is_contiguous (self, d, length))
     return cp_tensor_new_from_storage (self->dtype, shape, self->n_dims, self->storage,
                                        self->offset + (gsize) start * step, error);
-  out = _cp_tensor_new_uninit (self->dtype, shape, self->n_dims, error);
+  if (!_cp_tensor_require_device (self, "narrow", "the tensor", CP_DEVICE_KINDS_REACHABLE, error))
+    return NULL;
+  out = _cp_tensor_new_on_device (cp_tensor_get_device (self), self->dtype, shape, self->n_dims,
+                                  FALSE, error);
   if (out != NULL)
     copy_narrowed (self, d, start, out);
   return out;
+}
+
+static gboolean
+check_target_device (CpTensor      *self,
+                     CpDeviceKind   device,
+                     GError       **error)
+{
+  g_autofree char *description = NULL;
+
+  if (_cp_memory_ops_for_kind (device) != NULL)
+    return TRUE;
+  description = cp_tensor_describe (self);
+  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
+               "to_device: cannot move the tensor (%s) to %s memory: this build of libcpmesh "
+               "%sreaches host and test memory only", description,
+               _cp_device_kind_get_name (device),
+               device == CP_DEVICE_KIND_CUDA ? "has no CUDA support; it " : "");
+  return FALSE;
 }
 
 /**
@@ -1331,10 +1362,14 @@ cp_tensor_narrow (CpTensor  *self,
  * @error: return location for a #GError
  *
  * Returns @self in the memory of @device: @self itself when it is there
- * already, otherwise a copy.
+ * already, otherwise a copy (with the same [property@Cp.Tensor:requires-grad]).
+ *
+ * This is how tensors enter and leave %CP_DEVICE_KIND_TEST memory, whose
+ * bytes the host cannot read directly.
  *
  * Returns: (transfer full): a tensor on @device, or %NULL with
- *   %CP_TENSOR_ERROR_DEVICE when this build or machine cannot reach it
+ *   %CP_TENSOR_ERROR_DEVICE when this build or machine cannot reach the
+ *   memory of @self or @device, or %CP_TENSOR_ERROR_OUT_OF_MEMORY
  *
  * Since: 1.0
  */
@@ -1343,15 +1378,74 @@ cp_tensor_to_device (CpTensor      *self,
                      CpDeviceKind   device,
                      GError       **error)
 {
+  CpTensor *out;
+
   g_return_val_if_fail (CP_IS_TENSOR (self), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
   if (cp_tensor_get_device (self) == device)
     return g_object_ref (self);
+  if (!check_target_device (self, device, error) ||
+      !_cp_tensor_require_device (self, "to_device", "the tensor", CP_DEVICE_KINDS_REACHABLE,
+                                  error))
+    return NULL;
+  out = _cp_tensor_new_on_device (device, self->dtype, self->shape, self->n_dims, FALSE, error);
+  if (out == NULL)
+    return NULL;
+  _cp_memory_copy (out, 0, self, 0, cp_tensor_get_nbytes (self), FALSE);
+  _cp_memory_synchronize (out);
+  out->requires_grad = self->requires_grad;
+  return out;
+}
+
+const char *
+_cp_device_kind_get_name (CpDeviceKind kind)
+{
+  switch (kind)
+    {
+    case CP_DEVICE_KIND_HOST:
+      return "host";
+    case CP_DEVICE_KIND_CUDA:
+      return "cuda";
+    case CP_DEVICE_KIND_TEST:
+      return "test";
+    default:
+      return "unknown";
+    }
+}
+
+/* "host or test" */
+static char *
+describe_kinds (guint kinds)
+{
+  g_autoptr(GString) text = g_string_new (NULL);
+
+  for (guint kind = 0; kind < 32; kind++)
+    if (kinds & (1u << kind))
+      g_string_append_printf (text, "%s%s", text->len > 0 ? " or " : "",
+                              _cp_device_kind_get_name ((CpDeviceKind) kind));
+  return g_string_free (g_steal_pointer (&text), FALSE);
+}
+
+gboolean
+_cp_tensor_require_device (CpTensor    *self,
+                           const char  *what,
+                           const char  *label,
+                           guint        kinds,
+                           GError     **error)
+{
+  CpDeviceKind device = cp_tensor_get_device (self);
+  g_autofree char *description = NULL;
+  g_autofree char *accepted = NULL;
+
+  if ((kinds & (1u << device)) && _cp_storage_get_memory (self->storage) != NULL)
+    return TRUE;
+  description = cp_tensor_describe (self);
+  accepted = describe_kinds (kinds & CP_DEVICE_KINDS_REACHABLE);
   g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
-               "cannot move %s to %s memory: this build of libcpmesh has no CUDA support",
-               cp_dtype_get_name (self->dtype), device == CP_DEVICE_KIND_CUDA ? "CUDA" : "host");
-  return NULL;
+               "%s: %s (%s) is in %s memory, which this operation cannot reach; it works on %s "
+               "memory", what, label, description, _cp_device_kind_get_name (device), accepted);
+  return FALSE;
 }
 
 void

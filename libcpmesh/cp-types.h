@@ -55,6 +55,13 @@ typedef enum
  * CpDeviceKind:
  * @CP_DEVICE_KIND_HOST: ordinary host memory
  * @CP_DEVICE_KIND_CUDA: memory of a CUDA device
+ * @CP_DEVICE_KIND_TEST: test memory, for tests: host memory that the
+ *   library reaches only through its memory interface, as it would a
+ *   device's.  Its address (see [method@Cp.Tensor.get_data_address]) is
+ *   not readable or writable from the host: any code that dereferences
+ *   it crashes at once, which is how tests prove that nothing in the
+ *   library takes a host shortcut.  Move tensors in and out with
+ *   [method@Cp.Tensor.to_device].
  *
  * Where the bytes of a [class@Cp.Tensor] live.
  *
@@ -64,6 +71,7 @@ typedef enum
 {
   CP_DEVICE_KIND_HOST,
   CP_DEVICE_KIND_CUDA,
+  CP_DEVICE_KIND_TEST,
 } CpDeviceKind;
 
 /**

@@ -42,8 +42,10 @@ cp_test_enter_ok (CpContext *context)
 {
   g_autoptr(GError) error = NULL;
 
-  g_assert_true (cp_context_enter (context, &error));
+  gboolean entered = cp_context_enter (context, &error);
+
   g_assert_no_error (error);
+  g_assert_true (entered);
 }
 
 void
@@ -51,8 +53,10 @@ cp_test_exit_ok (CpContext *context)
 {
   g_autoptr(GError) error = NULL;
 
-  g_assert_true (cp_context_exit (context, &error));
+  gboolean exited = cp_context_exit (context, &error);
+
   g_assert_no_error (error);
+  g_assert_true (exited);
 }
 
 void
@@ -101,7 +105,7 @@ cp_test_tensor_pattern (CpDType       dtype,
 
       cp_tensor_set_value (tensor, i, dtype == CP_DTYPE_BOOL ? (double) ((i + seed) % 2) : value);
     }
-  return tensor;
+  return cp_test_on_device (tensor);
 }
 
 void
@@ -126,7 +130,39 @@ cp_test_tensor_new_values (CpDType       dtype,
   g_assert_no_error (error);
   for (gint64 i = 0; i < cp_tensor_get_numel (tensor); i++)
     cp_tensor_set_value (tensor, i, values[i]);
-  return tensor;
+  return cp_test_on_device (tensor);
+}
+
+CpDeviceKind
+cp_test_get_device (void)
+{
+  return g_strcmp0 (g_getenv ("CP_TEST_DEVICE"), "test") == 0 ? CP_DEVICE_KIND_TEST
+                                                             : CP_DEVICE_KIND_HOST;
+}
+
+void
+cp_test_assert_message (const GError *error,
+                        const char   *needle)
+{
+  g_auto(GStrv) parts = g_strsplit (needle, " on host", -1);
+  const char *device = cp_test_get_device () == CP_DEVICE_KIND_TEST ? "test" : "host";
+  g_autofree char *device_text = g_strdup_printf (" on %s", device);
+  g_autofree char *expected = g_strjoinv (device_text, parts);
+
+  g_assert_nonnull (error);
+  if (strstr (error->message, expected) == NULL)
+    g_error ("\"%s\" does not contain \"%s\"", error->message, expected);
+}
+
+CpTensor *
+cp_test_on_device (CpTensor *tensor)
+{
+  g_autoptr(CpTensor) taken = tensor;
+  g_autoptr(GError) error = NULL;
+  CpTensor *moved = cp_tensor_to_device (taken, cp_test_get_device (), &error);
+
+  g_assert_no_error (error);
+  return moved;
 }
 
 void

@@ -54,6 +54,21 @@ void       cp_test_run_mesh           (const char * const *dim_names,
                                        CpTestRankFunc  func,
                                        gpointer        user_data);
 
+/* The memory the suites' tensors live in: CP_TEST_DEVICE=test in the
+ * environment puts them in CP_DEVICE_KIND_TEST memory, which the library
+ * reaches only through its memory interface (tests/meson.build runs the
+ * batch, context and THD suites so as well); host memory otherwise. */
+CpDeviceKind cp_test_get_device       (void);
+
+/* @tensor (taken) in cp_test_get_device() memory. */
+CpTensor  *cp_test_on_device          (CpTensor       *tensor);
+
+/* Asserts that the message of @error contains @needle, where "on host"
+ * (how cp_tensor_describe() names a tensor's memory) stands for the
+ * suite's memory, so that one expected message serves every run. */
+void       cp_test_assert_message     (const GError   *error,
+                                       const char     *needle);
+
 /* Stores @tensor under @key and drops the caller's reference. */
 void       cp_test_batch_take         (CpBatch        *batch,
                                        const char     *key,
@@ -70,7 +85,8 @@ GList     *cp_test_local_group        (const char     *dim_name,
 void       cp_test_free_group         (GList          *meshes);
 
 /* A tensor whose element i holds a value derived from i and @seed that
- * is exact in every dtype (small integers, 0/1 for booleans). */
+ * is exact in every dtype (small integers, 0/1 for booleans), in
+ * cp_test_get_device() memory. */
 CpTensor  *cp_test_tensor_pattern     (CpDType         dtype,
                                        const gint64   *shape,
                                        guint           n_dims,
@@ -88,7 +104,8 @@ void       cp_test_assert_values      (CpTensor       *tensor,
                            G_N_ELEMENTS (cp_test_values_));                 \
   } G_STMT_END
 
-/* A host tensor of @shape holding @values (as many as its elements). */
+/* A tensor of @shape holding @values (as many as its elements), in
+ * cp_test_get_device() memory. */
 CpTensor  *cp_test_tensor_new_values  (CpDType         dtype,
                                        const gint64   *shape,
                                        guint           n_dims,

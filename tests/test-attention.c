@@ -130,7 +130,7 @@ random_tensor (const Config *c,
   g_assert_no_error (error);
   for (gint64 i = 0; i < cp_tensor_get_numel (t); i++)
     cp_tensor_set_value (t, i, g_rand_double_range (rand, -1.0, 1.0));
-  return t;
+  return cp_test_on_device (t);
 }
 
 static void

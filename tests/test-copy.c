@@ -6,7 +6,7 @@
 
 #include <string.h>
 
-#include "cp-copy-private.h"
+#include "cp-memory-private.h"
 #include "cp-test-util.h"
 
 /* Every byte differs from its neighbours, so a shifted copy shows. */

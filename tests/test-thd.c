@@ -1211,8 +1211,7 @@ error_rank (CpMesh   *mesh,
 
   g_assert_null (cp_batch_to_thd (batch, mesh, options, &error));
   CP_TEST_ASSERT_CASE (error, c->domain (), c->code, "CpBatch (THD)", c->what);
-  if (strstr (error->message, c->needle) == NULL)
-    g_error ("\"%s\" does not contain \"%s\"", error->message, c->needle);
+  cp_test_assert_message (error, c->needle);
 }
 
 static void

@@ -7,10 +7,9 @@
 
 #include <string.h>
 
-#include "cp-copy-private.h"
 #include "cp-error.h"
 #include "cp-fault-private.h"
-#include "cp-host-memory-private.h"
+#include "cp-memory-private.h"
 #include "cp-mesh-config-private.h"
 #include "cp-sync-private.h"
 #include "cp-task-private.h"

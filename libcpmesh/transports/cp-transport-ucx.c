@@ -10,7 +10,7 @@
 #include "cp-dtype-private.h"
 #include "cp-error.h"
 #include "cp-fault-private.h"
-#include "cp-host-memory-private.h"
+#include "cp-memory-private.h"
 #include "cp-task-private.h"
 #include "cp-ucx-private.h"
 #include "cp-ucx-wire-private.h"

@@ -215,6 +215,18 @@ class TestErrors(TensorErrorMixin, unittest.TestCase):
                                    Cp.TensorError.DEVICE, 'no CUDA support',
                                    t.to_device, Cp.DeviceKind.CUDA)
 
+    def test_test_memory_round_trip(self):
+        t = Cp.Tensor.new_arange(Cp.DType.FLOAT32, 0, 6, 1)
+        moved = t.to_device(Cp.DeviceKind.TEST)
+        self.assertEqual(moved.get_device(), Cp.DeviceKind.TEST)
+        self.assertEqual([moved.get_value(i) for i in range(6)], [0, 1, 2, 3, 4, 5])
+        moved.set_value(2, -1)
+        back = moved.to_device(Cp.DeviceKind.HOST)
+        self.assertEqual(back.get_device(), Cp.DeviceKind.HOST)
+        self.assertEqual(back.numpy().tolist(), [0, 1, -1, 3, 4, 5])
+        with self.assertRaisesRegex(ValueError, 'in test memory'):
+            moved.numpy()
+
     def test_misaligned_numpy_memory(self):
         raw = np.zeros(17, dtype=np.uint8)
         shifted = raw[1:].view(np.float32)  # numpy allows an unaligned view

@@ -246,6 +246,11 @@ class Tensor(Cp.Tensor):
         """Returns an ndarray over the tensor's bytes, without copying."""
         import numpy as np
 
+        if self.get_device() != Cp.DeviceKind.HOST:
+            raise ValueError('numpy() views host memory, and this tensor is in %s memory; '
+                             'bring it over with to_device(Cp.DeviceKind.HOST)'
+                             % self.get_device().value_nick)
+
         np_dtype = np.dtype(_NUMPY_NAMES[self.get_dtype()])
         shape = tuple(self.get_shape())
         nbytes = self.get_nbytes()

@@ -1,0 +1,234 @@
+/* cp-memory-test.c: test memory, reachable only through the memory interface
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "cp-error.h"
+#include "cp-memory-private.h"
+#include "cp-sync-private.h"
+#include "cp-fault-private.h"
+
+/* CP_DEVICE_KIND_TEST plays a device on a machine without one, as
+ * Aravis's fake camera plays a camera.  Each allocation is one memfd
+ * mapped twice: the address tensors show is a PROT_NONE mapping, so code
+ * above the memory interface that reads or writes it as host memory dies
+ * with SIGSEGV at the first byte; this file reaches the same bytes through
+ * a second, writable mapping, as a GPU's copy engine reaches its own
+ * memory.  Test memory is for tests: allocations are found by a linear
+ * search, which is plenty for the few a test holds. */
+
+typedef struct
+{
+  guint8 *visible; /* PROT_NONE: what tensors show */
+  guint8 *shadow;  /* the same pages, readable and writable */
+  gsize length;
+} Mapping;
+
+static CpMutex mappings_lock = CP_MUTEX_INIT;
+static GArray *mappings; /* of Mapping */
+
+static gsize
+page_rounded (gsize size)
+{
+  gsize page = (gsize) sysconf (_SC_PAGESIZE);
+
+  return (MAX (size, 1) + page - 1) / page * page;
+}
+
+static void
+set_alloc_error (GError     **error,
+                 gsize        size,
+                 const char  *reason)
+{
+  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_MEMORY,
+               "could not allocate %" G_GSIZE_FORMAT " bytes of test memory: %s", size, reason);
+}
+
+/* Maps @fd twice; the file stays alive through its mappings alone. */
+static gboolean
+map_twice (int      fd,
+           Mapping *mapping)
+{
+  mapping->shadow = mmap (NULL, mapping->length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (mapping->shadow == MAP_FAILED)
+    return FALSE;
+  mapping->visible = mmap (NULL, mapping->length, PROT_NONE, MAP_SHARED, fd, 0);
+  if (mapping->visible == MAP_FAILED)
+    {
+      munmap (mapping->shadow, mapping->length);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+static void
+remember (const Mapping *mapping)
+{
+  _cp_mutex_lock (&mappings_lock);
+  if (mappings == NULL)
+    mappings = g_array_new (FALSE, FALSE, sizeof (Mapping));
+  g_array_append_vals (mappings, mapping, 1);
+  _cp_mutex_unlock (&mappings_lock);
+}
+
+/* A fresh memfd is zero-filled, so @zeroed needs no work. */
+static gpointer
+test_alloc (gsize     size,
+            gboolean  zeroed,
+            GError  **error)
+{
+  Mapping mapping = { NULL, NULL, page_rounded (size) };
+  int fd;
+
+  if (_cp_fault_allocation_fails ())
+    {
+      set_alloc_error (error, size, "an injected fault");
+      return NULL;
+    }
+#ifdef HAVE_MEMFD_CREATE
+  fd = memfd_create ("cpmesh-test-memory", MFD_CLOEXEC);
+#else
+  fd = -1;
+  errno = ENOSYS;
+#endif
+  if (fd < 0 || ftruncate (fd, (off_t) mapping.length) != 0 || !map_twice (fd, &mapping))
+    {
+      int saved_errno = errno;
+
+      if (fd >= 0)
+        close (fd);
+      set_alloc_error (error, size, g_strerror (saved_errno));
+      return NULL;
+    }
+  close (fd);
+  remember (&mapping);
+  return mapping.visible;
+}
+
+/* The mapping that holds [@address, @address + @extent), or abort: an
+ * address that is not test memory handed to test memory's operations is
+ * a bug in the caller. */
+static Mapping
+find_mapping (gconstpointer address,
+              gsize         extent)
+{
+  const guint8 *start = address;
+  Mapping found = { NULL, NULL, 0 };
+
+  _cp_mutex_lock (&mappings_lock);
+  for (guint i = 0; mappings != NULL && i < mappings->len; i++)
+    {
+      Mapping *mapping = &g_array_index (mappings, Mapping, i);
+
+      /* An empty view may start just past the end. */
+      if (start >= mapping->visible &&
+          (start < mapping->visible + mapping->length ||
+           (extent == 0 && start == mapping->visible + mapping->length)))
+        {
+          found = *mapping;
+          break;
+        }
+    }
+  _cp_mutex_unlock (&mappings_lock);
+  if (found.visible == NULL || extent > (gsize) (found.visible + found.length - start))
+    g_error ("%p (+%" G_GSIZE_FORMAT " bytes) is not test memory", address, extent);
+  return found;
+}
+
+static void
+test_free (gpointer address,
+           gsize    size)
+{
+  _cp_mutex_lock (&mappings_lock);
+  for (guint i = 0; mappings != NULL && i < mappings->len; i++)
+    {
+      Mapping *mapping = &g_array_index (mappings, Mapping, i);
+
+      if (mapping->visible == address)
+        {
+          munmap (mapping->visible, mapping->length);
+          munmap (mapping->shadow, mapping->length);
+          g_array_remove_index_fast (mappings, i);
+          break;
+        }
+    }
+  _cp_mutex_unlock (&mappings_lock);
+}
+
+/* The writable twin of @address, checked to hold @extent bytes. */
+static guint8 *
+shadow_of (gconstpointer address,
+           gsize         extent)
+{
+  Mapping mapping = find_mapping (address, extent);
+
+  return mapping.shadow + ((const guint8 *) address - mapping.visible);
+}
+
+static gsize
+extent_2d (gsize pitch,
+           gsize width,
+           gsize height)
+{
+  return (height - 1) * pitch + width;
+}
+
+static void
+test_copy_2d (gpointer           dst,
+              gsize              dst_pitch,
+              gconstpointer      src,
+              gsize              src_pitch,
+              gsize              width,
+              gsize              height,
+              CpMemoryDirection  direction,
+              gboolean           streaming)
+{
+  if (width == 0 || height == 0)
+    return;
+  if (direction != CP_MEMORY_DEVICE_TO_HOST)
+    dst = shadow_of (dst, extent_2d (dst_pitch, width, height));
+  if (direction != CP_MEMORY_HOST_TO_DEVICE)
+    src = shadow_of (src, extent_2d (src_pitch, width, height));
+  _cp_memory_host_ops.copy_2d (dst, dst_pitch, src, src_pitch, width, height, direction, streaming);
+}
+
+static void
+test_fill (gpointer      dst,
+           gconstpointer pattern,
+           gsize         pattern_size,
+           gsize         count)
+{
+  if (count > 0)
+    _cp_memory_host_ops.fill (shadow_of (dst, pattern_size * count), pattern, pattern_size, count);
+}
+
+/* Copies complete before they return. */
+static void
+test_synchronize (void)
+{
+}
+
+/* The CPU kernels compute on test memory through its writable twin. */
+static gpointer
+test_kernel_address (gpointer address)
+{
+  return shadow_of (address, 0);
+}
+
+const CpMemoryOps _cp_memory_test_ops = {
+  .kind = CP_DEVICE_KIND_TEST,
+  .name = "test",
+  .alloc = test_alloc,
+  .free = test_free,
+  .copy_2d = test_copy_2d,
+  .fill = test_fill,
+  .synchronize = test_synchronize,
+  .kernel_address = test_kernel_address,
+};

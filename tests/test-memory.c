@@ -1,0 +1,449 @@
+/* test-memory.c: the memory interface, and test memory that only it can reach
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include <string.h>
+
+#include "cp-memory-private.h"
+#include "cp-storage-private.h"
+#include "cp-tensor-private.h"
+#include "cp-test-util.h"
+
+#define ROWS 6
+#define COLS 10
+
+/* A float32 [ROWS, COLS] tensor on @device, element (r, c) = 100r + c + @seed. */
+static CpTensor *
+numbered_tensor (CpDeviceKind device,
+                 double       seed)
+{
+  const gint64 shape[] = { ROWS, COLS };
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) host = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 2, &error);
+  CpTensor *tensor;
+
+  g_assert_no_error (error);
+  for (gint64 r = 0; r < ROWS; r++)
+    for (gint64 c = 0; c < COLS; c++)
+      cp_tensor_set_value (host, r * COLS + c, 100 * r + c + seed);
+  tensor = cp_tensor_to_device (host, device, &error);
+  g_assert_no_error (error);
+  return tensor;
+}
+
+static CpTensor *
+to_host (CpTensor *tensor)
+{
+  g_autoptr(GError) error = NULL;
+  CpTensor *host = cp_tensor_to_device (tensor, CP_DEVICE_KIND_HOST, &error);
+
+  g_assert_no_error (error);
+  g_assert_cmpint (cp_tensor_get_device (host), ==, CP_DEVICE_KIND_HOST);
+  return host;
+}
+
+static void
+test_to_device_round_trip (void)
+{
+  g_autoptr(CpTensor) host = numbered_tensor (CP_DEVICE_KIND_HOST, 0);
+  g_autoptr(CpTensor) test = NULL;
+  g_autoptr(CpTensor) same = NULL;
+  g_autoptr(CpTensor) back = NULL;
+  g_autoptr(GError) error = NULL;
+
+  g_test_summary ("Host to test memory and back keeps every byte; test memory reads and "
+                  "writes single values through the memory interface");
+
+  cp_tensor_set_requires_grad (host, TRUE);
+  test = cp_tensor_to_device (host, CP_DEVICE_KIND_TEST, &error);
+  g_assert_no_error (error);
+  g_assert_cmpint (cp_tensor_get_device (test), ==, CP_DEVICE_KIND_TEST);
+  g_assert_true (cp_tensor_get_requires_grad (test));
+  g_assert_cmpuint (cp_tensor_get_data_address (test), !=, cp_tensor_get_data_address (host));
+  g_assert_cmpfloat (cp_tensor_get_value (test, 3 * COLS + 7), ==, 307);
+
+  same = cp_tensor_to_device (test, CP_DEVICE_KIND_TEST, &error);
+  g_assert_no_error (error);
+  g_assert_true (same == test);
+
+  cp_tensor_set_value (test, 0, -1);
+  back = to_host (test);
+  g_assert_cmpfloat (cp_tensor_get_value (back, 0), ==, -1);
+  cp_tensor_set_value (back, 0, 0);
+  g_assert_true (cp_tensor_equal (back, host));
+}
+
+static void
+test_to_device_empty (void)
+{
+  const gint64 shape[] = { 0, 4 };
+  g_autoptr(CpTensor) host = cp_tensor_new (CP_DTYPE_INT64, shape, 2, NULL);
+  g_autoptr(CpTensor) test = cp_tensor_to_device (host, CP_DEVICE_KIND_TEST, NULL);
+  g_autoptr(CpTensor) back = to_host (test);
+
+  g_assert_cmpint (cp_tensor_get_numel (test), ==, 0);
+  g_assert_true (cp_tensor_equal (back, host));
+}
+
+/* Tensors on test memory compare, copy and narrow like host ones. */
+static void
+test_tensor_operations (void)
+{
+  g_autoptr(CpTensor) host = numbered_tensor (CP_DEVICE_KIND_HOST, 0);
+  g_autoptr(CpTensor) test = numbered_tensor (CP_DEVICE_KIND_TEST, 0);
+  g_autoptr(CpTensor) other = numbered_tensor (CP_DEVICE_KIND_TEST, 1);
+  g_autoptr(CpTensor) copy = NULL;
+  g_autoptr(CpTensor) narrow = NULL;
+  g_autoptr(CpTensor) narrow_host = NULL;
+  g_autoptr(CpTensor) narrow_back = NULL;
+  g_autoptr(GError) error = NULL;
+
+  g_assert_true (cp_tensor_equal (test, test));
+  g_assert_false (cp_tensor_equal (test, other));
+  g_assert_false (cp_tensor_equal (test, host)); /* another device */
+
+  copy = cp_tensor_copy (test, &error);
+  g_assert_no_error (error);
+  g_assert_cmpint (cp_tensor_get_device (copy), ==, CP_DEVICE_KIND_TEST);
+  g_assert_true (cp_tensor_equal (copy, test));
+
+  narrow = cp_tensor_narrow (test, 1, 3, 4, &error);
+  g_assert_no_error (error);
+  g_assert_cmpint (cp_tensor_get_device (narrow), ==, CP_DEVICE_KIND_TEST);
+  narrow_host = cp_tensor_narrow (host, 1, 3, 4, &error);
+  g_assert_no_error (error);
+  narrow_back = to_host (narrow);
+  g_assert_true (cp_tensor_equal (narrow_back, narrow_host));
+}
+
+static void
+test_fill (gconstpointer data)
+{
+  CpDeviceKind device = GPOINTER_TO_INT (data);
+  const gint64 shape[] = { 33 };
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) tensor = _cp_tensor_new_on_device (device, CP_DTYPE_BFLOAT16, shape, 1,
+                                                         TRUE, &error);
+  g_autoptr(CpTensor) host = NULL;
+
+  g_test_summary ("A fill converts the value to the dtype once and repeats it over the range, "
+                  "leaving the bytes around it alone");
+
+  g_assert_no_error (error);
+  _cp_memory_fill (tensor, 2 * 2, 29, 1.5);
+  _cp_memory_synchronize (tensor);
+  host = to_host (tensor);
+  for (gint64 i = 0; i < 33; i++)
+    g_assert_cmpfloat (cp_tensor_get_value (host, i), ==, i >= 2 && i < 31 ? 1.5 : 0);
+}
+
+typedef struct
+{
+  CpDeviceKind dst;
+  CpDeviceKind src;
+} Pair;
+
+static const Pair pairs[] = {
+  { CP_DEVICE_KIND_HOST, CP_DEVICE_KIND_HOST },
+  { CP_DEVICE_KIND_TEST, CP_DEVICE_KIND_HOST },
+  { CP_DEVICE_KIND_HOST, CP_DEVICE_KIND_TEST },
+  { CP_DEVICE_KIND_TEST, CP_DEVICE_KIND_TEST },
+};
+
+/* Columns 2..6 of rows 1..4 of the source land at column 3 of rows 0..3
+ * of the destination; every other destination byte stays as it was. */
+static void
+test_copy_2d (gconstpointer data)
+{
+  const Pair *pair = data;
+  g_autoptr(CpTensor) src = numbered_tensor (pair->src, 0);
+  g_autoptr(CpTensor) dst = numbered_tensor (pair->dst, 5000);
+  g_autoptr(CpTensor) result = NULL;
+  const gsize elsize = sizeof (float), pitch = COLS * elsize;
+
+  g_test_summary ("A strided 2-D copy moves a block between host and test memory in every "
+                  "direction and touches nothing outside it");
+
+  _cp_memory_copy_2d (dst, 0 * pitch + 3 * elsize, pitch, src, 1 * pitch + 2 * elsize, pitch,
+                      5 * elsize, 4, FALSE);
+  _cp_memory_synchronize (dst);
+  result = to_host (dst);
+  for (gint64 r = 0; r < ROWS; r++)
+    for (gint64 c = 0; c < COLS; c++)
+      {
+        gboolean inside = r < 4 && c >= 3 && c < 8;
+        double want = inside ? 100 * (r + 1) + (c - 1) : 100 * r + c + 5000;
+
+        g_assert_cmpfloat (cp_tensor_get_value (result, r * COLS + c), ==, want);
+      }
+}
+
+static void
+test_download_upload (void)
+{
+  g_autoptr(CpTensor) test = numbered_tensor (CP_DEVICE_KIND_TEST, 0);
+  float row[COLS];
+
+  _cp_memory_download (row, test, 2 * COLS * sizeof (float), sizeof row);
+  for (guint c = 0; c < COLS; c++)
+    g_assert_cmpfloat (row[c], ==, 200 + c);
+  row[0] = -7;
+  _cp_memory_upload (test, 5 * COLS * sizeof (float), row, sizeof row);
+  g_assert_cmpfloat (cp_tensor_get_value (test, 5 * COLS), ==, -7);
+  g_assert_cmpfloat (cp_tensor_get_value (test, 5 * COLS + 1), ==, 201);
+}
+
+static void
+test_to_device_cuda (void)
+{
+  g_autoptr(CpTensor) host = numbered_tensor (CP_DEVICE_KIND_HOST, 0);
+  g_autoptr(GError) error = NULL;
+
+  if (CP_HAS_CUDA)
+    {
+      g_test_skip ("this build has CUDA");
+      return;
+    }
+  g_assert_null (cp_tensor_to_device (host, CP_DEVICE_KIND_CUDA, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE, "CpTensor",
+                       "cp_tensor_to_device to CUDA in a build without CUDA");
+  g_assert_nonnull (strstr (error->message, "float32[6, 10] on host"));
+  g_assert_nonnull (strstr (error->message, "to cuda memory"));
+  g_assert_nonnull (strstr (error->message, "host and test memory"));
+}
+
+/* A CUDA tensor imported through DLPack by a build without CUDA cannot be
+ * read, so it cannot be moved either. */
+static void
+test_to_device_from_unreachable (void)
+{
+  const gint64 shape[] = { 4 };
+  g_autoptr(CpStorage) storage = _cp_storage_new_dlpack (CP_DEVICE_KIND_CUDA, 0, 0x7f0000010000,
+                                                         16, NULL, NULL);
+  g_autoptr(CpTensor) cuda = cp_tensor_new_from_storage (CP_DTYPE_FLOAT32, shape, 1, storage, 0,
+                                                         NULL);
+  g_autoptr(GError) error = NULL;
+
+  if (CP_HAS_CUDA)
+    {
+      g_test_skip ("this build has CUDA");
+      return;
+    }
+  g_assert_null (cp_tensor_to_device (cuda, CP_DEVICE_KIND_TEST, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE, "CpTensor",
+                       "cp_tensor_to_device of CUDA memory in a build without CUDA");
+  g_assert_nonnull (strstr (error->message, "float32[4] on cuda"));
+  g_assert_nonnull (strstr (error->message, "host or test memory"));
+}
+
+/* Test memory has no DLPack device type: no framework may read it. */
+static void
+test_no_dlpack (void)
+{
+  g_autoptr(CpTensor) test = numbered_tensor (CP_DEVICE_KIND_TEST, 0);
+  g_autoptr(GError) error = NULL;
+
+  g_assert_null (cp_tensor_to_dlpack (test, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE, "CpTensor",
+                       "cp_tensor_to_dlpack of a tensor in test memory");
+  g_assert_cmpstr (error->message, ==, "a float32 tensor in test memory has no DLPack device type");
+}
+
+static void
+test_require_device (void)
+{
+  g_autoptr(CpTensor) test = numbered_tensor (CP_DEVICE_KIND_TEST, 0);
+  g_autoptr(GError) error = NULL;
+
+  g_assert_true (_cp_tensor_require_device (test, "op", "'x'", CP_DEVICE_KINDS_REACHABLE, NULL));
+  g_assert_false (_cp_tensor_require_device (test, "op", "'x'", CP_DEVICE_KINDS_HOST, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE, "CpTensor",
+                       "an operation on host memory given a tensor in test memory");
+  g_assert_cmpstr (error->message, ==,
+                   "op: 'x' (float32[6, 10] on test) is in test memory, which this operation "
+                   "cannot reach; it works on host memory");
+}
+
+/* A layout shards and restores tensors in test memory into test memory,
+ * and reads THD bounds from it. */
+static void
+test_layout_on_test_memory (void)
+{
+  g_autoptr(CpTensor) host = numbered_tensor (CP_DEVICE_KIND_HOST, 0);
+  g_autoptr(CpTensor) test = numbered_tensor (CP_DEVICE_KIND_TEST, 0);
+  g_autoptr(CpLayout) thd = NULL;
+  g_autoptr(CpLayout) thd_host = NULL;
+  g_autoptr(GError) error = NULL;
+  const gint64 bounds_shape[] = { 3 };
+  g_autoptr(CpTensor) bounds = cp_tensor_new (CP_DTYPE_INT32, bounds_shape, 1, NULL);
+  g_autoptr(CpTensor) test_bounds = NULL;
+  CpTensor *pieces[2] = { NULL, NULL };
+  g_autoptr(CpTensor) restored = NULL;
+  g_autoptr(CpTensor) restored_host = NULL;
+  g_autoptr(CpLayout) halves = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, COLS - 2, 2, NULL);
+  g_autoptr(CpTensor) narrow = cp_tensor_narrow (test, 1, 0, COLS - 2, NULL);
+  g_autoptr(CpTensor) narrow_host = cp_tensor_narrow (host, 1, 0, COLS - 2, NULL);
+
+  for (int r = 0; r < 2; r++)
+    {
+      pieces[r] = cp_layout_shard (halves, narrow, 1, r, &error);
+      g_assert_no_error (error);
+      g_assert_cmpint (cp_tensor_get_device (pieces[r]), ==, CP_DEVICE_KIND_TEST);
+    }
+  restored = cp_layout_unshard_pieces (halves, pieces, 2, 1, &error);
+  g_assert_no_error (error);
+  g_assert_cmpint (cp_tensor_get_device (restored), ==, CP_DEVICE_KIND_TEST);
+  restored_host = to_host (restored);
+  g_assert_true (cp_tensor_equal (restored_host, narrow_host));
+  g_clear_object (&pieces[0]);
+  g_clear_object (&pieces[1]);
+
+  cp_tensor_set_value (bounds, 1, 4);
+  cp_tensor_set_value (bounds, 2, 12);
+  test_bounds = cp_tensor_to_device (bounds, CP_DEVICE_KIND_TEST, NULL);
+  thd = cp_layout_new_thd_from_tensor (test_bounds, 2, &error);
+  g_assert_no_error (error);
+  thd_host = cp_layout_new_thd_from_tensor (bounds, 2, NULL);
+  g_assert_true (cp_layout_equal (thd, thd_host));
+}
+
+/* Attention computes where q is, with a kernel for that memory (the CPU
+ * kernel computes on host and test memory, none on CUDA memory in this
+ * build), and its results are where q is; k must be there too. */
+static void
+attention_rank (CpMesh   *mesh,
+                gpointer  unused)
+{
+  const gint64 shape[] = { 1, 2, 4, 8 };
+  g_autoptr(CpTensor) host = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 4, NULL);
+  g_autoptr(CpTensor) test = cp_tensor_to_device (host, CP_DEVICE_KIND_TEST, NULL);
+  g_autoptr(CpStorage) storage = _cp_storage_new_dlpack (CP_DEVICE_KIND_CUDA, 0, 0x7f0000010000,
+                                                         256, NULL, NULL);
+  g_autoptr(CpTensor) cuda = cp_tensor_new_from_storage (CP_DTYPE_FLOAT32, shape, 4, storage, 0,
+                                                         NULL);
+  g_autoptr(CpAttention) attention = cp_attention_new (mesh, NULL, NULL);
+  g_autoptr(CpTensor) out = NULL;
+  g_autoptr(GError) error = NULL;
+
+  g_assert_true (cp_attention_forward (attention, test, test, test, &out, NULL, &error));
+  g_assert_no_error (error);
+  g_assert_cmpint (cp_tensor_get_device (out), ==, CP_DEVICE_KIND_TEST);
+  g_clear_object (&out);
+  if (!CP_HAS_CUDA)
+    {
+      g_assert_false (cp_attention_forward (attention, cuda, cuda, cuda, &out, NULL, &error));
+      CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE, "CpAttention",
+                           "forward with q in memory no attention kernel computes on");
+      g_assert_nonnull (strstr (error->message, "q (float32[1, 2, 4, 8] on cuda)"));
+      g_clear_error (&error);
+    }
+  g_assert_false (cp_attention_forward (attention, host, test, host, &out, NULL, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE, "CpAttention",
+                       "forward with k in other memory than q");
+  g_assert_nonnull (strstr (error->message, "works on host memory"));
+  g_assert_null (out);
+}
+
+static void
+test_attention_device (void)
+{
+  GList *meshes = cp_test_local_group ("cp", 1);
+
+  cp_test_run_ranks (meshes, attention_rank, NULL);
+  cp_test_free_group (meshes);
+}
+
+/* Messages in test memory cross through host copies: rank 0 sends its
+ * tensor to rank 1, which receives it into a tensor in test memory. */
+static void
+message_rank (CpMesh   *mesh,
+              gpointer  unused)
+{
+  g_autoptr(CpTensor) sent = numbered_tensor (CP_DEVICE_KIND_TEST, 0);
+  g_autoptr(CpTensor) received = numbered_tensor (CP_DEVICE_KIND_TEST, 5000);
+  g_autoptr(GError) error = NULL;
+
+  if (cp_mesh_get_rank (mesh) == 0)
+    g_assert_true (cp_mesh_send (mesh, sent, 1, 7, &error));
+  else
+    g_assert_true (cp_mesh_recv (mesh, received, 0, 7, &error));
+  g_assert_no_error (error);
+  if (cp_mesh_get_rank (mesh) == 1)
+    g_assert_true (cp_tensor_equal (received, sent));
+}
+
+static void
+test_messages (void)
+{
+  GList *meshes = cp_test_local_group ("cp", 2);
+
+  cp_test_run_ranks (meshes, message_rank, NULL);
+  cp_test_free_group (meshes);
+}
+
+/* What a host shortcut looks like: generic code summing a tensor through
+ * its address instead of through the memory interface. */
+static double
+sum_through_address (CpTensor *tensor)
+{
+  const volatile float *values = cp_tensor_get_data (tensor);
+  double sum = 0;
+
+  for (gint64 i = 0; i < cp_tensor_get_numel (tensor); i++)
+    sum += values[i];
+  return sum;
+}
+
+static void
+test_host_shortcut_crashes (void)
+{
+  g_test_summary ("Code that dereferences the address of a tensor in test memory dies at the "
+                  "first byte, while the same code on host memory works: this is how the test "
+                  "device catches host shortcuts above the memory interface");
+
+  if (g_test_subprocess ())
+    {
+      g_autoptr(CpTensor) host = numbered_tensor (CP_DEVICE_KIND_HOST, 0);
+      g_autoptr(CpTensor) test = numbered_tensor (CP_DEVICE_KIND_TEST, 0);
+
+      g_assert_cmpfloat (sum_through_address (host), >, 0);
+      g_printerr ("host shortcut on host memory: fine\n");
+      sum_through_address (test);
+      g_printerr ("host shortcut on test memory: not caught\n");
+      return;
+    }
+  g_test_trap_subprocess (NULL, 0, G_TEST_SUBPROCESS_DEFAULT);
+  g_test_trap_assert_failed ();
+  g_test_trap_assert_stderr ("*host shortcut on host memory: fine*");
+  g_test_trap_assert_stderr_unmatched ("*not caught*");
+}
+
+int
+main (int    argc,
+      char **argv)
+{
+  g_test_init (&argc, &argv, NULL);
+
+  g_test_add_func ("/Cp/Memory/to-device/round-trip", test_to_device_round_trip);
+  g_test_add_func ("/Cp/Memory/to-device/empty", test_to_device_empty);
+  g_test_add_func ("/Cp/Memory/to-device/cuda", test_to_device_cuda);
+  g_test_add_func ("/Cp/Memory/to-device/unreachable", test_to_device_from_unreachable);
+  g_test_add_func ("/Cp/Memory/tensor/operations", test_tensor_operations);
+  g_test_add_data_func ("/Cp/Memory/fill/host", GINT_TO_POINTER (CP_DEVICE_KIND_HOST), test_fill);
+  g_test_add_data_func ("/Cp/Memory/fill/test", GINT_TO_POINTER (CP_DEVICE_KIND_TEST), test_fill);
+  g_test_add_data_func ("/Cp/Memory/copy-2d/host-to-host", &pairs[0], test_copy_2d);
+  g_test_add_data_func ("/Cp/Memory/copy-2d/host-to-test", &pairs[1], test_copy_2d);
+  g_test_add_data_func ("/Cp/Memory/copy-2d/test-to-host", &pairs[2], test_copy_2d);
+  g_test_add_data_func ("/Cp/Memory/copy-2d/test-to-test", &pairs[3], test_copy_2d);
+  g_test_add_func ("/Cp/Memory/transfer/download-upload", test_download_upload);
+  g_test_add_func ("/Cp/Memory/require-device/message", test_require_device);
+  g_test_add_func ("/Cp/Memory/to-device/no-dlpack", test_no_dlpack);
+  g_test_add_func ("/Cp/Memory/layout/test-memory", test_layout_on_test_memory);
+  g_test_add_func ("/Cp/Memory/attention/device", test_attention_device);
+  g_test_add_func ("/Cp/Memory/mesh/messages", test_messages);
+  cp_test_add_func_in_process ("/Cp/Memory/test-device/host-shortcut-crashes",
+                               test_host_shortcut_crashes);
+
+  return g_test_run ();
+}
