@@ -1217,7 +1217,9 @@ check_gather_output (CpMesh     *self,
                    have, cp_dtype_get_name (cp_tensor_get_dtype (tensor)), want);
       return FALSE;
     }
-  return check_operand (self, out, "all_gather", "the output", error);
+  /* One collective moves one kind of memory. */
+  return _cp_tensor_require_device (out, "all_gather", "the output",
+                                    1u << cp_tensor_get_device (tensor), error);
 }
 
 static gboolean
