@@ -5,6 +5,7 @@
 
 #pragma once
 
+#include "cp-features.h"
 #include "cp-tensor.h"
 #include "kernels/cp-index-math.h"
 
@@ -67,6 +68,9 @@ const CpMemoryOps *_cp_memory_ops_for_kind (CpDeviceKind kind);
 
 extern const CpMemoryOps _cp_memory_host_ops;
 extern const CpMemoryOps _cp_memory_test_ops;
+#if CP_HAS_CUDA
+extern const CpMemoryOps _cp_memory_cuda_ops;
+#endif
 
 /* Tensor-level moves.  Offsets and pitches are in bytes from the first
  * byte of the tensor they belong to; the tensors must be reachable

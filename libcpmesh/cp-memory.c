@@ -20,7 +20,10 @@ _cp_memory_ops_for_kind (CpDeviceKind kind)
       return &_cp_memory_host_ops;
     case CP_DEVICE_KIND_TEST:
       return &_cp_memory_test_ops;
+#if CP_HAS_CUDA
     case CP_DEVICE_KIND_CUDA:
+      return &_cp_memory_cuda_ops;
+#endif
     default:
       return NULL;
     }

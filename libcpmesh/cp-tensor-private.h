@@ -5,6 +5,7 @@
 
 #pragma once
 
+#include "cp-features.h"
 #include "cp-tensor.h"
 
 G_BEGIN_DECLS
@@ -42,7 +43,8 @@ CpTensor *_cp_tensor_new_on_device   (CpDeviceKind   device,
 #define CP_DEVICE_KINDS_HOST      (1u << CP_DEVICE_KIND_HOST)
 #define CP_DEVICE_KINDS_TEST      (1u << CP_DEVICE_KIND_TEST)
 /* Every kind the memory interface reaches in this build. */
-#define CP_DEVICE_KINDS_REACHABLE (CP_DEVICE_KINDS_HOST | CP_DEVICE_KINDS_TEST)
+#define CP_DEVICE_KINDS_CUDA      (CP_HAS_CUDA ? 1u << CP_DEVICE_KIND_CUDA : 0u)
+#define CP_DEVICE_KINDS_REACHABLE (CP_DEVICE_KINDS_HOST | CP_DEVICE_KINDS_TEST | CP_DEVICE_KINDS_CUDA)
 
 /* The one check that a tensor lives where an operation can reach it:
  * in one of @kinds, and in memory this build reaches at all.  Otherwise

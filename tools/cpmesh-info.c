@@ -8,6 +8,10 @@
 
 #include "cpmesh-tool.h"
 
+#if CP_HAS_CUDA
+#include "kernels/cuda/cp-cuda-private.h"
+#endif
+
 typedef struct
 {
   const char *name;
@@ -18,7 +22,7 @@ typedef struct
 static const Backend backends[] = {
   { "local", TRUE, "in-process ranks on threads" },
   { "ucx", CP_HAS_UCX, "multi-process meshes over host memory" },
-  { "cuda", CP_HAS_CUDA, "CUDA device memory and the NCCL transport" },
+  { "cuda", CP_HAS_CUDA, "CUDA device memory and the layout kernels" },
 };
 
 /* The features the copy loops and CPU attention kernels care about,
@@ -65,6 +69,48 @@ print_cpu_features (void)
              g_strv_contains ((const char * const *) flags, cpu_features[i]) ? "yes" : "no");
 }
 
+#if CP_HAS_CUDA
+/* CUDA spells its runtime and driver versions 1000 · major + 10 · minor,
+ * NCCL its own 10000 · major + 100 · minor + patch. */
+static char *
+cuda_version_string (int version)
+{
+  if (version == 0)
+    return g_strdup ("none (0)");
+  return g_strdup_printf ("%d.%d (%d)", version / 1000, version % 1000 / 10, version);
+}
+
+static void
+print_cuda (void)
+{
+  CpCudaInfo info;
+  g_autoptr(GError) error = NULL;
+  g_autofree char *runtime = NULL;
+  g_autofree char *driver = NULL;
+
+  _cp_cuda_probe (&info, &error);
+  runtime = cuda_version_string (info.runtime_version);
+  driver = cuda_version_string (info.driver_version);
+  g_print ("cuda runtime: %s\n", runtime);
+  g_print ("cuda driver: %s\n", driver);
+  if (error != NULL)
+    g_print ("cuda devices: 0 (%s)\n", error->message);
+  else
+    g_print ("cuda devices: %d\n", info.device_count);
+  if (info.nccl_version == 0)
+    g_print ("nccl: none\n");
+  else
+    g_print ("nccl: %d.%d.%d\n", info.nccl_version / 10000, info.nccl_version % 10000 / 100,
+             info.nccl_version % 100);
+}
+#else
+static void
+print_cuda (void)
+{
+  g_print ("cuda: not built in\n");
+}
+#endif
+
 int
 cpmesh_info (int    argc,
              char **argv)
@@ -72,7 +118,8 @@ cpmesh_info (int    argc,
   CpmeshOption entries[] = { CPMESH_OPTION_END };
 
   if (!cpmesh_parse_options ("Show the libcpmesh version, the backends compiled in, "
-                             "the CPU features that matter and the number of online CPUs.",
+                             "the CPU features that matter, the number of online CPUs and, in builds "
+                             "with CUDA, the CUDA runtime, driver, devices and NCCL found.",
                              entries, NULL, &argc, &argv))
     return CPMESH_EXIT_USAGE;
 
@@ -80,5 +127,6 @@ cpmesh_info (int    argc,
   print_backends ();
   print_cpu_features ();
   g_print ("online cpus: %ld\n", sysconf (_SC_NPROCESSORS_ONLN));
+  print_cuda ();
   return 0;
 }

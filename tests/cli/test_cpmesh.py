@@ -446,6 +446,21 @@ class Info(unittest.TestCase):
         self.assertIsNotNone(match)
         self.assertGreaterEqual(int(match.group(1)), 1)
 
+    def test_cuda(self):
+        if re.search(r"\n  cuda\s+no\s", self.result.stdout):
+            self.assertIn("\ncuda: not built in\n", self.result.stdout)
+            return
+        version = r"(none \(0\)|\d+\.\d+ \(\d+\))"
+        self.assertRegex(self.result.stdout, r"\ncuda runtime: \d+\.\d+ \(\d+\)\n")
+        self.assertRegex(self.result.stdout, r"\ncuda driver: %s\n" % version)
+        self.assertRegex(self.result.stdout, r"\nnccl: (none|\d+\.\d+\.\d+)\n")
+        devices = re.search(r"\ncuda devices: (\d+)( \((.*)\))?\n", self.result.stdout)
+        self.assertIsNotNone(devices)
+        if int(devices.group(1)) == 0:
+            self.assertIn("no CUDA device", devices.group(3))
+        if "cuda driver: none (0)" in self.result.stdout:
+            self.assertEqual(int(devices.group(1)), 0)
+
 
 class Layout(unittest.TestCase):
     def test_head_tail_matches_e1(self):

@@ -1,0 +1,46 @@
+/* cp-cuda-private.h: what the library knows of the CUDA runtime
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ *
+ * Only in builds with CP_HAS_CUDA.  The runtime is linked statically and
+ * opens the driver on first use, so every call here works on machines
+ * without a GPU or a driver and reports that as an error, never a crash.
+ * No CUDA header here: the cpmesh tool includes this to report what the
+ * library's own copy of the runtime sees (a second static copy in the
+ * tool would probe a runtime of its own).
+ */
+
+#pragma once
+
+#include <glib.h>
+
+G_BEGIN_DECLS
+
+typedef struct
+{
+  int runtime_version;   /* 1000 · major + 10 · minor: 13000 is 13.0 */
+  int driver_version;    /* the newest CUDA the driver supports; 0: no driver */
+  int device_count;      /* −1 when the runtime could not count them */
+  int nccl_version;      /* 10000 · major + 100 · minor + patch; 0: no NCCL */
+} CpCudaInfo;
+
+/* Fills @info; FALSE with %CP_MESH_ERROR_NO_DEVICE when the runtime
+ * finds no usable device (the rest of @info is still filled). */
+__attribute__((visibility ("default")))
+gboolean _cp_cuda_probe (CpCudaInfo  *info,
+                         GError     **error);
+
+/* The number of CUDA devices, or −1 with %CP_MESH_ERROR_NO_DEVICE when
+ * there are none or the runtime cannot reach them (no driver). */
+int _cp_cuda_device_count (GError **error);
+
+/* FALSE, with @error set to @domain/@code and a message naming @what and
+ * CUDA's name and text for @status, unless @status is cudaSuccess.
+ * Clears the runtime's last error. */
+gboolean _cp_cuda_check (int          status,
+                         GQuark       domain,
+                         int          code,
+                         const char  *what,
+                         GError     **error);
+
+G_END_DECLS
