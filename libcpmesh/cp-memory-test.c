@@ -127,14 +127,16 @@ find_mapping (gconstpointer address,
     {
       Mapping *mapping = &g_array_index (mappings, Mapping, i);
 
-      /* An empty view may start just past the end. */
-      if (start >= mapping->visible &&
-          (start < mapping->visible + mapping->length ||
-           (extent == 0 && start == mapping->visible + mapping->length)))
+      /* An empty view may start just past the end, but mappings are
+       * often adjacent: the one that holds @start wins over the one that
+       * ends there. */
+      if (start >= mapping->visible && start < mapping->visible + mapping->length)
         {
           found = *mapping;
           break;
         }
+      if (extent == 0 && start == mapping->visible + mapping->length)
+        found = *mapping;
     }
   _cp_mutex_unlock (&mappings_lock);
   if (found.visible == NULL || extent > (gsize) (found.visible + found.length - start))

@@ -285,8 +285,8 @@ shared_buffer_rank (CpMesh   *mesh,
 {
   CpTensor *shared = user_data;
   const gint64 piece_shape[] = { 2 };
-  g_autoptr(CpTensor) piece = cp_tensor_new_full (CP_DTYPE_FLOAT64, piece_shape, 1, 7, NULL);
-  g_autoptr(CpTensor) own = cp_tensor_new_full (CP_DTYPE_FLOAT64, piece_shape, 1, 1, NULL);
+  g_autoptr(CpTensor) piece = cp_test_on_device (cp_tensor_new_full (CP_DTYPE_FLOAT64, piece_shape, 1, 7, NULL));
+  g_autoptr(CpTensor) own = cp_test_on_device (cp_tensor_new_full (CP_DTYPE_FLOAT64, piece_shape, 1, 1, NULL));
   g_autoptr(GError) error = NULL;
 
   g_assert_false (cp_mesh_all_reduce (mesh, shared, CP_REDUCE_OP_SUM, &error));
@@ -314,9 +314,7 @@ shared_buffer_rank (CpMesh   *mesh,
 static void
 test_shared_buffer (void)
 {
-  /* Host memory on every run: memory a transport does not move crosses
-   * through per-rank host copies, which never overlap. */
-  g_autoptr(CpTensor) shared = cp_tensor_new_arange (CP_DTYPE_FLOAT64, 0, 4, 1, NULL);
+  g_autoptr(CpTensor) shared = cp_test_on_device (cp_tensor_new_arange (CP_DTYPE_FLOAT64, 0, 4, 1, NULL));
 
   cp_test_run_group ("cp", 2, shared_buffer_rank, shared);
   CP_TEST_ASSERT_VALUES (shared, 0, 1, 2, 3);
@@ -774,24 +772,24 @@ test_barrier_async (void)
   cp_test_free_group (meshes);
 }
 
-/* Rank 1 passes test memory, the others host memory: test memory, which
- * the local transport does not move, crosses through the host, so the
- * ranks agree and each gets the sum in its own memory. */
+/* Rank 1 passes test memory, the others host memory: the local backend
+ * moves both, but one collective moves one kind, so every rank fails. */
 static void
 mixed_devices_rank (CpMesh   *mesh,
                     gpointer  user_data)
 {
   const gint64 shape[] = { 4 };
-  CpDeviceKind device = cp_mesh_get_rank (mesh) == 1 ? CP_DEVICE_KIND_TEST : CP_DEVICE_KIND_HOST;
   g_autoptr(GError) error = NULL;
   g_autoptr(CpTensor) host = cp_tensor_new_full (CP_DTYPE_FLOAT32, shape, 1, 1, NULL);
-  g_autoptr(CpTensor) t = cp_tensor_to_device (host, device, &error);
+  g_autoptr(CpTensor) t = cp_mesh_get_rank (mesh) == 1
+                          ? cp_tensor_to_device (host, CP_DEVICE_KIND_TEST, &error)
+                          : g_object_ref (host);
 
   g_assert_no_error (error);
-  g_assert_true (cp_mesh_all_reduce (mesh, t, CP_REDUCE_OP_SUM, &error));
-  g_assert_no_error (error);
-  g_assert_cmpint (cp_tensor_get_device (t), ==, device);
-  g_assert_cmpfloat (cp_tensor_get_value (t, 3), ==, 3);
+  g_assert_false (cp_mesh_all_reduce (mesh, t, CP_REDUCE_OP_SUM, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE, "CpMesh",
+                       "all_reduce where ranks pass different kinds of memory (every rank fails)");
+  g_assert_nonnull (strstr (error->message, "rank 0 passed host memory, rank 1 passed test memory"));
 }
 
 static void

@@ -492,6 +492,31 @@ alloc_scratch (LocalComm    *self,
   return scratch->data != NULL;
 }
 
+/* Device memory the host cannot read: every rank's slice [@lo, @hi) is
+ * brought to the host first, then reduced there. */
+static void
+reduce_staged (LocalComm    *self,
+               CpCollective *coll,
+               Scratch      *scratch,
+               gsize         lo,
+               gsize         hi)
+{
+  int n = self->parent.size;
+  gsize elsize = cp_dtype_get_size (coll->dtype);
+  gsize width = (hi - lo) * elsize;
+  g_autofree guint8 *staging = g_malloc (MAX ((gsize) n * width, 1));
+  g_autofree gconstpointer *srcs = g_new (gconstpointer, n);
+
+  for (int r = 0; r < n; r++)
+    {
+      _cp_transport_copy_2d (staging + (gsize) r * width, CP_DEVICE_KIND_HOST, 0,
+                             (const guint8 *) self->shared->posted[r]->recv + lo * elsize,
+                             coll->device, 0, width, 1, FALSE);
+      srcs[r] = staging + (gsize) r * width;
+    }
+  _cp_reduce_many (coll->dtype, coll->op, scratch->data, srcs, n, 0, hi - lo);
+}
+
 static void
 run_all_reduce (LocalComm    *self,
                 CpCollective *coll,
@@ -505,9 +530,14 @@ run_all_reduce (LocalComm    *self,
   g_autofree gconstpointer *srcs = g_new (gconstpointer, n);
 
   slice_bounds (self, coll, me, &lo, &hi);
-  for (int r = 0; r < n; r++)
-    srcs[r] = shared->posted[r]->recv;
-  _cp_reduce_many (coll->dtype, coll->op, scratch->data, srcs, n, lo, hi - lo);
+  if (coll->device == CP_DEVICE_KIND_HOST)
+    {
+      for (int r = 0; r < n; r++)
+        srcs[r] = shared->posted[r]->recv;
+      _cp_reduce_many (coll->dtype, coll->op, scratch->data, srcs, n, lo, hi - lo);
+    }
+  else
+    reduce_staged (self, coll, scratch, lo, hi);
   shared->scratch[me] = scratch->data;
 
   locked_sync (self, "all_reduce", 0, NULL);
@@ -1035,7 +1065,7 @@ local_fail (CpTransport  *transport,
 
 static const CpTransportOps local_ops = {
   .name = "local",
-  .device_kinds = CP_TRANSPORT_DEVICE (CP_DEVICE_KIND_HOST),
+  .device_kinds = CP_TRANSPORT_DEVICE (CP_DEVICE_KIND_HOST) | CP_TRANSPORT_DEVICE (CP_DEVICE_KIND_TEST),
   .caps = CP_TRANSPORT_CAP_SHARED_ADDRESS_SPACE,
   .transport_free = local_transport_free,
   .comm_new = local_comm_new,
