@@ -38,6 +38,15 @@ gboolean  _cp_mesh_check_dims       (const char * const  *dim_names,
  * exchanges run on it, whatever memory the data is in. */
 CpComm   *_cp_mesh_get_comm         (CpMesh              *self);
 
+typedef void (*CpMeshTransportFunc) (CpTransport *transport,
+                                     gpointer     user_data);
+
+/* Calls @func on the transport of every communicator of @self, the host
+ * one first: what a cancellation wakes and breaks. */
+void      _cp_mesh_foreach_transport (CpMesh              *self,
+                                      CpMeshTransportFunc  func,
+                                      gpointer             user_data);
+
 /* Memory kinds a mesh can route, an upper bound on CpDeviceKind. */
 #define CP_MESH_N_ROUTES 8
 

@@ -367,6 +367,16 @@ _cp_mesh_add_transport (CpMesh       *self,
   return TRUE;
 }
 
+void
+_cp_mesh_foreach_transport (CpMesh              *self,
+                            CpMeshTransportFunc  func,
+                            gpointer             user_data)
+{
+  func (self->comm->transport, user_data);
+  for (guint i = 0; i < self->device_comms->len; i++)
+    func (((CpComm *) g_ptr_array_index (self->device_comms, i))->transport, user_data);
+}
+
 static void
 compute_coordinates (CpMesh *self)
 {
@@ -1207,7 +1217,9 @@ check_gather_output (CpMesh     *self,
                    have, cp_dtype_get_name (cp_tensor_get_dtype (tensor)), want);
       return FALSE;
     }
-  return check_operand (self, out, "all_gather", "the output", error);
+  /* One collective moves one kind of memory. */
+  return _cp_tensor_require_device (out, "all_gather", "the output",
+                                    1u << cp_tensor_get_device (tensor), error);
 }
 
 static gboolean

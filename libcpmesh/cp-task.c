@@ -143,22 +143,56 @@ _cp_task_cancelled (void)
   return g_cancellable_is_cancelled (g_private_get (&current_cancellable));
 }
 
-static CpTransport *
-transport_of (CpMesh *mesh)
-{
-  return _cp_mesh_get_comm (mesh)->transport;
-}
-
 static void
-wake_waits (GCancellable *cancellable,
-            gpointer      transport)
+interrupt_transport (CpTransport *transport,
+                     gpointer     unused)
 {
   _cp_transport_interrupt (transport);
 }
 
+static void
+wake_waits (GCancellable *cancellable,
+            gpointer      mesh)
+{
+  _cp_mesh_foreach_transport (mesh, interrupt_transport, NULL);
+}
+
+static void
+note_interruptible (CpTransport *transport,
+                    gpointer     any)
+{
+  *(gboolean *) any |= _cp_transport_can_interrupt (transport);
+}
+
+/* Whether a transport of @mesh has waits that sleep, which a
+ * cancellation must wake; those that poll see it by themselves. */
+static gboolean
+mesh_can_interrupt (CpMesh *mesh)
+{
+  gboolean any = FALSE;
+
+  _cp_mesh_foreach_transport (mesh, note_interruptible, &any);
+  return any;
+}
+
+typedef struct
+{
+  const char *what;
+  const GError *failure;
+} Failure;
+
+static void
+fail_transport (CpTransport *transport,
+                gpointer     data)
+{
+  const Failure *failure = data;
+
+  _cp_transport_fail (transport, failure->what, failure->failure);
+}
+
 /* The call never runs: a peer may already wait in it, so the mesh breaks
- * as it would had this rank been cancelled while waiting, and this rank
- * fails as every later call will, naming itself. */
+ * (every transport of it) as it would had this rank been cancelled while
+ * waiting, and this rank fails as every later call will, naming itself. */
 static gboolean
 fail_before_start (CpMesh      *mesh,
                    const char  *what,
@@ -166,16 +200,16 @@ fail_before_start (CpMesh      *mesh,
 {
   g_autoptr(GError) failure = g_error_new_literal (CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED,
                                                    "cancelled before it began");
-  CpTransport *transport;
+  Failure broken = { what, failure };
 
   if (mesh == NULL)
     {
       g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED, "%s: %s", what, failure->message);
       return FALSE;
     }
-  transport = transport_of (mesh);
-  _cp_transport_fail (transport, what, failure);
-  g_propagate_error (error, _cp_transport_describe_failure (transport->rank, what, failure));
+  _cp_mesh_foreach_transport (mesh, fail_transport, &broken);
+  g_propagate_error (error, _cp_transport_describe_failure (_cp_mesh_get_comm (mesh)->transport->rank,
+                                                            what, failure));
   return FALSE;
 }
 
@@ -188,21 +222,18 @@ _cp_task_run (gpointer       source,
               GCancellable  *cancellable,
               GError       **error)
 {
-  CpTransport *transport = mesh ? transport_of (mesh) : NULL;
   gulong handler = 0;
   gboolean ok;
 
   if (g_cancellable_is_cancelled (cancellable))
     return fail_before_start (mesh, what, error);
-  /* Transports that poll while they wait see the cancellation by
-   * themselves. */
-  if (cancellable != NULL && transport != NULL && _cp_transport_can_interrupt (transport))
-    handler = g_cancellable_connect (cancellable, G_CALLBACK (wake_waits), transport, NULL);
+  if (cancellable != NULL && mesh != NULL && mesh_can_interrupt (mesh))
+    handler = g_cancellable_connect (cancellable, G_CALLBACK (wake_waits), mesh, NULL);
   g_private_set (&current_cancellable, cancellable);
   ok = func (source, args, error);
   g_private_set (&current_cancellable, NULL);
-  /* Waits for a wake-up running in another thread: the transport is
-   * still held. */
+  /* Waits for a wake-up running in another thread: the mesh, and so its
+   * transports, are still held. */
   g_cancellable_disconnect (cancellable, handler);
   return ok;
 }

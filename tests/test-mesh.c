@@ -143,9 +143,9 @@ gather_into_rank (CpMesh   *mesh,
   const gint64 shape[] = { 2 };
   const gint64 out_shape[] = { 6 };
   const gint64 bad_shape[] = { 5 };
-  g_autoptr(CpTensor) mine = cp_tensor_new_full (CP_DTYPE_FLOAT64, shape, 1, cp_mesh_get_rank (mesh), NULL);
-  g_autoptr(CpTensor) out = cp_tensor_new (CP_DTYPE_FLOAT64, out_shape, 1, NULL);
-  g_autoptr(CpTensor) bad = cp_tensor_new (CP_DTYPE_FLOAT64, bad_shape, 1, NULL);
+  g_autoptr(CpTensor) mine = cp_test_on_device (cp_tensor_new_full (CP_DTYPE_FLOAT64, shape, 1, cp_mesh_get_rank (mesh), NULL));
+  g_autoptr(CpTensor) out = cp_test_on_device (cp_tensor_new (CP_DTYPE_FLOAT64, out_shape, 1, NULL));
+  g_autoptr(CpTensor) bad = cp_test_on_device (cp_tensor_new (CP_DTYPE_FLOAT64, bad_shape, 1, NULL));
   g_autoptr(GError) error = NULL;
 
   g_assert_true (cp_mesh_all_gather_into (mesh, mine, 0, out, &error));
@@ -162,7 +162,7 @@ gather_into_rank (CpMesh   *mesh,
   /* An empty piece may have any length; the gathered one must fit int64. */
   {
     const gint64 huge[] = { 0, G_GINT64_CONSTANT (1) << 62 };
-    g_autoptr(CpTensor) empty = cp_tensor_new (CP_DTYPE_UINT8, huge, 2, NULL);
+    g_autoptr(CpTensor) empty = cp_test_on_device (cp_tensor_new (CP_DTYPE_UINT8, huge, 2, NULL));
     g_autoptr(CpTensor) gathered = cp_mesh_all_gather (mesh, empty, 1, &error);
 
     g_assert_null (gathered);
@@ -188,7 +188,7 @@ all_to_all_rank (CpMesh   *mesh,
   int n = cp_mesh_get_world_size (mesh);
   int rank = cp_mesh_get_rank (mesh);
   const gint64 shape[] = { 2, 2 * n, 3 };
-  g_autoptr(CpTensor) mine = cp_tensor_new (CP_DTYPE_INT64, shape, 3, NULL);
+  g_autoptr(CpTensor) mine = cp_test_on_device (cp_tensor_new (CP_DTYPE_INT64, shape, 3, NULL));
   g_autoptr(CpTensor) got = NULL;
   g_autoptr(GError) error = NULL;
 
@@ -226,7 +226,7 @@ all_to_all_indivisible_rank (CpMesh   *mesh,
                              gpointer  user_data)
 {
   const gint64 shape[] = { 5 };
-  g_autoptr(CpTensor) mine = cp_tensor_new (CP_DTYPE_INT64, shape, 1, NULL);
+  g_autoptr(CpTensor) mine = cp_test_on_device (cp_tensor_new (CP_DTYPE_INT64, shape, 1, NULL));
   g_autoptr(GError) error = NULL;
 
   g_assert_null (cp_mesh_all_to_all (mesh, mine, 0, &error));
@@ -285,8 +285,8 @@ shared_buffer_rank (CpMesh   *mesh,
 {
   CpTensor *shared = user_data;
   const gint64 piece_shape[] = { 2 };
-  g_autoptr(CpTensor) piece = cp_tensor_new_full (CP_DTYPE_FLOAT64, piece_shape, 1, 7, NULL);
-  g_autoptr(CpTensor) own = cp_tensor_new_full (CP_DTYPE_FLOAT64, piece_shape, 1, 1, NULL);
+  g_autoptr(CpTensor) piece = cp_test_on_device (cp_tensor_new_full (CP_DTYPE_FLOAT64, piece_shape, 1, 7, NULL));
+  g_autoptr(CpTensor) own = cp_test_on_device (cp_tensor_new_full (CP_DTYPE_FLOAT64, piece_shape, 1, 1, NULL));
   g_autoptr(GError) error = NULL;
 
   g_assert_false (cp_mesh_all_reduce (mesh, shared, CP_REDUCE_OP_SUM, &error));
@@ -314,7 +314,7 @@ shared_buffer_rank (CpMesh   *mesh,
 static void
 test_shared_buffer (void)
 {
-  g_autoptr(CpTensor) shared = cp_tensor_new_arange (CP_DTYPE_FLOAT64, 0, 4, 1, NULL);
+  g_autoptr(CpTensor) shared = cp_test_on_device (cp_tensor_new_arange (CP_DTYPE_FLOAT64, 0, 4, 1, NULL));
 
   cp_test_run_group ("cp", 2, shared_buffer_rank, shared);
   CP_TEST_ASSERT_VALUES (shared, 0, 1, 2, 3);
@@ -337,8 +337,8 @@ reduce_rank (CpMesh   *mesh,
     {
       /* Round the exact result through the dtype, as the float32
        * accumulator rounds it once. */
-      g_autoptr(CpTensor) want = cp_tensor_new_full (c->dtype, shape, 1,
-                                                     expected_reduction (c, n, i), NULL);
+      g_autoptr(CpTensor) want = cp_test_on_device (cp_tensor_new_full (c->dtype, shape, 1,
+                                                     expected_reduction (c, n, i), NULL));
 
       g_assert_cmpfloat (cp_tensor_get_value (t, i), ==, cp_tensor_get_value (want, 0));
     }
@@ -364,7 +364,7 @@ broadcast_rank (CpMesh   *mesh,
                 gpointer  user_data)
 {
   const gint64 shape[] = { 3 };
-  g_autoptr(CpTensor) t = cp_tensor_new_full (CP_DTYPE_FLOAT32, shape, 1, cp_mesh_get_rank (mesh) + 0.5, NULL);
+  g_autoptr(CpTensor) t = cp_test_on_device (cp_tensor_new_full (CP_DTYPE_FLOAT32, shape, 1, cp_mesh_get_rank (mesh) + 0.5, NULL));
   g_autoptr(GError) error = NULL;
 
   g_assert_true (cp_mesh_broadcast (mesh, t, 2, &error));
@@ -392,17 +392,21 @@ ring_rank (CpMesh   *mesh,
   int n = cp_mesh_get_world_size (mesh);
   int rank = cp_mesh_get_rank (mesh);
   const gint64 shape[] = { 1000 };
-  g_autoptr(CpTensor) out = cp_tensor_new_full (CP_DTYPE_INT64, shape, 1, rank, NULL);
-  g_autoptr(CpTensor) in = cp_tensor_new (CP_DTYPE_INT64, shape, 1, NULL);
+  g_autoptr(CpTensor) out = cp_test_on_device (cp_tensor_new_full (CP_DTYPE_INT64, shape, 1, rank, NULL));
+  g_autoptr(CpTensor) in = cp_test_on_device (cp_tensor_new (CP_DTYPE_INT64, shape, 1, NULL));
   g_autoptr(GError) error = NULL;
 
   /* Pass a value around the whole ring: it comes back to its origin. */
   for (int step = 0; step < n; step++)
     {
+      CpTensor *sent = out;
+
       g_assert_true (cp_mesh_send_recv (mesh, out, (rank + 1) % n, in, (rank + n - 1) % n, 9, &error));
       g_assert_no_error (error);
       g_assert_cmpfloat (cp_tensor_get_value (in, 999), ==, (double) ((rank - step - 1 + 2 * n) % n));
-      memcpy (cp_tensor_get_data (out), cp_tensor_get_data (in), cp_tensor_get_nbytes (in));
+      /* What came in goes out next. */
+      out = in;
+      in = sent;
     }
   g_assert_cmpfloat (cp_tensor_get_value (out, 0), ==, rank);
 }
@@ -444,8 +448,8 @@ pair_rank (CpMesh   *mesh,
     }
   else
     {
-      g_autoptr(CpTensor) got = cp_tensor_new (CP_DTYPE_INT32, four, 1, NULL);
-      g_autoptr(CpTensor) wrong = cp_tensor_new_full (CP_DTYPE_INT32, five, 1, 7, NULL);
+      g_autoptr(CpTensor) got = cp_test_on_device (cp_tensor_new (CP_DTYPE_INT32, four, 1, NULL));
+      g_autoptr(CpTensor) wrong = cp_test_on_device (cp_tensor_new_full (CP_DTYPE_INT32, five, 1, 7, NULL));
 
       g_assert_true (cp_mesh_recv (mesh, got, 0, 3, &error));
       g_assert_no_error (error);
@@ -471,7 +475,7 @@ recv_timeout_rank (CpMesh   *mesh,
                    gpointer  user_data)
 {
   const gint64 shape[] = { 2 };
-  g_autoptr(CpTensor) t = cp_tensor_new (CP_DTYPE_INT32, shape, 1, NULL);
+  g_autoptr(CpTensor) t = cp_test_on_device (cp_tensor_new (CP_DTYPE_INT32, shape, 1, NULL));
   g_autoptr(GError) error = NULL;
   gint64 start = g_get_monotonic_time ();
 
@@ -505,7 +509,7 @@ missing_rank (CpMesh   *mesh,
               gpointer  user_data)
 {
   const gint64 shape[] = { 4 };
-  g_autoptr(CpTensor) t = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 1, NULL);
+  g_autoptr(CpTensor) t = cp_test_on_device (cp_tensor_new (CP_DTYPE_FLOAT32, shape, 1, NULL));
   g_autoptr(CpTensor) got = NULL;
   g_autoptr(GError) error = NULL;
   gint64 start;
@@ -707,7 +711,7 @@ submesh_rank (CpMesh   *mesh,
   int rank = cp_mesh_get_rank (mesh);
   CpMesh *cp = cp_mesh_get_submesh (mesh, "cp", NULL);
   CpMesh *dp = cp_mesh_get_submesh (mesh, "dp", NULL);
-  g_autoptr(CpTensor) t = cp_tensor_new_full (CP_DTYPE_INT64, shape, 1, rank, NULL);
+  g_autoptr(CpTensor) t = cp_test_on_device (cp_tensor_new_full (CP_DTYPE_INT64, shape, 1, rank, NULL));
   g_autoptr(CpTensor) gathered = NULL;
   g_autoptr(GError) error = NULL;
   int dp_index = rank / 4;
@@ -768,6 +772,32 @@ test_barrier_async (void)
   cp_test_free_group (meshes);
 }
 
+/* Rank 1 passes test memory, the others host memory: the local backend
+ * moves both, but one collective moves one kind, so every rank fails. */
+static void
+mixed_devices_rank (CpMesh   *mesh,
+                    gpointer  user_data)
+{
+  const gint64 shape[] = { 4 };
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) host = cp_tensor_new_full (CP_DTYPE_FLOAT32, shape, 1, 1, NULL);
+  g_autoptr(CpTensor) t = cp_mesh_get_rank (mesh) == 1
+                          ? cp_tensor_to_device (host, CP_DEVICE_KIND_TEST, &error)
+                          : g_object_ref (host);
+
+  g_assert_no_error (error);
+  g_assert_false (cp_mesh_all_reduce (mesh, t, CP_REDUCE_OP_SUM, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE, "CpMesh",
+                       "all_reduce where ranks pass different kinds of memory (every rank fails)");
+  g_assert_nonnull (strstr (error->message, "rank 0 passed host memory, rank 1 passed test memory"));
+}
+
+static void
+test_mixed_devices (void)
+{
+  cp_test_run_group ("cp", 3, mixed_devices_rank, NULL);
+}
+
 int
 main (int   argc,
       char *argv[])
@@ -796,6 +826,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Mesh/unshard/thd", test_unshard_thd);
   g_test_add_func ("/Cp/Mesh/submesh/collectives", test_submesh_collectives);
   g_test_add_func ("/Cp/Mesh/barrier/async", test_barrier_async);
+  g_test_add_func ("/Cp/Mesh/device/mixed", test_mixed_devices);
 
   return g_test_run ();
 }

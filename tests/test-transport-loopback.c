@@ -164,6 +164,24 @@ check_send_recv (CpMesh   *mesh,
   g_assert_cmpfloat (cp_tensor_get_value (recv, 299999), ==, (rank + n - 1) % n);
 }
 
+/* The loopback transport moves host memory only: test memory crosses
+ * to the host and back around its collectives. */
+static void
+check_staged_device (CpMesh   *mesh,
+                     gpointer  unused)
+{
+  const gint64 shape[] = { 4 };
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) host = cp_tensor_new_full (CP_DTYPE_FLOAT32, shape, 1, 1, &error);
+  g_autoptr(CpTensor) test = cp_tensor_to_device (host, CP_DEVICE_KIND_TEST, &error);
+
+  g_assert_no_error (error);
+  g_assert_true (cp_mesh_all_reduce (mesh, test, CP_REDUCE_OP_SUM, &error));
+  g_assert_no_error (error);
+  g_assert_cmpint (cp_tensor_get_device (test), ==, CP_DEVICE_KIND_TEST);
+  g_assert_cmpfloat (cp_tensor_get_value (test, 3), ==, cp_mesh_get_world_size (mesh));
+}
+
 static void
 run_on_loopback (int             world_size,
                  CpTestRankFunc  func)
@@ -172,6 +190,28 @@ run_on_loopback (int             world_size,
 
   cp_test_run_ranks (meshes, func, NULL);
   cp_test_free_group (meshes);
+}
+
+/* A rank whose peers never come gives up at its timeout. */
+static void
+test_meet_timeout (void)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMeshOptions) options = g_object_new (CP_TYPE_MESH_OPTIONS, "rank", 0,
+                                                   "world-size", 2, "port", 2000,
+                                                   "timeout-ms", 200, "transport", "loopback",
+                                                   NULL);
+  g_autoptr(CpMesh) mesh = cp_mesh_new_with_options (options, &error);
+
+  g_assert_null (mesh);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT, "loopback transport",
+                       "join a mesh whose other rank never comes");
+}
+
+static void
+test_staged_device (void)
+{
+  run_on_loopback (2, check_staged_device);
 }
 
 static void
@@ -288,6 +328,8 @@ main (int    argc,
   g_test_add_func ("/Cp/Transport/loopback/disagreement", test_disagreement);
   g_test_add_func ("/Cp/Transport/loopback/send-recv", test_send_recv);
   g_test_add_func ("/Cp/Transport/loopback/submesh", test_submesh);
+  g_test_add_func ("/Cp/Transport/loopback/meet-timeout", test_meet_timeout);
+  g_test_add_func ("/Cp/Transport/loopback/staged-device", test_staged_device);
   g_test_add_func ("/Cp/Transport/routed/collectives", test_routed);
   g_test_add_func ("/Cp/Transport/routed/submesh", test_routed_submesh);
   return g_test_run ();

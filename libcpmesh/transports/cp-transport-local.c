@@ -420,14 +420,9 @@ run_all_gather (LocalComm    *self,
   gboolean streaming = exchange_wants_streaming (self, coll);
 
   for (int r = 0; r < n; r++)
-    {
-      const guint8 *src = self->shared->posted[r]->send;
-      guint8 *dst = coll->recv;
-
-      for (gsize o = 0; o < coll->outer; o++)
-        _cp_copy (dst + (o * (gsize) n + (gsize) r) * coll->block, src + o * coll->block,
-                  coll->block, streaming);
-    }
+    _cp_transport_copy_2d ((guint8 *) coll->recv + (gsize) r * coll->block, coll->device,
+                           (gsize) n * coll->block, self->shared->posted[r]->send, coll->device,
+                           coll->block, coll->block, coll->outer, streaming);
 }
 
 static void
@@ -439,14 +434,11 @@ run_all_to_all (LocalComm    *self,
   gboolean streaming = exchange_wants_streaming (self, coll);
 
   for (int r = 0; r < n; r++)
-    {
-      const guint8 *src = self->shared->posted[r]->send;
-      guint8 *dst = coll->recv;
-
-      for (gsize o = 0; o < coll->outer; o++)
-        _cp_copy (dst + (o * (gsize) n + (gsize) r) * coll->block,
-                  src + (o * (gsize) n + me) * coll->block, coll->block, streaming);
-    }
+    _cp_transport_copy_2d ((guint8 *) coll->recv + (gsize) r * coll->block, coll->device,
+                           (gsize) n * coll->block,
+                           (const guint8 *) self->shared->posted[r]->send + me * coll->block,
+                           coll->device, (gsize) n * coll->block, coll->block, coll->outer,
+                           streaming);
 }
 
 static void
@@ -458,7 +450,8 @@ run_broadcast (LocalComm    *self,
   gsize nbytes = coll->count * cp_dtype_get_size (coll->dtype);
 
   if (self->parent.index != coll->root)
-    _cp_copy (coll->recv, root->recv, nbytes, _cp_copy_wants_streaming (nbytes));
+    _cp_transport_copy_2d (coll->recv, coll->device, nbytes, root->recv, coll->device, nbytes,
+                           nbytes, 1, _cp_copy_wants_streaming (nbytes));
 }
 
 /* Rank i reduces slice i of every buffer into scratch, then every rank
@@ -499,6 +492,31 @@ alloc_scratch (LocalComm    *self,
   return scratch->data != NULL;
 }
 
+/* Device memory the host cannot read: every rank's slice [@lo, @hi) is
+ * brought to the host first, then reduced there. */
+static void
+reduce_staged (LocalComm    *self,
+               CpCollective *coll,
+               Scratch      *scratch,
+               gsize         lo,
+               gsize         hi)
+{
+  int n = self->parent.size;
+  gsize elsize = cp_dtype_get_size (coll->dtype);
+  gsize width = (hi - lo) * elsize;
+  g_autofree guint8 *staging = g_malloc (MAX ((gsize) n * width, 1));
+  g_autofree gconstpointer *srcs = g_new (gconstpointer, n);
+
+  for (int r = 0; r < n; r++)
+    {
+      _cp_transport_copy_2d (staging + (gsize) r * width, CP_DEVICE_KIND_HOST, 0,
+                             (const guint8 *) self->shared->posted[r]->recv + lo * elsize,
+                             coll->device, 0, width, 1, FALSE);
+      srcs[r] = staging + (gsize) r * width;
+    }
+  _cp_reduce_many (coll->dtype, coll->op, scratch->data, srcs, n, 0, hi - lo);
+}
+
 static void
 run_all_reduce (LocalComm    *self,
                 CpCollective *coll,
@@ -512,9 +530,14 @@ run_all_reduce (LocalComm    *self,
   g_autofree gconstpointer *srcs = g_new (gconstpointer, n);
 
   slice_bounds (self, coll, me, &lo, &hi);
-  for (int r = 0; r < n; r++)
-    srcs[r] = shared->posted[r]->recv;
-  _cp_reduce_many (coll->dtype, coll->op, scratch->data, srcs, n, lo, hi - lo);
+  if (coll->device == CP_DEVICE_KIND_HOST)
+    {
+      for (int r = 0; r < n; r++)
+        srcs[r] = shared->posted[r]->recv;
+      _cp_reduce_many (coll->dtype, coll->op, scratch->data, srcs, n, lo, hi - lo);
+    }
+  else
+    reduce_staged (self, coll, scratch, lo, hi);
   shared->scratch[me] = scratch->data;
 
   locked_sync (self, "all_reduce", 0, NULL);
@@ -523,7 +546,9 @@ run_all_reduce (LocalComm    *self,
       gsize rlo, rhi;
 
       slice_bounds (self, coll, r, &rlo, &rhi);
-      memcpy ((guint8 *) coll->recv + rlo * elsize, shared->scratch[r], (rhi - rlo) * elsize);
+      _cp_transport_copy_2d ((guint8 *) coll->recv + rlo * elsize, coll->device, 0,
+                             shared->scratch[r], CP_DEVICE_KIND_HOST, 0, (rhi - rlo) * elsize, 1,
+                             FALSE);
     }
   locked_sync (self, "all_reduce", 0, NULL);
   shared->scratch[me] = NULL;
@@ -970,8 +995,10 @@ wait_recv (LocalComm  *self,
   /* Late with the copy: the sender waits, as it does for any copy. */
   strike (self, request->fault_operation, CP_FAULT_STEP_DATA);
   if (_cp_message_matches (envelope->message, request->message))
-    _cp_copy (request->message->data, envelope->message->data, envelope->message->nbytes,
-              _cp_copy_wants_streaming (envelope->message->nbytes));
+    _cp_transport_copy_2d (request->message->data, request->message->device, 0,
+                           envelope->message->data, envelope->message->device, 0,
+                           envelope->message->nbytes, 1,
+                           _cp_copy_wants_streaming (envelope->message->nbytes));
   else
     {
       set_mismatch (&envelope->error, envelope, request->message);
@@ -1038,7 +1065,7 @@ local_fail (CpTransport  *transport,
 
 static const CpTransportOps local_ops = {
   .name = "local",
-  .device_kinds = CP_TRANSPORT_DEVICE (CP_DEVICE_KIND_HOST),
+  .device_kinds = CP_TRANSPORT_DEVICE (CP_DEVICE_KIND_HOST) | CP_TRANSPORT_DEVICE (CP_DEVICE_KIND_TEST),
   .caps = CP_TRANSPORT_CAP_SHARED_ADDRESS_SPACE,
   .transport_free = local_transport_free,
   .comm_new = local_comm_new,

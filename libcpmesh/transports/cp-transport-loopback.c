@@ -143,6 +143,23 @@ hub_free (Hub *hub)
   g_free (hub);
 }
 
+/* With the table locked: a rank that gave up closes its ends, so that
+ * the ranks that came see it gone, and leaves none for a latecomer. */
+static void
+leave_hub (Hub  *hub,
+           int   rank,
+           Peer *peers)
+{
+  for (int j = 0; j < hub->world_size; j++)
+    {
+      if (peers[j].fd >= 0)
+        close (peers[j].fd);
+      peers[j].fd = -1;
+      hub->fds[rank * hub->world_size + j] = -1;
+    }
+  hub->joined--;
+}
+
 /* Takes this rank's ends of the socketpairs once every rank has come. */
 static gboolean
 meet (const CpMeshConfig  *config,
@@ -171,6 +188,8 @@ meet (const CpMeshConfig  *config,
   else
     while (ok && g_hash_table_lookup (hubs, key) == hub)
       ok = g_cond_wait_until (&hubs_cond, &hubs_lock, deadline);
+  if (!ok)
+    leave_hub (hub, config->rank, peers);
   g_mutex_unlock (&hubs_lock);
   if (!ok)
     g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT,
@@ -724,8 +743,6 @@ _cp_transport_loopback_connect (const CpMeshConfig  *config,
   self->peers = g_new0 (Peer, config->world_size);
   if (!meet (config, self->peers, error))
     {
-      for (int r = 0; r < config->world_size; r++)
-        self->peers[r].fd = -1;
       _cp_transport_unref (&self->parent);
       return NULL;
     }

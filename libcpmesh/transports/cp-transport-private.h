@@ -273,6 +273,21 @@ gboolean     _cp_comm_wait             (CpComm           *comm,
                                         gint64            deadline,
                                         GError          **error);
 
+/* Copies @height rows of @width bytes from @src, in memory of kind
+ * @src_kind, to @dst, in memory of kind @dst_kind, through the memory
+ * interface, as backends whose ranks share an address space move bytes:
+ * host memory with the streaming copy when @streaming, device memory as
+ * its device copies it. */
+void         _cp_transport_copy_2d     (gpointer          dst,
+                                        CpDeviceKind      dst_kind,
+                                        gsize             dst_pitch,
+                                        gconstpointer     src,
+                                        CpDeviceKind      src_kind,
+                                        gsize             src_pitch,
+                                        gsize             width,
+                                        gsize             height,
+                                        gboolean          streaming);
+
 /* Decides, identically on every rank, whether the descriptors of one
  * collective agree.  @descs holds every rank's descriptor in communicator
  * order. */

@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "cp-dtype-private.h"
-#include "cp-enum-types.h"
 #include "cp-error.h"
+#include "cp-memory-private.h"
 #include "cp-tensor-private.h"
 #include "cp-transport-private.h"
 
@@ -224,6 +224,35 @@ _cp_comm_wait (CpComm     *comm,
   return comm->transport->ops->wait (comm, request, deadline, error);
 }
 
+void
+_cp_transport_copy_2d (gpointer       dst,
+                       CpDeviceKind   dst_kind,
+                       gsize          dst_pitch,
+                       gconstpointer  src,
+                       CpDeviceKind   src_kind,
+                       gsize          src_pitch,
+                       gsize          width,
+                       gsize          height,
+                       gboolean       streaming)
+{
+  const CpMemoryOps *ops;
+  CpMemoryDirection direction;
+
+  if (width == 0 || height == 0)
+    return;
+  if (dst_kind == src_kind)
+    ops = _cp_memory_ops_for_kind (dst_kind), direction = CP_MEMORY_DEVICE_TO_DEVICE;
+  else if (src_kind == CP_DEVICE_KIND_HOST)
+    ops = _cp_memory_ops_for_kind (dst_kind), direction = CP_MEMORY_HOST_TO_DEVICE;
+  else
+    {
+      g_assert (dst_kind == CP_DEVICE_KIND_HOST);
+      ops = _cp_memory_ops_for_kind (src_kind), direction = CP_MEMORY_DEVICE_TO_HOST;
+    }
+  g_assert (ops != NULL);
+  ops->copy_2d (dst, dst_pitch, src, src_pitch, width, height, direction, streaming);
+}
+
 const char *
 _cp_collective_name (CpCollKind kind)
 {
@@ -295,16 +324,6 @@ describe_operand (const CpCollective *coll)
   return g_strdup_printf ("%s%s", cp_dtype_get_name (coll->dtype), shape);
 }
 
-static const char *
-device_name (CpDeviceKind kind)
-{
-  GEnumClass *kinds = g_type_class_ref (CP_TYPE_DEVICE_KIND);
-  GEnumValue *value = g_enum_get_value (kinds, kind);
-
-  g_type_class_unref (kinds);
-  return value != NULL ? value->value_nick : "unknown";
-}
-
 /* Compares rank @r's descriptor with rank 0's. */
 static gboolean
 check_pair (const CpCollective *first,
@@ -329,7 +348,8 @@ check_pair (const CpCollective *first,
     {
       g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
                    "%s: communicator rank 0 passed %s memory, rank %d passed %s memory", name,
-                   device_name (first->device), r, device_name (other->device));
+                   _cp_device_kind_get_name (first->device), r,
+                   _cp_device_kind_get_name (other->device));
       return FALSE;
     }
   a = describe_operand (first);
