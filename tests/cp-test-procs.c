@@ -161,6 +161,7 @@ cp_test_connect (const char * const  *environment,
 {
   Connecting state = { g_main_loop_new (NULL, FALSE), NULL, NULL };
 
+  cp_harness_set_up_glib ();
   cp_mesh_connect_async (environment, cancellable, connected, &state);
   g_main_loop_run (state.loop);
   g_main_loop_unref (state.loop);

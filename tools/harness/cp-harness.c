@@ -94,13 +94,13 @@ rank_thread (gpointer data)
  * code ThreadSanitizer does not instrument or plain static variables:
  * rank threads making those first uses together read as races.  They are
  * made here, on the calling thread, first. */
-static void
-set_up_glib_once (void)
+void
+cp_harness_set_up_glib (void)
 {
   static gsize done;
   const GType types[] = {
     CP_TYPE_ATTENTION, CP_TYPE_ATTENTION_OPTIONS, CP_TYPE_BATCH, CP_TYPE_BATCH_OPTIONS,
-    CP_TYPE_CONTEXT, CP_TYPE_MESH, CP_TYPE_TENSOR, CP_TYPE_THD_OPTIONS,
+    CP_TYPE_CONTEXT, CP_TYPE_MESH, CP_TYPE_MESH_OPTIONS, CP_TYPE_TENSOR, CP_TYPE_THD_OPTIONS,
     CP_TYPE_TENSOR_ERROR, CP_TYPE_MESH_ERROR, CP_TYPE_BATCH_ERROR, CP_TYPE_ATTENTION_ERROR,
     CP_TYPE_DTYPE, CP_TYPE_DEVICE_KIND, CP_TYPE_LOAD_BALANCE, CP_TYPE_REDUCE_OP,
     CP_TYPE_ROTATE_METHOD, CP_TYPE_PADDING_MASK_RULE,
@@ -165,7 +165,7 @@ cp_harness_run_threads (GList              *meshes,
   g_autofree GThread **threads = g_new0 (GThread *, n);
   guint i = 0;
 
-  set_up_glib_once ();
+  cp_harness_set_up_glib ();
   for (GList *l = meshes; l != NULL; l = l->next, i++)
     {
       jobs[i] = (RankJob) { l->data, func, rank_data != NULL ? rank_data[i] : NULL, FALSE };

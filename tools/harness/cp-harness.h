@@ -26,6 +26,11 @@ G_BEGIN_DECLS
 
 /* A TCP port of the loopback interface that nobody listened on a moment
  * ago, or 0 when none could be had. */
+/* Makes GLib's first uses of libcpmesh's types and error domains on the
+ * calling thread, before rank threads would make them together (which
+ * ThreadSanitizer reads as races in GLib's uninstrumented code). */
+void         cp_harness_set_up_glib        (void);
+
 guint16      cp_harness_free_port          (void);
 
 /* A free port P whose successor is free too: MASTER_PORT for a launcher,
