@@ -49,6 +49,7 @@ loopback_group (int      world_size,
   g_autofree GThread **threads = g_new0 (GThread *, world_size);
   GList *meshes = NULL;
 
+  cp_harness_set_up_glib ();
   for (int r = 0; r < world_size; r++)
     {
       joins[r] = (Join) { r, world_size, next_port, two_dims };

@@ -249,6 +249,7 @@ test_options_ucx (void)
   UcxJoin joins[2] = { { port, 0 }, { port, 1 } };
   GThread *threads[2];
 
+  cp_harness_set_up_glib ();
   for (int r = 0; r < 2; r++)
     threads[r] = g_thread_new ("rank", join_with_options, &joins[r]);
   for (int r = 0; r < 2; r++)
