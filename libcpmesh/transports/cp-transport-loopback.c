@@ -6,6 +6,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -112,8 +113,16 @@ typedef struct
   int *fds;           /* [i * world_size + j]: rank i's end towards j */
 } Hub;
 
-static GMutex hubs_lock;
-static GCond hubs_cond;
+/* pthread locks, not GLib's: ThreadSanitizer sees through these. */
+static CpMutex hubs_lock = CP_MUTEX_INIT;
+static CpCond hubs_cond;
+static pthread_once_t hubs_cond_once = PTHREAD_ONCE_INIT;
+
+static void
+init_hubs_cond (void)
+{
+  _cp_cond_init (&hubs_cond);
+}
 static GHashTable *hubs;  /* port → Hub* */
 
 static Hub *
@@ -171,7 +180,8 @@ meet (const CpMeshConfig  *config,
   Hub *hub;
   gboolean ok = TRUE;
 
-  g_mutex_lock (&hubs_lock);
+  pthread_once (&hubs_cond_once, init_hubs_cond);
+  _cp_mutex_lock (&hubs_lock);
   if (hubs == NULL)
     hubs = g_hash_table_new (NULL, NULL);
   hub = g_hash_table_lookup (hubs, key);
@@ -183,14 +193,14 @@ meet (const CpMeshConfig  *config,
     {
       g_hash_table_remove (hubs, key);
       hub_free (hub);
-      g_cond_broadcast (&hubs_cond);
+      _cp_cond_broadcast (&hubs_cond);
     }
   else
     while (ok && g_hash_table_lookup (hubs, key) == hub)
-      ok = g_cond_wait_until (&hubs_cond, &hubs_lock, deadline);
+      ok = _cp_cond_wait_until (&hubs_cond, &hubs_lock, deadline);
   if (!ok)
     leave_hub (hub, config->rank, peers);
-  g_mutex_unlock (&hubs_lock);
+  _cp_mutex_unlock (&hubs_lock);
   if (!ok)
     g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT,
                  "rank %d of %d: not every loopback rank came within %u ms", config->rank,
