@@ -146,12 +146,6 @@ cuda_synchronize (void)
   wait_for_stream ("cudaStreamSynchronize");
 }
 
-static gpointer
-cuda_kernel_address (gpointer address)
-{
-  return address;
-}
-
 const CpMemoryOps _cp_memory_cuda_ops = {
   .kind = CP_DEVICE_KIND_CUDA,
   .name = "cuda",
@@ -160,5 +154,4 @@ const CpMemoryOps _cp_memory_cuda_ops = {
   .copy_2d = cuda_copy_2d,
   .fill = cuda_fill,
   .synchronize = cuda_synchronize,
-  .kernel_address = cuda_kernel_address,
 };

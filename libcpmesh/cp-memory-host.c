@@ -372,12 +372,6 @@ host_synchronize (void)
 {
 }
 
-static gpointer
-host_kernel_address (gpointer address)
-{
-  return address;
-}
-
 const CpMemoryOps _cp_memory_host_ops = {
   .kind = CP_DEVICE_KIND_HOST,
   .name = "host",
@@ -386,5 +380,4 @@ const CpMemoryOps _cp_memory_host_ops = {
   .copy_2d = host_copy_2d,
   .fill = host_fill,
   .synchronize = host_synchronize,
-  .kernel_address = host_kernel_address,
 };

@@ -59,7 +59,8 @@ typedef struct
                               gsize              count);
   /* Waits until every copy and fill issued so far is complete. */
   void     (*synchronize)    (void);
-  /* The address this device's kernels use for the byte at @address. */
+  /* The address this device's kernels use for the byte at @address;
+   * NULL when they use @address itself (host memory, CUDA). */
   gpointer (*kernel_address) (gpointer           address);
 } CpMemoryOps;
 

@@ -235,6 +235,9 @@ gpointer
 _cp_memory_kernel_address (CpTensor *tensor)
 {
   guint8 *address = cp_tensor_get_data (tensor);
+  const CpMemoryOps *ops = tensor_ops (tensor);
 
-  return address != NULL ? tensor_ops (tensor)->kernel_address (address) : NULL;
+  if (address == NULL || ops->kernel_address == NULL)
+    return address;
+  return ops->kernel_address (address);
 }
