@@ -365,6 +365,71 @@ test_user_scratchpad (void)
   jobs_clear (&stress);
 }
 
+/* oneDNN 2.6's avx512_core_bf16 GEMM turned ±∞ in the last element of
+ * an odd K into NaN across the row of C (its AMX GEMM did not).  The
+ * row of op(A) holding the ∞ must give exactly the infinities of exact
+ * arithmetic, every other row its float64 value, whichever ISA oneDNN
+ * takes (the suite runs again under each cap). */
+static void
+test_non_finite_odd_k (void)
+{
+  static const gint64 ks[] = { 1, 3, 73, 128 };
+
+  g_test_summary ("bfloat16 products with ±∞ in op(A)'s last column give ±∞, not NaN, "
+                  "for odd and even K, either transpose of A, beta 0 and 1");
+  if (!_cp_attn_gemm_has_bfloat16 ())
+    {
+      g_test_skip ("oneDNN multiplies no bfloat16 on this CPU (float32 is used)");
+      return;
+    }
+  for (guint x = 0; x < G_N_ELEMENTS (ks); x++)
+    for (int t = 0; t < 2; t++)
+      for (int beta = 0; beta < 2; beta++)
+        {
+          gint64 m = 76, n = 64, k = ks[x];
+          char transa = t ? 'T' : 'N';
+          gsize lda = t ? TILE : (gsize) k, ldb = (gsize) n, ldc = (gsize) n;
+          gsize a_len = stored_len (transa, m, k, lda), b_len = stored_len ('N', k, n, ldb);
+          g_autofree guint16 *a = g_new0 (guint16, a_len);
+          g_autofree guint16 *b = g_new0 (guint16, b_len);
+          g_autofree float *c = g_new (float, (gsize) m * ldc);
+          float infinity = x % 2 ? -INFINITY : INFINITY;
+
+          for (gint64 i = 0; i < m; i++)
+            for (gint64 l = 0; l < k; l++)
+              a[t ? (gsize) l * lda + (gsize) i : (gsize) i * lda + (gsize) l] =
+                _cp_float_to_bf16 (0.25f + 0.125f * (float) ((i + l) % 5));
+          a[t ? (gsize) (k - 1) * lda : (gsize) (k - 1)] = _cp_float_to_bf16 (infinity);
+          for (gint64 l = 0; l < k; l++)
+            for (gint64 j = 0; j < n; j++)
+              b[(gsize) l * ldb + (gsize) j] = _cp_float_to_bf16 (j % 2 ? 0.5f : -0.75f);
+          for (gsize i = 0; i < (gsize) m * ldc; i++)
+            c[i] = 1.0f;
+
+          _cp_attn_gemm (CP_ATTN_BFLOAT16, transa, 'N', m, n, k, 0.125f, a, lda, b, ldb,
+                         (float) beta, c, ldc);
+
+          for (gint64 j = 0; j < n; j++)
+            {
+              /* Row 0: every term finite but the last, ∞ times ±b. */
+              float want = (j % 2 ? 1.0f : -1.0f) * infinity;
+
+              if (c[j] != want)
+                g_error ("K = %" G_GINT64_FORMAT ", A%s, beta %d: C[0][%" G_GINT64_FORMAT "] is %g "
+                         "where exact arithmetic gives %g", k, t ? "^T" : "", beta, j, c[j], want);
+            }
+          for (gint64 i = 1; i < m; i++)
+            for (gint64 j = 0; j < n; j++)
+              {
+                double want = beta;
+
+                for (gint64 l = 0; l < k; l++)
+                  want += 0.125 * (0.25 + 0.125 * (double) ((i + l) % 5)) * (j % 2 ? 0.5 : -0.75);
+                g_assert_cmpfloat_with_epsilon (c[(gsize) i * ldc + (gsize) j], want, 1e-3 * (1.0 + fabs (want)));
+              }
+        }
+}
+
 int
 main (int   argc,
       char *argv[])
@@ -373,6 +438,7 @@ main (int   argc,
 
   g_test_add_func ("/Cp/Attention/gemm/user-scratchpad", test_user_scratchpad);
   g_test_add_func ("/Cp/Attention/gemm/concurrent", test_concurrent);
+  g_test_add_func ("/Cp/Attention/gemm/non-finite/odd-k", test_non_finite_odd_k);
 
   return g_test_run ();
 }

@@ -5,11 +5,13 @@
 
 #include "config.h"
 
+#include <math.h>
 #include <string.h>
 
 #include <oneapi/dnnl/dnnl.h>
 
 #include "cp-attention-gemm-private.h"
+#include "cp-dtype-private.h"
 #include "cp-sync-private.h"
 
 /* A product's full description: primitives are specialised to it. */
@@ -339,6 +341,105 @@ primitive_execute (GemmPrimitive *gemm,
     dnnl_memory_destroy (memories[i]);
 }
 
+/* Element (row, col) of op(X) for a bfloat16 X with leading dimension @ld. */
+static inline float
+bf16_element (gconstpointer x,
+              char          trans,
+              gsize         ld,
+              gint64        row,
+              gint64        col)
+{
+  const guint16 *values = x;
+
+  return _cp_bf16_to_float (trans == 'T' ? values[(gsize) col * ld + (gsize) row]
+                                         : values[(gsize) row * ld + (gsize) col]);
+}
+
+/* Whether oneDNN can be given this bfloat16 product whole.  oneDNN 2.6's
+ * avx512_core_bf16 GEMM (its AMX one does not) turns ±∞ in the last
+ * element of an odd K into NaN across the row of C, as if it multiplied
+ * the value by the zero padding the pair: one +∞ in op(A)'s last column
+ * makes a NaN row where exact arithmetic gives ±∞.  Finite values are not
+ * affected, so only a non-finite last column needs the exact path. */
+static gboolean
+last_column_finite (char          transa,
+                    gint64        m,
+                    gint64        k,
+                    gconstpointer a,
+                    gsize         lda)
+{
+  if (k % 2 == 0)
+    return TRUE;
+  for (gint64 i = 0; i < m; i++)
+    if (!isfinite (bf16_element (a, transa, lda, i, k - 1)))
+      return FALSE;
+  return TRUE;
+}
+
+/* C = beta · C for a product whose every term was left out. */
+static void
+scale_rows (gint64  m,
+            gint64  n,
+            float   beta,
+            float  *c,
+            gsize   ldc)
+{
+  for (gint64 i = 0; i < m; i++)
+    for (gint64 j = 0; j < n; j++)
+      c[(gsize) i * ldc + (gsize) j] = beta == 0.0f ? 0.0f : beta * c[(gsize) i * ldc + (gsize) j];
+}
+
+/* C += alpha · op(A)[:, l] · op(B)[l, :], in float32 as IEEE says. */
+static void
+add_outer_product (char          transa,
+                   char          transb,
+                   gint64        m,
+                   gint64        n,
+                   gint64        l,
+                   float         alpha,
+                   gconstpointer a,
+                   gsize         lda,
+                   gconstpointer b,
+                   gsize         ldb,
+                   float        *c,
+                   gsize         ldc)
+{
+  for (gint64 i = 0; i < m; i++)
+    {
+      float left = bf16_element (a, transa, lda, i, l);
+
+      for (gint64 j = 0; j < n; j++)
+        c[(gsize) i * ldc + (gsize) j] += alpha * (left * bf16_element (b, transb, ldb, l, j));
+    }
+}
+
+static void
+primitive_gemm (CpAttnType     type,
+                char           transa,
+                char           transb,
+                gint64         m,
+                gint64         n,
+                gint64         k,
+                float          alpha,
+                gconstpointer  a,
+                gsize          lda,
+                gconstpointer  b,
+                gsize          ldb,
+                float          beta,
+                float         *c,
+                gsize          ldc)
+{
+  GemmKey key;
+  GemmPrimitive *gemm;
+
+  key_init (&key, type, transa, transb, m, n, k, alpha, lda, ldb, beta, ldc);
+  gemm = primitive_lookup (&key);
+  /* Callers only ask for bfloat16 after _cp_attn_gemm_has_bfloat16(), and
+   * oneDNN then implements every layout (its reference code included). */
+  g_assert (gemm != NULL);
+  primitive_execute (gemm, a, b, c);
+}
+
 void
 _cp_attn_gemm (CpAttnType     type,
                char           transa,
@@ -355,9 +456,6 @@ _cp_attn_gemm (CpAttnType     type,
                float         *c,
                gsize          ldc)
 {
-  GemmKey key;
-  GemmPrimitive *gemm;
-
   /* oneDNN's sgemm keeps no state between calls. */
   if (type == CP_ATTN_FLOAT32 && !g_atomic_int_get (&force_primitives))
     {
@@ -368,12 +466,18 @@ _cp_attn_gemm (CpAttnType     type,
       g_assert (status == dnnl_success);
       return;
     }
-  key_init (&key, type, transa, transb, m, n, k, alpha, lda, ldb, beta, ldc);
-  gemm = primitive_lookup (&key);
-  /* Callers only ask for bfloat16 after _cp_attn_gemm_has_bfloat16(), and
-   * oneDNN then implements every layout (its reference code included). */
-  g_assert (gemm != NULL);
-  primitive_execute (gemm, a, b, c);
+  if (type == CP_ATTN_BFLOAT16 && !last_column_finite (transa, m, k, a, lda))
+    {
+      /* The leading K − 1 terms through oneDNN (even, so unaffected), the
+       * last one exactly. */
+      if (k > 1)
+        primitive_gemm (type, transa, transb, m, n, k - 1, alpha, a, lda, b, ldb, beta, c, ldc);
+      else
+        scale_rows (m, n, beta, c, ldc);
+      add_outer_product (transa, transb, m, n, k - 1, alpha, a, lda, b, ldb, c, ldc);
+      return;
+    }
+  primitive_gemm (type, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 static gboolean
