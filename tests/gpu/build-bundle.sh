@@ -51,6 +51,7 @@ archive=$bundle_dir/cpmesh-gpu-bundle.tar.xz
 programs="
 tests/gpu/test-cuda-runtime
 tests/gpu/test-cuda-memory
+tests/gpu/test-cuda-dlpack
 tests/gpu/test-cuda-kernels
 tests/gpu/test-cuda-layout
 tests/gpu/test-index-math-cuda

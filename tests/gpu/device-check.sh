@@ -192,7 +192,7 @@ say "cpu: $(sed -n 's/^Model name: *//p' "$machine" | head -n 1), $(nproc) cpus;
 tests=$out/tests.log
 : > "$tests"
 say "cuda tests:"
-for t in cuda-runtime cuda-memory; do
+for t in cuda-runtime cuda-memory cuda-dlpack; do
   step "$t" "$tests" 60 "$bin/test-$t" --tap -k
 done
 for t in cuda-kernels cuda-layout; do
@@ -213,7 +213,7 @@ elif [ -z "$sanitizer_bin" ]; then
   say "compute-sanitizer memcheck: skipped (compute-sanitizer not found)"
 else
   say "compute-sanitizer memcheck:"
-  for t in cuda-kernels cuda-layout cuda-memory; do
+  for t in cuda-kernels cuda-layout cuda-memory cuda-dlpack; do
     step "memcheck $t" "$sanitizer" 90 "$sanitizer_bin" --tool memcheck --error-exitcode 99 "$bin/test-$t"
   done
 fi
