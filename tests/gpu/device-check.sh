@@ -113,7 +113,14 @@ verdict () {
       ;;
     124|137) echo "TIMED OUT" ;;
     125) echo "NOT RUN (no time left)" ;;
-    *) echo "FAILED (exit $rc)" ;;
+    *)
+      # The first failed subtest and the first message GLib aborted with.
+      part=$(sed -n "/^=== $name: /,\$p" "$log")
+      first=$(echo "$part" | grep -m 1 '^not ok' | sed 's/ - the subtest.*//; s/^not ok [0-9]* //')
+      message=$(echo "$part" | grep -m 1 -E 'ERROR \*\*|CRITICAL \*\*|ERROR SUMMARY: [1-9]' |
+                sed 's/.*\(ERROR\|CRITICAL\) \*\*: [0-9:.]* //')
+      echo "FAILED (exit $rc${first:+; $first}${message:+: $message})"
+      ;;
   esac
 }
 
@@ -156,7 +163,7 @@ export G_SLICE=always-malloc G_TEST_SRCDIR="$source_dir/tests"
 
 # NCCL, cuDNN and NVRTC from the machine: the directories holding them.
 if [ -z "${CPMESH_GPU_LIBRARY_PATH:-}" ]; then
-  dirs=$(find ${GPU_LIBRARY_ROOTS:-/opt/torch/.venv /usr/local/cuda/lib64} \
+  dirs=$(find -H ${GPU_LIBRARY_ROOTS:-/opt/torch/.venv /usr/local/cuda/lib64} \
            \( -name 'libnccl.so.2' -o -name 'libcudnn.so.9' -o -name 'libnvrtc.so.13' \) 2> /dev/null |
          xargs -r -n 1 dirname | awk '!seen[$0]++' | paste -s -d :)
   [ -n "$dirs" ] && export CPMESH_GPU_LIBRARY_PATH="$dirs"
