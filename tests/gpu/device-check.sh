@@ -19,14 +19,15 @@
 #   1. records the machine (lscpu, nvidia-smi, `cpmesh info`);
 #   2. runs every CUDA test (exit 77 or a TAP "# SKIP" where there is no
 #      GPU) and the cpmesh demo;
-#   3. runs the kernel tests again under `compute-sanitizer --tool
-#      memcheck` (with a GPU and compute-sanitizer only);
-#   4. dumps the device's properties (cudaGetDeviceProperties, and cuDNN's
+#   3. dumps the device's properties (cudaGetDeviceProperties, and cuDNN's
 #      serialised device descriptor) into $OUT as test data;
-#   5. runs the GPU benchmark;
-#   6. runs the CPU attention tests, bfloat16 included, under each oneDNN
+#   4. runs the GPU benchmark;
+#   5. runs the CPU attention tests, bfloat16 included, under each oneDNN
 #      instruction-set cap this CPU reaches (ONEDNN_MAX_CPU_ISA: AMX,
 #      AVX-512 with bf16, AVX-512, AVX2);
+#   6. runs the kernel and memory tests again under `compute-sanitizer
+#      --tool memcheck` (with a GPU and compute-sanitizer only), last,
+#      with the time the rest left;
 # then prints a summary.  Logs go to $OUT as each step runs, so a check
 # cut short still returns what it did: summary.txt, machine.txt,
 # tests.log, sanitizer.log, bench.log, cpu-attention.log, and
@@ -210,27 +211,12 @@ for t in index-math-cuda run-batch; do
 done
 step "cpmesh demo" "$tests" 60 "$bin/cpmesh" demo
 
-# 3. The kernel tests under compute-sanitizer.
-sanitizer=$out/sanitizer.log
-: > "$sanitizer"
-sanitizer_bin=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null || true)
-if [ $has_gpu = no ]; then
-  say "compute-sanitizer memcheck: skipped (no GPU)"
-elif [ -z "$sanitizer_bin" ]; then
-  say "compute-sanitizer memcheck: skipped (compute-sanitizer not found)"
-else
-  say "compute-sanitizer memcheck:"
-  for t in cuda-kernels cuda-layout cuda-memory cuda-dlpack; do
-    step "memcheck $t" "$sanitizer" 90 "$sanitizer_bin" --tool memcheck --error-exitcode 99 "$bin/test-$t"
-  done
-fi
-
-# 4. The device's properties, kept as test data.
+# 3. The device's properties, kept as test data.
 say "device properties:"
 step "dump-device-properties" "$tests" 30 "$bin/dump-device-properties" "$out"
 grep '^cudnn device' "$tests" | sed 's/^/    /' | tee -a "$summary"
 
-# 5. The GPU benchmark.
+# 4. The GPU benchmark.
 bench=$out/bench.log
 : > "$bench"
 say "gpu benchmarks:"
@@ -238,7 +224,7 @@ step "bench-cuda-layout" "$bench" 120 "$bin/bench-cuda-layout"
 [ $rc = 0 ] && sed -n '/^=== bench-cuda-layout: .*(limit/,/^=== bench-cuda-layout: exit/p' "$bench" |
   grep -v '^===' | sed 's/^/    /' | tee -a "$summary"
 
-# 6. CPU attention, bfloat16 included, under each cap the CPU reaches;
+# 5. CPU attention, bfloat16 included, under each cap the CPU reaches;
 # a cap above what the CPU has changes nothing, so those are left out.
 cpu=$out/cpu-attention.log
 : > "$cpu"
@@ -253,6 +239,22 @@ for cap in $caps; do
     step "$t @ $cap" "$cpu" 90 env ONEDNN_MAX_CPU_ISA=$cap "$bin/test-$t" --tap -k
   done
 done
+
+# 6. The kernel tests under compute-sanitizer, last: memcheck slows a
+# program down many times over, so it gets what time the rest left.
+sanitizer=$out/sanitizer.log
+: > "$sanitizer"
+sanitizer_bin=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null || true)
+if [ $has_gpu = no ]; then
+  say "compute-sanitizer memcheck: skipped (no GPU)"
+elif [ -z "$sanitizer_bin" ]; then
+  say "compute-sanitizer memcheck: skipped (compute-sanitizer not found)"
+else
+  say "compute-sanitizer memcheck:"
+  for t in cuda-kernels cuda-layout cuda-memory cuda-dlpack; do
+    step "memcheck $t" "$sanitizer" 60 "$sanitizer_bin" --tool memcheck --error-exitcode 99 "$bin/test-$t"
+  done
+fi
 
 say "not covered yet: attention kernels on the GPU, NCCL collectives, page-locked host storage, comparisons with PyTorch"
 say "device-check: $( [ $failed = 0 ] && echo passed || echo FAILED ) in $(( $(date +%s) - started )) s; logs: $(cd "$out" && ls | paste -s -d ' ')"

@@ -307,8 +307,8 @@ class _CudaProducer:
 
 
 class _HostProducer:
-    """A host producer whose __dlpack__ takes no stream argument at all,
-    as numpy's before 1.22's keyword did not exist."""
+    """A host producer whose __dlpack__ takes no argument at all: a
+    consumer of host memory has no stream to name, and must not pass one."""
 
     def __init__(self, array):
         self.array = array
