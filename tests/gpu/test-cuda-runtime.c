@@ -98,16 +98,27 @@ test_check (void)
   g_assert_nonnull (strstr (error->message, "(cudaErrorMemoryAllocation)"));
 }
 
-/* The toolkit this test was built against holds all three libraries
- * (CP_TEST_CUDA_LIBDIR); other machines' copies live elsewhere, so the
- * tests that need them skip when that directory lacks them. */
-static gboolean
-toolkit_has (CpGpuLibrary library)
+/* The directory holding @library: the first of CPMESH_GPU_LIBRARY_PATH's
+ * that has it where the variable is set (a GPU machine's copies live
+ * inside PyTorch's wheel), else the toolkit this test was built against
+ * (CP_TEST_CUDA_LIBDIR); NULL when neither has it, and the tests that
+ * need it skip. */
+static char *
+directory_with (CpGpuLibrary library)
 {
-  g_autofree char *file = g_build_filename (CP_TEST_CUDA_LIBDIR, _cp_gpu_library_soname (library),
-                                            NULL);
+  const char *variable = g_getenv (CP_GPU_LIBRARY_PATH_VARIABLE);
+  g_autofree char *search = g_strdup (variable != NULL && variable[0] != '\0' ? variable :
+                                      CP_TEST_CUDA_LIBDIR);
+  g_auto(GStrv) dirs = g_strsplit (search, ":", -1);
 
-  return g_file_test (file, G_FILE_TEST_EXISTS);
+  for (char **dir = dirs; *dir != NULL; dir++)
+    {
+      g_autofree char *file = g_build_filename (*dir, _cp_gpu_library_soname (library), NULL);
+
+      if (g_path_is_absolute (*dir) && g_file_test (file, G_FILE_TEST_EXISTS))
+        return g_strdup (*dir);
+    }
+  return NULL;
 }
 
 /* Found through the override: the file in that directory, with the
@@ -117,23 +128,27 @@ test_load_from_override (gconstpointer data)
 {
   CpGpuLibrary library = GPOINTER_TO_INT (data);
   g_auto(CpGpuLibraryInfo) info = { 0 };
-  g_autofree char *expected = g_build_filename (CP_TEST_CUDA_LIBDIR,
-                                                _cp_gpu_library_soname (library), NULL);
-  g_autofree char *search = g_strconcat ("relative/dir:/nonexistent:", CP_TEST_CUDA_LIBDIR, NULL);
+  g_autofree char *dir = directory_with (library);
+  g_autofree char *expected = NULL;
+  g_autofree char *search = NULL;
 
   if (library == CP_GPU_LIBRARY_NCCL && !CP_HAS_NCCL)
     {
       g_test_skip ("this build leaves NCCL out");
       return;
     }
-  if (!toolkit_has (library))
+  if (dir == NULL)
     {
-      g_autofree char *why = g_strdup_printf ("%s has no %s", CP_TEST_CUDA_LIBDIR,
-                                              _cp_gpu_library_soname (library));
+      g_autofree char *why = g_strdup_printf ("no %s in %s", _cp_gpu_library_soname (library),
+                                              g_getenv (CP_GPU_LIBRARY_PATH_VARIABLE) != NULL ?
+                                              CP_GPU_LIBRARY_PATH_VARIABLE "'s directories" :
+                                              CP_TEST_CUDA_LIBDIR);
 
       g_test_skip (why);
       return;
     }
+  expected = g_build_filename (dir, _cp_gpu_library_soname (library), NULL);
+  search = g_strconcat ("relative/dir:/nonexistent:", dir, NULL);
   g_assert_true (_cp_gpu_library_load (library, search, &info));
   g_assert_nonnull (info.handle);
   g_assert_cmpstr (info.path, ==, expected);
@@ -219,6 +234,9 @@ test_load_broken_file (void)
 static void
 test_process_copy_follows_variable (void)
 {
+  g_autofree char *dir = NULL;
+  g_autofree char *expected = NULL;
+
   if (g_test_subprocess ())
     {
       CpCudaInfo info;
@@ -233,15 +251,17 @@ test_process_copy_follows_variable (void)
                nccl->reason != NULL ? nccl->reason : "");
       return;
     }
-  if (!CP_HAS_NCCL || !toolkit_has (CP_GPU_LIBRARY_NCCL))
+  dir = directory_with (CP_GPU_LIBRARY_NCCL);
+  if (!CP_HAS_NCCL || dir == NULL)
     {
-      g_test_skip ("no NCCL in the toolkit's library directory");
+      g_test_skip ("no NCCL where the test looks (" CP_GPU_LIBRARY_PATH_VARIABLE ", the toolkit)");
       return;
     }
-  g_setenv ("CP_TEST_GPU_LIBRARY_PATH", CP_TEST_CUDA_LIBDIR, TRUE);
+  g_setenv ("CP_TEST_GPU_LIBRARY_PATH", dir, TRUE);
   g_test_trap_subprocess (NULL, 0, G_TEST_SUBPROCESS_DEFAULT);
   g_test_trap_assert_passed ();
-  g_test_trap_assert_stdout ("*nccl=" CP_TEST_CUDA_LIBDIR "/libnccl.so.2|\n*");
+  expected = g_strdup_printf ("*nccl=%s/libnccl.so.2|\n*", dir);
+  g_test_trap_assert_stdout (expected);
 
   g_setenv ("CP_TEST_GPU_LIBRARY_PATH", "/nonexistent", TRUE);
   g_test_trap_subprocess (NULL, 0, G_TEST_SUBPROCESS_DEFAULT);
