@@ -9,6 +9,7 @@
 
 #include "cp-error.h"
 #include "cp-features.h"
+#include "cp-memory-private.h"
 #include "cp-storage-private.h"
 #include "cp-tensor-private.h"
 
@@ -469,5 +470,68 @@ cp_tensor_get_dlpack_device (CpTensor  *self,
     *device_type = (int) device.device_type;
   if (device_id != NULL)
     *device_id = device.device_id;
+  return TRUE;
+}
+
+/* DLPack's stream values (the Python array API's __dlpack__(stream=)):
+ * -1 asks for no ordering, 1 and 2 name CUDA's legacy and per-thread
+ * default streams, larger values are cudaStream_t handles, and 0 is
+ * refused because it could mean either default stream. */
+#define DL_STREAM_NONE (-1)
+
+/**
+ * cp_tensor_prepare_dlpack_stream:
+ * @self: a tensor about to be exported with cp_tensor_to_dlpack()
+ * @stream: the consumer's stream as DLPack's stream protocol spells it:
+ *   -1 for no ordering, 1 for CUDA's legacy default stream, 2 for the
+ *   per-thread default stream, or a `cudaStream_t` as an integer
+ * @error: return location for a #GError
+ *
+ * Makes the work a consumer puts on @stream after this returns run after
+ * every operation libcpmesh started on the memory of @self: what
+ * Python's `__dlpack__(stream=...)` asks of a producer before it hands
+ * its tensor over.  libcpmesh waits for its own work on the memory's
+ * device before returning, so whatever the consumer then enqueues, on
+ * any stream, follows it; the consumer's stream itself is never touched,
+ * and a value naming no stream does no harm.  -1 returns at once.
+ *
+ * Host memory has no streams: it takes -1 alone (Python's `stream=None`
+ * there).
+ *
+ * Returns: %TRUE when the consumer may use the export on @stream; %FALSE
+ *   with %CP_TENSOR_ERROR_OUT_OF_RANGE for 0 or a value below -1, or
+ *   %CP_TENSOR_ERROR_DEVICE for a stream on memory that has none
+ *
+ * Since: 1.0
+ */
+gboolean
+cp_tensor_prepare_dlpack_stream (CpTensor  *self,
+                                 gint64     stream,
+                                 GError   **error)
+{
+  CpDeviceKind kind;
+
+  g_return_val_if_fail (CP_IS_TENSOR (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  kind = cp_storage_get_device (cp_tensor_get_storage (self));
+  if (stream == 0 || stream < DL_STREAM_NONE)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
+                   "DLPack stream %" G_GINT64_FORMAT " for a tensor in %s memory: a stream is -1 "
+                   "(no ordering), 1 (legacy default), 2 (per-thread default) or a cudaStream_t; "
+                   "0 is ambiguous", stream, _cp_device_kind_get_name (kind));
+      return FALSE;
+    }
+  if (stream == DL_STREAM_NONE)
+    return TRUE;
+  if (kind != CP_DEVICE_KIND_CUDA)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
+                   "DLPack stream %" G_GINT64_FORMAT " for a tensor in %s memory, which has no "
+                   "streams: it takes -1 (no stream) alone", stream, _cp_device_kind_get_name (kind));
+      return FALSE;
+    }
+  _cp_memory_synchronize (self);
   return TRUE;
 }

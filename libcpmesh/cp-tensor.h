@@ -147,5 +147,9 @@ gboolean      cp_tensor_get_dlpack_device   (CpTensor       *self,
                                              int            *device_type,
                                              int            *device_id,
                                              GError        **error);
+CP_AVAILABLE_IN_ALL
+gboolean      cp_tensor_prepare_dlpack_stream (CpTensor     *self,
+                                               gint64        stream,
+                                               GError      **error);
 
 G_END_DECLS

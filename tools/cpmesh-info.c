@@ -80,6 +80,22 @@ cuda_version_string (int version)
   return g_strdup_printf ("%d.%d (%d)", version / 1000, version % 1000 / 10, version);
 }
 
+/* Which copy of each GPU library the process opens, or why none: the
+ * libraries are not linked, so this is the only place a user sees it. */
+static void
+print_gpu_libraries (void)
+{
+  for (CpGpuLibrary library = 0; library < CP_GPU_LIBRARY_N; library++)
+    {
+      const CpGpuLibraryInfo *found = _cp_gpu_library_get (library);
+
+      if (found->handle != NULL)
+        g_print ("%s: %s at %s\n", _cp_gpu_library_name (library), found->version, found->path);
+      else
+        g_print ("%s: none (%s)\n", _cp_gpu_library_name (library), found->reason);
+    }
+}
+
 static void
 print_cuda (void)
 {
@@ -97,11 +113,7 @@ print_cuda (void)
     g_print ("cuda devices: 0 (%s)\n", error->message);
   else
     g_print ("cuda devices: %d\n", info.device_count);
-  if (info.nccl_version == 0)
-    g_print ("nccl: none\n");
-  else
-    g_print ("nccl: %d.%d.%d\n", info.nccl_version / 10000, info.nccl_version % 10000 / 100,
-             info.nccl_version % 100);
+  print_gpu_libraries ();
 }
 #else
 static void
@@ -119,7 +131,9 @@ cpmesh_info (int    argc,
 
   if (!cpmesh_parse_options ("Show the libcpmesh version, the backends compiled in, "
                              "the CPU features that matter, the number of online CPUs and, in builds "
-                             "with CUDA, the CUDA runtime, driver, devices and NCCL found.",
+                             "with CUDA, the CUDA runtime, driver and devices, and the NCCL, cuDNN and "
+                             "NVRTC libraries found (CPMESH_GPU_LIBRARY_PATH names the "
+                             "directories to look in instead of the loader's path).",
                              entries, NULL, &argc, &argv))
     return CPMESH_EXIT_USAGE;
 

@@ -24,6 +24,51 @@ typedef struct
   int nccl_version;      /* 10000 · major + 100 · minor + patch; 0: no NCCL */
 } CpCudaInfo;
 
+/* The GPU libraries the library opens at run time by soname
+ * (cp-gpu-libraries.c); nothing links them. */
+typedef enum
+{
+  CP_GPU_LIBRARY_NCCL,
+  CP_GPU_LIBRARY_CUDNN,
+  CP_GPU_LIBRARY_NVRTC,
+  CP_GPU_LIBRARY_N
+} CpGpuLibrary;
+
+/* Directories, separated by ':', searched for the GPU libraries instead
+ * of the dynamic loader's path; relative entries are ignored. */
+#define CP_GPU_LIBRARY_PATH_VARIABLE "CPMESH_GPU_LIBRARY_PATH"
+
+typedef struct
+{
+  CpGpuLibrary library;
+  gpointer handle;       /* from dlopen; NULL: not found */
+  char *path;            /* the file loaded; NULL when not found */
+  char *version;         /* "2.28.9"; NULL when not found */
+  int version_code;      /* the library's own number; 0 when not found */
+  char *reason;          /* why it was not found; NULL when found */
+} CpGpuLibraryInfo;
+
+/* "nccl", "cudnn", "nvrtc", and the sonames opened. */
+__attribute__((visibility ("default")))
+const char *_cp_gpu_library_name   (CpGpuLibrary library);
+const char *_cp_gpu_library_soname (CpGpuLibrary library);
+
+/* Opens @library from @search_path's directories alone (a
+ * CPMESH_GPU_LIBRARY_PATH value) or, when NULL or empty, wherever the
+ * dynamic loader finds its soname, and asks it for its version.  Fills
+ * @info either way; TRUE when found.  Free with
+ * _cp_gpu_library_info_clear(), which closes the handle. */
+gboolean _cp_gpu_library_load       (CpGpuLibrary      library,
+                                     const char       *search_path,
+                                     CpGpuLibraryInfo *info);
+void     _cp_gpu_library_info_clear (CpGpuLibraryInfo *info);
+
+/* The process's copy of @library, opened on the first call: one some
+ * other code loaded already, else as _cp_gpu_library_load() finds it with
+ * CPMESH_GPU_LIBRARY_PATH as it is at that moment.  Never freed. */
+__attribute__((visibility ("default")))
+const CpGpuLibraryInfo *_cp_gpu_library_get (CpGpuLibrary library);
+
 /* Fills @info; FALSE with %CP_MESH_ERROR_NO_DEVICE when the runtime
  * finds no usable device (the rest of @info is still filled). */
 __attribute__((visibility ("default")))

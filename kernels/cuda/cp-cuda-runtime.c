@@ -11,10 +11,6 @@
 #include "cp-features.h"
 #include "cp-cuda-private.h"
 
-#if CP_HAS_NCCL
-#include <nccl.h>
-#endif
-
 gboolean
 _cp_cuda_check (int          status,
                 GQuark       domain,
@@ -49,18 +45,6 @@ _cp_cuda_device_count (GError **error)
   return count;
 }
 
-static int
-nccl_version (void)
-{
-  int version = 0;
-
-#if CP_HAS_NCCL
-  if (ncclGetVersion (&version) != ncclSuccess)
-    return 0;
-#endif
-  return version;
-}
-
 gboolean
 _cp_cuda_probe (CpCudaInfo  *info,
                 GError     **error)
@@ -70,7 +54,7 @@ _cp_cuda_probe (CpCudaInfo  *info,
   /* Neither needs a driver: with none, the driver version is 0. */
   (void) cudaRuntimeGetVersion (&info->runtime_version);
   (void) cudaDriverGetVersion (&info->driver_version);
-  info->nccl_version = nccl_version ();
+  info->nccl_version = _cp_gpu_library_get (CP_GPU_LIBRARY_NCCL)->version_code;
   info->device_count = _cp_cuda_device_count (error);
   return info->device_count > 0;
 }

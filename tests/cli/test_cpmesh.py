@@ -453,13 +453,32 @@ class Info(unittest.TestCase):
         version = r"(none \(0\)|\d+\.\d+ \(\d+\))"
         self.assertRegex(self.result.stdout, r"\ncuda runtime: \d+\.\d+ \(\d+\)\n")
         self.assertRegex(self.result.stdout, r"\ncuda driver: %s\n" % version)
-        self.assertRegex(self.result.stdout, r"\nnccl: (none|\d+\.\d+\.\d+)\n")
         devices = re.search(r"\ncuda devices: (\d+)( \((.*)\))?\n", self.result.stdout)
         self.assertIsNotNone(devices)
         if int(devices.group(1)) == 0:
             self.assertIn("no CUDA device", devices.group(3))
         if "cuda driver: none (0)" in self.result.stdout:
             self.assertEqual(int(devices.group(1)), 0)
+
+    def test_gpu_libraries(self):
+        """NCCL, cuDNN and NVRTC: the copy found, or why none, and
+        CPMESH_GPU_LIBRARY_PATH decides where to look."""
+        if re.search(r"\n  cuda\s+no\s", self.result.stdout):
+            return
+        for name in ("nccl", "cudnn", "nvrtc"):
+            self.assertRegex(self.result.stdout,
+                             r"\n%s: (none \(.+\)|\d+\.\d+(\.\d+)? at /\S+)\n" % name)
+        with tempfile.TemporaryDirectory() as empty:
+            result = run("info", env={"CPMESH_GPU_LIBRARY_PATH": empty})
+        self.assertEqual(result.returncode, 0, result.stderr)
+        for name, soname in (("nccl", "libnccl.so.2"), ("cudnn", "libcudnn.so.9")):
+            self.assertIn("\n%s: none (%s is in none of the directories CPMESH_GPU_LIBRARY_PATH "
+                          "names (%s))\n" % (name, soname, empty), result.stdout)
+        toolkit = "/usr/local/cuda/lib64"
+        if not os.path.exists(os.path.join(toolkit, "libnccl.so.2")):
+            return
+        result = run("info", env={"CPMESH_GPU_LIBRARY_PATH": toolkit})
+        self.assertRegex(result.stdout, r"\nnccl: 2\.\d+\.\d+ at %s/libnccl\.so\.2\n" % toolkit)
 
 
 class Layout(unittest.TestCase):

@@ -16,6 +16,11 @@
 #include <libcpmesh.h>
 
 #include "kernels/cuda/cp-cuda-private.h"
+#include "cp-test-util.h"
+
+#include <glib/gstdio.h>
+
+G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (CpGpuLibraryInfo, _cp_gpu_library_info_clear)
 
 static gboolean
 machine_has_driver (void)
@@ -50,9 +55,6 @@ test_probe_without_driver (void)
   g_assert_nonnull (strstr (error->message, "no CUDA device: cudaGetDeviceCount"));
   g_assert_nonnull (strstr (error->message, cudaGetErrorString (status)));
   g_assert_nonnull (strstr (error->message, cudaGetErrorName (status)));
-#if CP_HAS_NCCL
-  g_assert_cmpint (info.nccl_version, >=, 20000);
-#endif
 }
 
 static void
@@ -96,6 +98,178 @@ test_check (void)
   g_assert_nonnull (strstr (error->message, "(cudaErrorMemoryAllocation)"));
 }
 
+/* The directory holding @library: the first of CPMESH_GPU_LIBRARY_PATH's
+ * that has it where the variable is set (a GPU machine's copies live
+ * inside PyTorch's wheel), else the toolkit this test was built against
+ * (CP_TEST_CUDA_LIBDIR); NULL when neither has it, and the tests that
+ * need it skip. */
+static char *
+directory_with (CpGpuLibrary library)
+{
+  const char *variable = g_getenv (CP_GPU_LIBRARY_PATH_VARIABLE);
+  g_autofree char *search = g_strdup (variable != NULL && variable[0] != '\0' ? variable :
+                                      CP_TEST_CUDA_LIBDIR);
+  g_auto(GStrv) dirs = g_strsplit (search, ":", -1);
+
+  for (char **dir = dirs; *dir != NULL; dir++)
+    {
+      g_autofree char *file = g_build_filename (*dir, _cp_gpu_library_soname (library), NULL);
+
+      if (g_path_is_absolute (*dir) && g_file_test (file, G_FILE_TEST_EXISTS))
+        return g_strdup (*dir);
+    }
+  return NULL;
+}
+
+/* Found through the override: the file in that directory, with the
+ * library's own version. */
+static void
+test_load_from_override (gconstpointer data)
+{
+  CpGpuLibrary library = GPOINTER_TO_INT (data);
+  g_auto(CpGpuLibraryInfo) info = { 0 };
+  g_autofree char *dir = directory_with (library);
+  g_autofree char *expected = NULL;
+  g_autofree char *search = NULL;
+
+  if (library == CP_GPU_LIBRARY_NCCL && !CP_HAS_NCCL)
+    {
+      g_test_skip ("this build leaves NCCL out");
+      return;
+    }
+  if (dir == NULL)
+    {
+      g_autofree char *why = g_strdup_printf ("no %s in %s", _cp_gpu_library_soname (library),
+                                              g_getenv (CP_GPU_LIBRARY_PATH_VARIABLE) != NULL ?
+                                              CP_GPU_LIBRARY_PATH_VARIABLE "'s directories" :
+                                              CP_TEST_CUDA_LIBDIR);
+
+      g_test_skip (why);
+      return;
+    }
+  expected = g_build_filename (dir, _cp_gpu_library_soname (library), NULL);
+  search = g_strconcat ("relative/dir:/nonexistent:", dir, NULL);
+  g_assert_true (_cp_gpu_library_load (library, search, &info));
+  g_assert_nonnull (info.handle);
+  g_assert_cmpstr (info.path, ==, expected);
+  g_assert_null (info.reason);
+  g_assert_nonnull (info.version);
+  switch (library)
+    {
+    case CP_GPU_LIBRARY_NCCL:
+      /* 2.x.y: 20000 and up since NCCL 2.9. */
+      g_assert_cmpint (info.version_code, >=, 20900);
+      g_assert_cmpint (info.version_code, <, 30000);
+      g_assert_true (g_str_has_prefix (info.version, "2."));
+      break;
+    case CP_GPU_LIBRARY_CUDNN:
+      g_assert_cmpint (info.version_code, >=, 90000);
+      g_assert_cmpint (info.version_code, <, 100000);
+      g_assert_true (g_str_has_prefix (info.version, "9."));
+      break;
+    case CP_GPU_LIBRARY_NVRTC:
+      /* The NVRTC of the CUDA this was built with. */
+      g_assert_cmpint (info.version_code / 1000, ==, CUDART_VERSION / 1000);
+      break;
+    case CP_GPU_LIBRARY_N:
+    default:
+      g_assert_not_reached ();
+    }
+}
+
+/* A directory without it: not found, and the reason names the soname,
+ * the variable and the directories looked in. */
+static void
+test_load_from_empty_directory (void)
+{
+  g_autofree char *dir = g_dir_make_tmp ("cp-gpu-libs-XXXXXX", NULL);
+  g_autofree char *search = g_strconcat ("lib:", dir, NULL);
+
+  g_assert_nonnull (dir);
+  for (CpGpuLibrary library = 0; library < CP_GPU_LIBRARY_N; library++)
+    {
+      g_auto(CpGpuLibraryInfo) info = { 0 };
+
+      g_assert_false (_cp_gpu_library_load (library, search, &info));
+      g_assert_null (info.handle);
+      g_assert_null (info.path);
+      g_assert_null (info.version);
+      g_assert_cmpint (info.version_code, ==, 0);
+      g_assert_nonnull (info.reason);
+      if (library == CP_GPU_LIBRARY_NCCL && !CP_HAS_NCCL)
+        continue;
+      g_assert_nonnull (strstr (info.reason, _cp_gpu_library_soname (library)));
+      g_assert_nonnull (strstr (info.reason, CP_GPU_LIBRARY_PATH_VARIABLE));
+      g_assert_nonnull (strstr (info.reason, dir));
+      g_assert_nonnull (strstr (info.reason, "lib (relative: ignored)"));
+      cp_test_record_outcome ("CPMESH_GPU_LIBRARY_PATH without the library",
+                              _cp_gpu_library_soname (library), "not found, reason reported",
+                              info.reason);
+    }
+  g_rmdir (dir);
+}
+
+/* A file by the soname that is no library: its loader error, not a
+ * crash, and the next directory is still tried for the message. */
+static void
+test_load_broken_file (void)
+{
+  g_autofree char *dir = g_dir_make_tmp ("cp-gpu-libs-XXXXXX", NULL);
+  g_autofree char *file = g_build_filename (dir, _cp_gpu_library_soname (CP_GPU_LIBRARY_CUDNN), NULL);
+  g_auto(CpGpuLibraryInfo) info = { 0 };
+
+  g_assert_true (g_file_set_contents (file, "not an ELF file", -1, NULL));
+  g_assert_false (_cp_gpu_library_load (CP_GPU_LIBRARY_CUDNN, dir, &info));
+  g_assert_null (info.handle);
+  g_assert_nonnull (strstr (info.reason, "libcudnn.so.9 from " CP_GPU_LIBRARY_PATH_VARIABLE ": "));
+  g_assert_nonnull (strstr (info.reason, file));
+  cp_test_record_outcome ("CPMESH_GPU_LIBRARY_PATH holding a broken file", "libcudnn.so.9",
+                          "not found, loader's error reported", info.reason);
+  g_unlink (file);
+  g_rmdir (dir);
+}
+
+/* The process's copy follows the variable, read once: in a child
+ * process, so that the variable is set before the first use. */
+static void
+test_process_copy_follows_variable (void)
+{
+  g_autofree char *dir = NULL;
+  g_autofree char *expected = NULL;
+
+  if (g_test_subprocess ())
+    {
+      CpCudaInfo info;
+      const CpGpuLibraryInfo *nccl;
+
+      g_setenv (CP_GPU_LIBRARY_PATH_VARIABLE, g_getenv ("CP_TEST_GPU_LIBRARY_PATH"), TRUE);
+      (void) _cp_cuda_probe (&info, NULL);
+      nccl = _cp_gpu_library_get (CP_GPU_LIBRARY_NCCL);
+      g_assert_true (_cp_gpu_library_get (CP_GPU_LIBRARY_NCCL) == nccl);
+      g_assert_cmpint (info.nccl_version, ==, nccl->version_code);
+      g_print ("nccl=%s|%s\n", nccl->path != NULL ? nccl->path : "none",
+               nccl->reason != NULL ? nccl->reason : "");
+      return;
+    }
+  dir = directory_with (CP_GPU_LIBRARY_NCCL);
+  if (!CP_HAS_NCCL || dir == NULL)
+    {
+      g_test_skip ("no NCCL where the test looks (" CP_GPU_LIBRARY_PATH_VARIABLE ", the toolkit)");
+      return;
+    }
+  g_setenv ("CP_TEST_GPU_LIBRARY_PATH", dir, TRUE);
+  g_test_trap_subprocess (NULL, 0, G_TEST_SUBPROCESS_DEFAULT);
+  g_test_trap_assert_passed ();
+  expected = g_strdup_printf ("*nccl=%s/libnccl.so.2|\n*", dir);
+  g_test_trap_assert_stdout (expected);
+
+  g_setenv ("CP_TEST_GPU_LIBRARY_PATH", "/nonexistent", TRUE);
+  g_test_trap_subprocess (NULL, 0, G_TEST_SUBPROCESS_DEFAULT);
+  g_test_trap_assert_passed ();
+  g_test_trap_assert_stdout ("*nccl=none|libnccl.so.2 is in none of the directories "
+                             CP_GPU_LIBRARY_PATH_VARIABLE " names (/nonexistent)\n*");
+}
+
 int
 main (int   argc,
       char *argv[])
@@ -105,6 +279,16 @@ main (int   argc,
   g_test_add_func ("/Cp/Cuda/probe/without-driver", test_probe_without_driver);
   g_test_add_func ("/Cp/Cuda/probe/with-driver", test_probe_with_driver);
   g_test_add_func ("/Cp/Cuda/check/error-text", test_check);
+  g_test_add_data_func ("/Cp/Cuda/libraries/override/nccl", GINT_TO_POINTER (CP_GPU_LIBRARY_NCCL),
+                        test_load_from_override);
+  g_test_add_data_func ("/Cp/Cuda/libraries/override/cudnn", GINT_TO_POINTER (CP_GPU_LIBRARY_CUDNN),
+                        test_load_from_override);
+  g_test_add_data_func ("/Cp/Cuda/libraries/override/nvrtc", GINT_TO_POINTER (CP_GPU_LIBRARY_NVRTC),
+                        test_load_from_override);
+  g_test_add_func ("/Cp/Cuda/libraries/not-found/empty-directory", test_load_from_empty_directory);
+  g_test_add_func ("/Cp/Cuda/libraries/not-found/broken-file", test_load_broken_file);
+  cp_test_add_func_in_process ("/Cp/Cuda/libraries/process-copy/variable",
+                               test_process_copy_follows_variable);
 
   return g_test_run ();
 }

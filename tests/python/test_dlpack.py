@@ -262,8 +262,6 @@ class TestNumpy(TensorErrorMixin, unittest.TestCase):
                                Cp.Tensor.from_dlpack, np.zeros(2, dtype=np.uint16))
         self.assertRejected('Tensor.from_dlpack of an object without __dlpack__', TypeError,
                             'needs an object with __dlpack__', Cp.Tensor.from_dlpack, [1, 2])
-        self.assertRejected('Tensor.__dlpack__ with a stream', ValueError,
-                            'stream=None only', Cp.Tensor.new(Cp.DType.FLOAT32, [1]).__dlpack__, 1)
 
     @needs_torch
     def test_refused_torch_tensors(self):
@@ -276,6 +274,109 @@ class TestNumpy(TensorErrorMixin, unittest.TestCase):
         self.assertTensorError('Tensor.from_dlpack of a torch complex64 tensor',
                                Cp.TensorError.DTYPE, 'complex64', Cp.Tensor.from_dlpack,
                                torch.zeros(2, dtype=torch.complex64))
+
+
+class _Capsule:
+    """Hands numpy.from_dlpack() a capsule made already."""
+
+    def __init__(self, capsule):
+        self.capsule = capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    def __dlpack__(self, stream=None):
+        return self.capsule
+
+
+class _CudaProducer:
+    """Says its memory is on CUDA device 0 and records the stream it is
+    asked for; hands over a host array's capsule, which is all a machine
+    without a GPU can import."""
+
+    def __init__(self, array):
+        self.array = array
+        self.streams = []
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, stream=None):
+        self.streams.append(stream)
+        return self.array.__dlpack__()
+
+
+class _HostProducer:
+    """A host producer whose __dlpack__ takes no argument at all: a
+    consumer of host memory has no stream to name, and must not pass one."""
+
+    def __init__(self, array):
+        self.array = array
+        self.calls = 0
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    def __dlpack__(self):
+        self.calls += 1
+        return self.array.__dlpack__()
+
+
+class TestStreamProtocol(TensorErrorMixin, unittest.TestCase):
+    """The array API's __dlpack__(stream=...) both ways."""
+
+    def test_host_export_takes_no_stream(self):
+        t = Cp.Tensor.from_numpy(np.arange(4, dtype=np.float32))
+        for stream in (None, -1):
+            with self.subTest(stream=stream):
+                view = np.from_dlpack(_Capsule(t.__dlpack__(stream)))
+                self.assertEqual(view.tolist(), [0.0, 1.0, 2.0, 3.0])
+
+    def test_host_export_refuses_streams(self):
+        t = Cp.Tensor.new(Cp.DType.FLOAT32, [1])
+        for stream in (1, 2, 0x7f0000001000):
+            with self.subTest(stream=stream):
+                self.assertTensorError('Tensor.__dlpack__ of host memory with stream %#x' % stream,
+                                       Cp.TensorError.DEVICE,
+                                       'DLPack stream %d for a tensor in host memory, which has no '
+                                       'streams' % stream, t.__dlpack__, stream)
+        for stream in (0, -2):
+            with self.subTest(stream=stream):
+                self.assertTensorError('Tensor.__dlpack__ with stream %d' % stream,
+                                       Cp.TensorError.OUT_OF_RANGE,
+                                       'DLPack stream %d for a tensor in host memory: a stream is -1'
+                                       % stream, t.__dlpack__, stream)
+
+    def test_export_refuses_non_int_streams(self):
+        t = Cp.Tensor.new(Cp.DType.FLOAT32, [1])
+        for stream in ('1', 1.0, True):
+            with self.subTest(stream=stream):
+                self.assertRejected('Tensor.__dlpack__ with stream=%r' % (stream,), TypeError,
+                                    r'takes None or an int .* not %s' % type(stream).__name__,
+                                    t.__dlpack__, stream)
+
+    def test_cuda_import_names_the_consumer_stream(self):
+        # The legacy default stream (1), which every per-thread default
+        # stream libcpmesh works on waits for.
+        producer = _CudaProducer(np.arange(3, dtype=np.float32))
+        t = Cp.Tensor.from_dlpack(producer)
+        self.assertEqual(producer.streams, [1])
+        self.assertEqual(t.get_data_address(), producer.array.ctypes.data)
+
+    def test_host_import_passes_no_stream(self):
+        producer = _HostProducer(np.arange(3, dtype=np.int64))
+        t = Cp.Tensor.from_dlpack(producer)
+        self.assertEqual(producer.calls, 1)
+        self.assertEqual(t.get_value(2), 2)
+
+    @needs_torch
+    def test_torch_round_trip_host(self):
+        # torch.from_dlpack asks a CPU producer for no stream.
+        t = Cp.Tensor.from_numpy(np.arange(6, dtype=np.float32))
+        x = torch.from_dlpack(t)
+        self.assertEqual(x.tolist(), [0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+        back = Cp.Tensor.from_dlpack(x)
+        self.assertEqual(back.get_data_address(), t.get_data_address())
 
 
 if __name__ == '__main__':

@@ -147,13 +147,45 @@ def _call_deleter(address):
         _DELETER(deleter)(address)
 
 
+# DLPack's device type for CUDA memory, and the stream libcpmesh asks a
+# CUDA producer to order its work before: CUDA's legacy default stream
+# (DLPack's 1).  libcpmesh's CUDA operations run on the per-thread
+# default stream of whichever thread calls them -- a rank thread, a GTask
+# worker, not only the importing thread -- and every per-thread default
+# stream waits for the legacy one's earlier work, so a producer that
+# makes the legacy stream wait for its own (PyTorch records an event on
+# its current stream and makes the given one wait on it) comes before
+# every later libcpmesh operation on the memory, on any thread.
+_KDLCUDA = 2
+_CONSUMER_STREAM = 1
+
+
 def _dlpack_capsule(obj):
     if type(obj).__name__ == 'PyCapsule':
         return obj
     if not hasattr(obj, '__dlpack__'):
         raise TypeError('from_dlpack() needs an object with __dlpack__() (a torch.Tensor, a numpy '
                         'array, a Cp.Tensor) or a "dltensor" capsule, not %s' % type(obj).__name__)
+    # The array API's stream protocol: a consumer of CUDA memory names the
+    # stream it will use; a host producer (numpy) takes no stream at all.
+    device = obj.__dlpack_device__() if hasattr(obj, '__dlpack_device__') else None
+    if device is not None and device[0] == _KDLCUDA:
+        return obj.__dlpack__(stream=_CONSUMER_STREAM)
     return obj.__dlpack__()
+
+
+def _dlpack_stream(tensor, stream):
+    """The stream value cp_tensor_prepare_dlpack_stream() takes for a
+    __dlpack__(stream=...) argument: an int, or None, which means the
+    legacy default stream (1) for CUDA memory and no stream (-1) for
+    memory without streams."""
+    if stream is None:
+        return 1 if tensor.get_device() == Cp.DeviceKind.CUDA else -1
+    if isinstance(stream, bool) or not isinstance(stream, int):
+        raise TypeError('__dlpack__(stream=) takes None or an int (-1: no ordering, 1: the legacy '
+                        'default stream, 2: the per-thread default stream, or a cudaStream_t), '
+                        'not %s' % type(stream).__name__)
+    return stream
 
 
 def _take_capsule(capsule):
@@ -223,13 +255,17 @@ class Tensor(Cp.Tensor):
 
     def __dlpack__(self, stream=None):
         """A "dltensor" capsule over the tensor's storage, for
-        ``torch.from_dlpack()`` and ``numpy.from_dlpack()``."""
-        # libcpmesh has no streams whose work a consumer's stream could
-        # wait for; rather than hand over device memory that work might
-        # still write, a stream is refused.
-        if stream is not None:
-            raise ValueError('libcpmesh takes stream=None only, not %r: it has no streams to order '
-                             'against the consumer\'s' % (stream,))
+        ``torch.from_dlpack()`` and ``numpy.from_dlpack()``.
+
+        stream follows the array API's stream protocol. For CUDA memory:
+        None or 1 (CUDA's legacy default stream), 2 (the per-thread default
+        stream), any other positive int (a ``cudaStream_t``), or -1 (no
+        ordering); work the consumer then puts on its stream comes after
+        every libcpmesh operation on the memory. Memory without streams
+        (host) takes None or -1 alone. Other values raise GLib.Error
+        (Cp.TensorError.OUT_OF_RANGE for 0 or below -1, DEVICE for a
+        stream on host memory); a non-int raises TypeError."""
+        Cp.Tensor.prepare_dlpack_stream(self, _dlpack_stream(self, stream))
         address = Cp.Tensor.to_dlpack(self)
         try:
             return _capsule_new(address, _DLTENSOR, _dlpack_capsule_destructor())
