@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'python'))
@@ -698,6 +699,208 @@ class Launch(unittest.TestCase):
         self.assertIn("cpmesh launch: cannot start /nonexistent/program", result.stderr)
         self.assertNotIn("CRITICAL", result.stderr)
         record_failure(self, "launch of a program that does not exist", result)
+
+
+def start(*args, env=None, **popen):
+    """cpmesh ARGS, running, as run() would start it."""
+    environment = {k: v for k, v in os.environ.items() if k not in CLEARED_VARIABLES}
+    environment.update(env or {})
+    return subprocess.Popen([CPMESH, *args], env=environment, **popen)
+
+
+def process_alive(pid):
+    """Whether PID is a process that has not ended (a zombie has)."""
+    try:
+        with open("/proc/%d/stat" % pid) as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for(predicate, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def read_pids(path):
+    try:
+        with open(path) as pids:
+            return [int(word) for word in pids.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def read_until(pipe, wanted, seconds=10):
+    """What PIPE gives until WANTED has come or SECONDS have passed; PIPE
+    is left non-blocking."""
+    os.set_blocking(pipe.fileno(), False)
+    seen = b""
+    deadline = time.monotonic() + seconds
+    while wanted not in seen and time.monotonic() < deadline:
+        seen += pipe.read1(4096) or b""
+        time.sleep(0.02)
+    return seen
+
+
+def status_kib(pid, field):
+    with open("/proc/%d/status" % pid) as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError("no %s in /proc/%d/status" % (field, pid))
+
+
+# Each rank starts a child in the background, one in a session of its
+# own (setsid), and waits: every pid goes to the file $1.
+DETACHING_RANK = ('sleep 300 & echo $! >> "$1"; '
+                  'setsid sh -c \'echo $$ >> "$1"; exec sleep 300\' sh "$1" & '
+                  'echo $$ >> "$1"; wait')
+
+
+class LaunchProcesses(unittest.TestCase):
+    """Nothing a launch started outlives it, however it ends."""
+
+    def start_detaching(self, tmp, n):
+        pids = os.path.join(tmp, "pids")
+        launcher = start("launch", "-n", str(n), "--", "sh", "-c", DETACHING_RANK, "sh", pids,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(launcher.kill)
+        self.assertTrue(wait_for(lambda: len(read_pids(pids)) == 3 * n, 20), read_pids(pids))
+        return launcher, read_pids(pids)
+
+    def assert_all_gone(self, pids):
+        wait_for(lambda: not any(process_alive(p) for p in pids), 10)
+        survivors = [p for p in pids if process_alive(p)]
+        for pid in survivors:
+            os.kill(pid, 9)
+        self.assertEqual(survivors, [], "processes of the launch that outlived it")
+
+    def test_sigkill_of_the_launcher(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            launcher, pids = self.start_detaching(tmp, 2)
+            launcher.kill()
+            launcher.wait(10)
+            self.assert_all_gone(pids)
+            record_outcome(self, "cpmesh", "launch killed by SIGKILL, its ranks with children "
+                           "in the background and in sessions of their own", "killed",
+                           "%d processes of 2 ranks, none left" % len(pids))
+
+    def test_sigterm_of_the_launcher(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            launcher, pids = self.start_detaching(tmp, 2)
+            launcher.terminate()
+            self.assertEqual(launcher.wait(20), 128 + 15)
+            self.assert_all_gone(pids)
+
+    def test_what_a_rank_leaves_behind(self):
+        # The rank exits at once; the children it left, one holding its
+        # output pipe, go with it, and the launch ends without waiting.
+        with tempfile.TemporaryDirectory() as tmp:
+            pids = os.path.join(tmp, "pids")
+            began = time.monotonic()
+            result = run("launch", "-n", "1", "--", "sh", "-c",
+                         'sleep 300 & echo $! >> "$1"; setsid sleep 300 & echo $! >> "$1"', "sh",
+                         pids, timeout=30)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertLess(time.monotonic() - began, 10)
+            self.assertEqual(len(read_pids(pids)), 2)
+            self.assert_all_gone(read_pids(pids))
+
+    def test_a_rank_killed_by_a_signal(self):
+        result = run("launch", "-n", "1", "--", "sh", "-c", 'kill -9 $$')
+        self.assertEqual(result.returncode, 128 + 9, result.stderr)
+        self.assertIn("rank 0 was killed by signal 9", result.stderr)
+
+
+class LaunchOutput(unittest.TestCase):
+    """What the ranks print comes out as it comes, each line named by its
+    rank, in bounded memory."""
+
+    def test_long_line_without_newline(self):
+        size = 256 << 20
+        launcher = start("launch", "-n", "1", "--", "sh", "-c",
+                         'head -c %d /dev/zero | tr "\\0" x; exec sleep 30' % size,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.addCleanup(launcher.kill)
+        head = launcher.stdout.read(9)
+        self.assertEqual(head, b"[rank 0] ")
+        received = 0
+        while received < size:
+            block = launcher.stdout.read1(1 << 20)
+            self.assertTrue(block, "the output ended after %d bytes" % received)
+            self.assertEqual(block.count(b"x"), len(block), "more than the line came out")
+            received += len(block)
+        self.assertEqual(received, size)
+        # The whole line went through, and the launcher never held much
+        # of it: its peak memory is that of a launcher at rest.
+        peak = status_kib(launcher.pid, "VmHWM")
+        self.assertLess(peak, 48 * 1024, "the launcher's peak RSS is %d KiB" % peak)
+        launcher.kill()
+
+    def test_progress_bar_before_the_rank_ends(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            go = os.path.join(tmp, "go")
+            launcher = start("launch", "-n", "1", "--", "sh", "-c",
+                             'printf "\\r 10%%|#  |"; printf "\\r 20%%|## |"; '
+                             'while [ ! -e "$1" ]; do sleep 0.05; done; printf "\\r100%%|###|\\n"',
+                             "sh", go, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            self.addCleanup(launcher.kill)
+            # What a terminal would show while the rank still runs.
+            seen = read_until(launcher.stdout, b"20%|## |")
+            self.assertEqual(seen, b"\r[rank 0]  10%|#  |\r[rank 0]  20%|## |")
+            self.assertIsNone(launcher.poll())
+            open(go, "w").close()
+            os.set_blocking(launcher.stdout.fileno(), True)
+            rest = launcher.stdout.read()
+            self.assertEqual(launcher.wait(20), 0)
+            self.assertEqual(rest, b"\r[rank 0] 100%|###|\n")
+
+    def test_partial_line_is_shown(self):
+        # A prompt without an end of line shows, and the rest of its line
+        # follows it without a second prefix.
+        with tempfile.TemporaryDirectory() as tmp:
+            go = os.path.join(tmp, "go")
+            launcher = start("launch", "-n", "1", "--", "sh", "-c",
+                             'printf "answer? "; while [ ! -e "$1" ]; do sleep 0.05; done; echo 42',
+                             "sh", go, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            self.addCleanup(launcher.kill)
+            seen = read_until(launcher.stdout, b"answer? ")
+            self.assertEqual(seen, b"[rank 0] answer? ")
+            open(go, "w").close()
+            os.set_blocking(launcher.stdout.fileno(), True)
+            self.assertEqual(launcher.stdout.read(), b"42\n")
+            self.assertEqual(launcher.wait(20), 0)
+
+    def test_lines_of_two_ranks_stay_apart(self):
+        # Rank 1 starts a line and waits; rank 0's line comes below it,
+        # and the rest of rank 1's line is named again.
+        with tempfile.TemporaryDirectory() as tmp:
+            go = os.path.join(tmp, "go")
+            result = run("launch", "-n", "2", "--", "sh", "-c",
+                         'if [ "$RANK" = 1 ]; then printf "half"; sleep 0.5; touch "$1"; '
+                         'sleep 0.5; echo " and half"; else while [ ! -e "$1" ]; do sleep 0.05; '
+                         'done; echo "rank zero"; fi', "sh", go)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertEqual(result.stdout, "[rank 1] half\n[rank 0] rank zero\n[rank 1]  and half\n")
+
+    def test_demo_tables_do_not_interleave(self):
+        if not has_ucx():
+            self.skipTest("libcpmesh was built without UCX")
+        result = run("launch", "-n", "4", "--", CPMESH, "demo", "--backend", "ucx", "--seq", "512")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        lines = result.stdout.splitlines()
+        for rank in range(4):
+            prefix = "[rank %d] " % rank
+            start = lines.index(prefix + "rank    prepare      enter  attention       exit     "
+                                         "gather     verify  (ms)")
+            block = lines[start:start + 4]
+            self.assertTrue(all(line.startswith(prefix) for line in block), "\n".join(lines))
+            self.assertRegex(block[1], r"^\[rank %d\]\s+%d(\s+\d+\.\d+){6}\s+ok$" % (rank, rank))
+            self.assertTrue(block[3].startswith(prefix + "PASS: rank %d of 4" % rank))
 
 
 # Each benchmark at sizes of a second or less, and how it says that it
