@@ -7,9 +7,11 @@
 
 import os
 import re
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -548,6 +550,85 @@ class Layout(unittest.TestCase):
         self.assertIn("--svg", result.stderr)
         self.assertIn("/nonexistent/layout.svg", result.stderr)
         record_failure(self, "layout --svg into a directory that does not exist", result)
+
+    def svg_into(self, path, **kwargs):
+        result = run("layout", "--cp", "2", "--seq", "8", "--svg", path, **kwargs)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return result
+
+    def assert_is_svg(self, text):
+        self.assertTrue(text.startswith("<?xml"), text[:80])
+        self.assertTrue(text.endswith("</svg>\n"), text[-80:])
+
+    def test_svg_through_a_symbolic_link(self):
+        # The file the link points to gets the picture; the link stays.
+        with tempfile.TemporaryDirectory() as tmp:
+            target, link = os.path.join(tmp, "target.svg"), os.path.join(tmp, "link.svg")
+            with open(target, "w") as old:
+                old.write("old")
+            os.chmod(target, 0o640)
+            os.symlink("target.svg", link)
+            self.svg_into(link)
+            self.assertTrue(os.path.islink(link))
+            self.assertEqual(os.readlink(link), "target.svg")
+            with open(target) as svg:
+                self.assert_is_svg(svg.read())
+            self.assertEqual(os.stat(target).st_mode & 0o777, 0o640)
+            self.assertEqual(sorted(os.listdir(tmp)), ["link.svg", "target.svg"])
+
+    def test_svg_into_a_fifo(self):
+        # A FIFO is written into, as a shell's > would, and stays a FIFO.
+        with tempfile.TemporaryDirectory() as tmp:
+            fifo = os.path.join(tmp, "picture")
+            os.mkfifo(fifo)
+            received = []
+            reader = threading.Thread(target=lambda: received.append(open(fifo).read()), daemon=True)
+            reader.start()
+            self.svg_into(fifo, timeout=30)
+            reader.join(30)
+            self.assertTrue(stat.S_ISFIFO(os.lstat(fifo).st_mode))
+            self.assert_is_svg(received[0])
+
+    def test_svg_to_standard_output(self):
+        # A link to a descriptor, as /dev/stdout is: the pipe gets the
+        # picture, before the table, and the link stays.
+        with tempfile.TemporaryDirectory() as tmp:
+            link = os.path.join(tmp, "stdout")
+            os.symlink("/proc/self/fd/1", link)
+            result = self.svg_into(link)
+            self.assertTrue(os.path.islink(link))
+            picture, _, table = result.stdout.partition("</svg>\n")
+            self.assert_is_svg(picture + "</svg>\n")
+            self.assertIn("head-tail layout: 8 positions over 2 ranks", table)
+
+    def test_svg_refused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            dangling = os.path.join(tmp, "dangling.svg")
+            os.symlink("nowhere/picture.svg", dangling)
+            for what, path, message in (
+                    ("a directory", tmp, "%s is a directory; give a file name in it" % tmp),
+                    ("a symbolic link to nothing", dangling,
+                     "%s is a symbolic link to a file that does not exist" % dangling)):
+                with self.subTest(what=what):
+                    result = run("layout", "--cp", "2", "--seq", "8", "--svg", path)
+                    self.assertEqual(result.returncode, 1, result.stderr)
+                    self.assertEqual(result.stdout, "")
+                    self.assertIn("cpmesh layout: --svg: " + message, result.stderr)
+                    record_failure(self, "layout --svg naming %s" % what, result)
+            self.assertTrue(os.path.isdir(tmp))
+            self.assertTrue(os.path.islink(dangling))
+            self.assertEqual(sorted(os.listdir(tmp)), ["dangling.svg"])
+
+    def test_svg_of_a_large_layout_is_bounded(self):
+        # 8192 documents over 64 ranks: a picture of summarised chunks.
+        bounds = ",".join(str(128 * d) for d in range(8193))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "layout.svg")
+            result = run("layout", "--cp", "64", "--thd", bounds, "--svg", path, timeout=120)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertLess(os.path.getsize(path), 256 * 1024)
+            with open(path, encoding="utf-8") as svg:
+                self.assertIn("1048576 chunks are too many to draw", svg.read())
 
     def test_short_options_are_the_long_ones(self):
         self.assertEqual(run("layout", "-C", "2", "-S", "8").stdout,
