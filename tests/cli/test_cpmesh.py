@@ -287,7 +287,8 @@ class Vocabulary(unittest.TestCase):
 # Usage errors, every command: (what, arguments, what stderr says).
 USAGE_ERRORS = (
     ("an unknown option to the program", ["--frobnicate"], "Unknown option --frobnicate"),
-    ("no command", [], "no command given"),
+    ("no command", [], "no command given; the commands are:\n  info "),
+    ("bench: no command", ["bench"], "no command given; the commands are:\n  layout "),
     ("an unknown command", ["frobnicate"], "unknown command “frobnicate”"),
     ("an unknown command of bench", ["bench", "frobnicate"], "unknown command “frobnicate”"),
     ("info: an unknown option", ["info", "--frobnicate"], "Unknown option --frobnicate"),
@@ -402,6 +403,17 @@ class Usage(unittest.TestCase):
                 self.assertRegex(result.stderr, r"\nRun “cpmesh[\w ]*--help” for usage\.\n$")
                 record_failure(self, what, result)
 
+    def test_a_group_without_a_command_lists_them(self):
+        for group, names in (([], ("info", "layout", "bench", "demo", "launch", "help")),
+                             (["bench"], ("layout", "mesh", "batch", "thd", "attention", "help"))):
+            with self.subTest(group=group):
+                result = run(*group)
+                self.assertEqual(result.returncode, 2, result.stderr)
+                self.assertEqual(result.stdout, "")
+                listed = re.findall(r"^  (\w+) ", result.stderr, re.MULTILINE)
+                self.assertEqual(tuple(listed), names)
+                self.assertEqual(run(*group, "--help").stdout.count("\n  " + names[0] + " "), 1)
+
     def test_every_command_has_a_case_of_each_kind(self):
         everyone = {" ".join(command) for command in COMMANDS}
         kinds = {
@@ -438,7 +450,8 @@ class Info(unittest.TestCase):
     def test_backends(self):
         self.assertRegex(self.result.stdout, r"\n  local\s+yes\s")
         self.assertRegex(self.result.stdout, r"\n  ucx\s+(yes|no)\s")
-        self.assertRegex(self.result.stdout, r"\n  cuda\s+(yes|no)\s")
+        self.assertRegex(self.result.stdout,
+                         r"\n  cuda\s+(yes|no|built with CUDA; no driver:|built with CUDA; no device:)\s")
 
     def test_cpu_features(self):
         for feature in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"):
@@ -463,6 +476,14 @@ class Info(unittest.TestCase):
             self.assertIn("no CUDA device", devices.group(3))
         if "cuda driver: none (0)" in self.result.stdout:
             self.assertEqual(int(devices.group(1)), 0)
+        # The backend line says whether CUDA can run here, and why not.
+        if "cuda driver: none (0)" in self.result.stdout:
+            said = "built with CUDA; no driver:"
+        elif int(devices.group(1)) == 0:
+            said = "built with CUDA; no device:"
+        else:
+            said = "yes"
+        self.assertRegex(self.result.stdout, r"\n  cuda   %s CUDA device memory" % re.escape(said))
 
 
 class Layout(unittest.TestCase):
@@ -1146,6 +1167,50 @@ class BenchAttention(unittest.TestCase):
                 self.assertNotIn("matmul", result.stdout)
                 self.assertNotIn("target:", result.stdout)
                 record_failure(self, "bench attention with %s" % how, result)
+
+    # The PyTorch reference at one small size, one run.
+    TORCH_ARGS = ["--seq", "256", "--cp", "1", "--reps", "1"]
+
+    def torch_line(self, result):
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return re.search(r"^PyTorch reference: (.*)$", result.stdout, re.MULTILINE).group(1)
+
+    def test_torch_interpreter_from_the_environment(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            fake = os.path.join(tmp, "python")
+            with open(fake, "w") as script:
+                script.write('#!/bin/sh\ncase "$2" in *__version__*) echo 9.9.9 ;; *) echo 0.5 ;; esac\n')
+            os.chmod(fake, 0o755)
+            result = run("bench", "attention", *self.TORCH_ARGS, env={"CPMESH_PYTHON": fake},
+                         timeout=110)
+            self.assertTrue(self.torch_line(result).startswith("torch 9.9.9 from %s; " % fake))
+            missing = os.path.join(tmp, "no-such-python")
+            result = run("bench", "attention", *self.TORCH_ARGS, env={"CPMESH_PYTHON": missing},
+                         timeout=110)
+            said = self.torch_line(result)
+            self.assertEqual(said, "skipped (%s cannot import torch; set CPMESH_PYTHON to an "
+                                   "interpreter that can)" % missing)
+            record_outcome(self, "cpmesh", "bench attention with CPMESH_PYTHON that cannot "
+                           "import torch", "skipped, exit status 0", said)
+
+    def test_torch_interpreter_is_not_the_one_on_path(self):
+        # A python3 first on PATH (a pyenv shim) is never asked; the
+        # interpreter the build found is, and is named.
+        with tempfile.TemporaryDirectory() as tmp:
+            marker = os.path.join(tmp, "asked")
+            with open(os.path.join(tmp, "python3"), "w") as shim:
+                shim.write('#!/bin/sh\ntouch "%s"\nexit 1\n' % marker)
+            os.chmod(os.path.join(tmp, "python3"), 0o755)
+            result = run("bench", "attention", *self.TORCH_ARGS, timeout=110,
+                         env={"PATH": tmp + os.pathsep + os.environ["PATH"]})
+            said = self.torch_line(result)
+            self.assertFalse(os.path.exists(marker))
+            self.assertRegex(said, r"^(torch \S+ from /\S+; |skipped \(/\S+ cannot import torch)")
+            self.assertIn(sys.executable, said)
+
+    def test_quick_says_why_torch_is_skipped(self):
+        result = run("bench", "attention", *self.ARGS, timeout=110)
+        self.assertEqual(self.torch_line(result), "skipped (--quick)")
 
     def test_missed_targets(self):
         result = run("bench", "attention", *self.ARGS, "--check-targets", timeout=110,
