@@ -912,6 +912,22 @@ class LaunchProcesses(unittest.TestCase):
             self.assertEqual(len(read_pids(pids)), 2)
             self.assert_all_gone(read_pids(pids))
 
+    def test_a_rank_that_ignores_sigterm(self):
+        # After the grace period the rank and its child are killed, the
+        # child in a session of its own too.
+        with tempfile.TemporaryDirectory() as tmp:
+            pids = os.path.join(tmp, "pids")
+            began = time.monotonic()
+            result = run("launch", "-n", "2", "--grace", "1", "--", "sh", "-c",
+                         'if [ "$RANK" = 1 ]; then while [ ! -s "$1" ]; do sleep 0.05; done; exit 3; '
+                         'fi; trap "" TERM; setsid sh -c \'trap "" TERM; echo $$ >> "$1"; '
+                         'while :; do sleep 1; done\' sh "$1" & while :; do sleep 1; done', "sh", pids,
+                         timeout=60)
+            self.assertEqual(result.returncode, 3, result.stderr)
+            self.assertLess(time.monotonic() - began, 15)
+            self.assertEqual(len(read_pids(pids)), 1)
+            self.assert_all_gone(read_pids(pids))
+
     def test_a_rank_killed_by_a_signal(self):
         result = run("launch", "-n", "1", "--", "sh", "-c", 'kill -9 $$')
         self.assertEqual(result.returncode, 128 + 9, result.stderr)
