@@ -219,6 +219,24 @@ replace_regular (const char  *path,
                                    G_FILE_SET_CONTENTS_CONSISTENT, mode, error);
 }
 
+/* The program's own stdout or stderr, if @existing is the file one of
+ * them is open on (`--svg /dev/stdout`), else -1: written through the
+ * descriptor, the picture goes where the shell sends the rest, at its
+ * offset, whatever the file is. */
+static int
+own_descriptor (const GStatBuf *existing)
+{
+  for (int fd = STDOUT_FILENO; fd <= STDERR_FILENO; fd++)
+    {
+      GStatBuf open_file;
+
+      if (fstat (fd, &open_file) == 0 && open_file.st_dev == existing->st_dev &&
+          open_file.st_ino == existing->st_ino)
+        return fd;
+    }
+  return -1;
+}
+
 /* What writing the picture to @path means depends on what @path is;
  * NULL when it can be written, otherwise why not. */
 static char *
@@ -257,6 +275,11 @@ write_svg (CpLayout   *layout,
     }
   if (g_stat (path, &existing) < 0)
     written = replace_regular (path, svg, 0666, &error);
+  else if (own_descriptor (&existing) >= 0)
+    {
+      fflush (NULL);
+      written = write_to_descriptor (own_descriptor (&existing), svg, strlen (svg), &error);
+    }
   else if (S_ISREG (existing.st_mode))
     written = replace_regular (path, svg, (int) (existing.st_mode & 07777), &error);
   else

@@ -622,6 +622,25 @@ class Layout(unittest.TestCase):
             self.assert_is_svg(picture + "</svg>\n")
             self.assertIn("head-tail layout: 8 positions over 2 ranks", table)
 
+    def test_svg_to_standard_output_in_a_file(self):
+        # The shell sent stdout to a file: the picture and then the table
+        # go into it, the same file.
+        with tempfile.TemporaryDirectory() as tmp:
+            link, out = os.path.join(tmp, "stdout"), os.path.join(tmp, "out.txt")
+            os.symlink("/proc/self/fd/1", link)
+            with open(out, "w") as stdout:
+                inode = os.fstat(stdout.fileno()).st_ino
+                environment = {k: v for k, v in os.environ.items() if k not in CLEARED_VARIABLES}
+                status = subprocess.run([CPMESH, "layout", "--cp", "2", "--seq", "8", "--svg", link],
+                                        stdout=stdout, env=environment, timeout=60).returncode
+            self.assertEqual(status, 0)
+            self.assertEqual(os.stat(out).st_ino, inode)
+            self.assertTrue(os.path.islink(link))
+            with open(out) as written:
+                picture, _, table = written.read().partition("</svg>\n")
+            self.assert_is_svg(picture + "</svg>\n")
+            self.assertTrue(table.startswith("head-tail layout: 8 positions over 2 ranks\n"), table)
+
     def test_svg_refused(self):
         with tempfile.TemporaryDirectory() as tmp:
             dangling = os.path.join(tmp, "dangling.svg")
