@@ -13,7 +13,6 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
-#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -104,6 +103,8 @@ signal_rank (Rank *rank,
     kill (-pid, signum);
 }
 
+/* A keeper that did not finish its work in KEEPER_MS goes with its
+ * group; its rank dies with it (its parent-death signal). */
 static gboolean
 kill_keepers (gpointer user_data)
 {
@@ -115,6 +116,8 @@ kill_keepers (gpointer user_data)
   return G_SOURCE_REMOVE;
 }
 
+/* The grace period is over: each keeper kills its rank and everything
+ * the rank started. */
 static gboolean
 kill_stragglers (gpointer user_data)
 {
