@@ -28,6 +28,17 @@
 #define PART_LABEL_WIDTH 36.0
 #define DOCUMENT_LABEL_WIDTH 44.0
 
+/* A picture stays readable, and its size bounded (about a megabyte),
+ * whatever the layout: beyond MAX_DRAWN_CHUNKS chunks the sequence bar
+ * shows SUMMARY_COLUMNS columns instead, each in the colour of the rank
+ * holding its middle position; beyond MAX_DOCUMENT_BOUNDS documents their
+ * bounds are left out; beyond MAX_COST_ROWS ranks each work bar stands
+ * for a group of consecutive ranks, and shows the busiest of them. */
+#define MAX_DRAWN_CHUNKS 1024
+#define SUMMARY_COLUMNS 430
+#define MAX_DOCUMENT_BOUNDS 256
+#define MAX_COST_ROWS 128
+
 /* Ranks 0–9 of up to ten take these (Tableau 10); larger groups spread
  * their hues evenly around the colour wheel. */
 static const char *const palette[] = {
@@ -48,8 +59,19 @@ typedef struct
   gboolean head_tail;
   double scale;            /* pixels per position */
   char hatch_id[32];       /* unique per layout, for pages showing several */
+  gboolean summarised;     /* columns rather than chunks */
+  int ranks_per_row;       /* of the work bars */
   GString *out;
 } Svg;
+
+/* How many chunk rows the layout has in all, empty ones included. */
+static double
+n_chunk_rows (CpLayout *layout)
+{
+  double per_document = cp_layout_get_balance (layout) == CP_LOAD_BALANCE_HEAD_TAIL ? 2 : 1;
+
+  return per_document * cp_layout_get_n_documents (layout) * cp_layout_get_cp_size (layout);
+}
 
 static void
 rank_colour (const Svg *svg,
@@ -129,6 +151,21 @@ position_x (const Svg *svg,
             gint64     position)
 {
   return LEFT + svg->scale * (double) position;
+}
+
+/* Column c of the summary covers positions [first (c), first (c + 1)). */
+static gint64
+column_first (const Svg *svg,
+              gint64     column)
+{
+  return (gint64) ((double) column * (double) svg->seq_len / SUMMARY_COLUMNS);
+}
+
+static gint64
+column_middle (const Svg *svg,
+               gint64     column)
+{
+  return (gint64) (((double) column + 0.5) * (double) svg->seq_len / SUMMARY_COLUMNS);
 }
 
 static const char *
@@ -234,17 +271,96 @@ append_documents (Svg *svg)
     }
 }
 
+/* The column whose middle position is at or after @position. */
+static gint64
+first_column_from (const Svg *svg,
+                   gint64     position)
+{
+  /* Column c's middle position is floor ((c + 0.5) · S / N). */
+  gint64 column = (gint64) ((double) position * SUMMARY_COLUMNS / (double) svg->seq_len - 0.5);
+
+  column = CLAMP (column, 0, SUMMARY_COLUMNS);
+  while (column > 0 && column_middle (svg, column - 1) >= position)
+    column--;
+  while (column < SUMMARY_COLUMNS && column_middle (svg, column) < position)
+    column++;
+  return column;
+}
+
+/* Which rank holds the middle position of each column: every chunk of
+ * every rank marks the columns whose middles it covers. */
+static void
+find_column_owners (const Svg *svg,
+                    int        owners[SUMMARY_COLUMNS])
+{
+  for (int c = 0; c < SUMMARY_COLUMNS; c++)
+    owners[c] = -1;
+  for (int r = 0; r < svg->cp_size; r++)
+    {
+      g_autoptr(CpTensor) chunks = cp_layout_get_chunks (svg->layout, r);
+      const gint64 *rows = cp_tensor_get_data (chunks);
+      gint64 n_rows = cp_tensor_get_dim (chunks, 0);
+
+      for (gint64 i = 0; i < n_rows; i++)
+        for (gint64 c = first_column_from (svg, rows[2 * i]);
+             c < SUMMARY_COLUMNS && column_middle (svg, c) < rows[2 * i] + rows[2 * i + 1]; c++)
+          owners[c] = r;
+    }
+}
+
+/* Neighbouring columns of the same rank make one rect, of class
+ * `summary`, from the first position of its first column to the last of
+ * its last. */
+static void
+append_columns (Svg *svg)
+{
+  int owners[SUMMARY_COLUMNS];
+
+  find_column_owners (svg, owners);
+  for (int c = 0; c < SUMMARY_COLUMNS;)
+    {
+      int end = c + 1;
+      gint64 start, stop;
+      char colour[8];
+      g_autofree char *attributes = NULL;
+      g_autofree char *tooltip = NULL;
+
+      while (end < SUMMARY_COLUMNS && owners[end] == owners[c])
+        end++;
+      start = column_first (svg, c);
+      stop = column_first (svg, end);
+      if (owners[c] >= 0 && stop > start)
+        {
+          rank_colour (svg, owners[c], colour);
+          attributes = g_strdup_printf ("class=\"summary\" data-rank=\"%d\" data-start=\"%"
+                                        G_GINT64_FORMAT "\" data-length=\"%" G_GINT64_FORMAT "\"",
+                                        owners[c], start, stop - start);
+          tooltip = g_strdup_printf ("positions %" G_GINT64_FORMAT "–%" G_GINT64_FORMAT ": rank %d "
+                                     "holds the middle of each column here", start, stop - 1,
+                                     owners[c]);
+          append_rect (svg, attributes, position_x (svg, start), SEQUENCE_TOP,
+                       svg->scale * (double) (stop - start), SEQUENCE_HEIGHT, colour, tooltip);
+        }
+      c = end;
+    }
+}
+
 static void
 append_sequence (Svg *svg)
 {
   g_autofree char *end = g_strdup_printf ("%" G_GINT64_FORMAT, svg->seq_len);
 
+  guint n_documents = cp_layout_get_n_documents (svg->layout);
+
   g_string_append (svg->out, "<g class=\"sequence\">\n");
-  for (int r = 0; r < svg->cp_size; r++)
-    append_rank_chunks (svg, r);
+  if (svg->summarised)
+    append_columns (svg);
+  else
+    for (int r = 0; r < svg->cp_size; r++)
+      append_rank_chunks (svg, r);
   append_rect (svg, "class=\"outline\" stroke=\"#222\"", LEFT, SEQUENCE_TOP, BAR_WIDTH,
                SEQUENCE_HEIGHT, "none", NULL);
-  if (svg->head_tail && cp_layout_get_n_documents (svg->layout) > 1)
+  if (svg->head_tail && n_documents > 1 && n_documents <= MAX_DOCUMENT_BOUNDS)
     append_documents (svg);
   append_text (svg, "text-anchor=\"start\"", LEFT, SEQUENCE_TOP + SEQUENCE_HEIGHT + 16, "0");
   append_text (svg, "text-anchor=\"middle\"", LEFT + BAR_WIDTH / 2,
@@ -264,6 +380,69 @@ max_cost (const Svg *svg)
   return max;
 }
 
+static int
+n_cost_rows (const Svg *svg)
+{
+  return (svg->cp_size + svg->ranks_per_row - 1) / svg->ranks_per_row;
+}
+
+/* The busiest of ranks @first to @last. */
+static int
+busiest_rank (const Svg *svg,
+              int        first,
+              int        last)
+{
+  int busiest = first;
+
+  for (int r = first + 1; r <= last; r++)
+    if (cp_layout_get_cost (svg->layout, r) > cp_layout_get_cost (svg->layout, busiest))
+      busiest = r;
+  return busiest;
+}
+
+/* One work bar: of a rank (class `cost`), or of a group of ranks (class
+ * `cost-group`, with `data-first-rank` and `data-last-rank`) drawn for
+ * the busiest of them, whose rank and cost `data-rank` and `data-cost`
+ * give. */
+static void
+append_cost_row (Svg    *svg,
+                 int     row,
+                 double  max,
+                 double  mean)
+{
+  int first = row * svg->ranks_per_row;
+  int last = MIN (first + svg->ranks_per_row, svg->cp_size) - 1;
+  int rank = busiest_rank (svg, first, last);
+  double cost = cp_layout_get_cost (svg->layout, rank);
+  double y = COST_TOP + row * COST_ROW;
+  double width = max > 0.0 ? (BAR_WIDTH - COST_TEXT_ROOM) * cost / max : 0.0;
+  char colour[8], bc[G_ASCII_DTOSTR_BUF_SIZE], bm[G_ASCII_DTOSTR_BUF_SIZE];
+  g_autofree char *attributes = NULL;
+  g_autofree char *rank_label = NULL;
+  g_autofree char *value = NULL;
+
+  number (bc, "%.0f", cost);
+  number (bm, "%.2f", mean > 0.0 ? cost / mean : 1.0);
+  if (first == last)
+    {
+      attributes = g_strdup_printf ("class=\"cost\" data-rank=\"%d\" data-cost=\"%s\"", rank, bc);
+      rank_label = g_strdup_printf ("rank %d", rank);
+      value = g_strdup_printf ("%s (%s× mean)", bc, bm);
+    }
+  else
+    {
+      attributes = g_strdup_printf ("class=\"cost-group\" data-first-rank=\"%d\" "
+                                    "data-last-rank=\"%d\" data-rank=\"%d\" data-cost=\"%s\"",
+                                    first, last, rank, bc);
+      rank_label = g_strdup_printf ("%d–%d", first, last);
+      value = g_strdup_printf ("%s (%s× mean), rank %d", bc, bm, rank);
+    }
+  rank_colour (svg, rank, colour);
+  append_text (svg, "text-anchor=\"end\"", LEFT - 8, y + COST_BAR - 3, rank_label);
+  append_rect (svg, attributes, LEFT, y, width, COST_BAR, colour, NULL);
+  append_text (svg, "text-anchor=\"start\"", LEFT + width + 6, y + COST_BAR - 3, value);
+}
+
 /* Every rank's causal work as a bar, scaled to the busiest rank. */
 static void
 append_costs (Svg *svg)
@@ -272,31 +451,18 @@ append_costs (Svg *svg)
   double mean = 0.0;
   char bi[G_ASCII_DTOSTR_BUF_SIZE];
   g_autofree char *heading = NULL;
+  g_autofree char *per = svg->ranks_per_row > 1
+    ? g_strdup_printf ("the busiest of each %d ranks", svg->ranks_per_row) : g_strdup ("rank");
 
   for (int r = 0; r < svg->cp_size; r++)
     mean += cp_layout_get_cost (svg->layout, r) / svg->cp_size;
-  heading = g_strdup_printf ("causal attention work per rank (query–key pairs); imbalance "
-                             "(max/mean) %s", number (bi, "%.2f",
-                                                     cp_layout_get_imbalance (svg->layout)));
+  heading = g_strdup_printf ("causal attention work per %s (query–key pairs); imbalance "
+                             "(max/mean) %s", per,
+                             number (bi, "%.2f", cp_layout_get_imbalance (svg->layout)));
   g_string_append (svg->out, "<g class=\"costs\">\n");
   append_text (svg, "font-weight=\"bold\"", LEFT, COST_TOP - 10, heading);
-  for (int r = 0; r < svg->cp_size; r++)
-    {
-      double cost = cp_layout_get_cost (svg->layout, r);
-      double y = COST_TOP + r * COST_ROW;
-      double width = max > 0.0 ? (BAR_WIDTH - COST_TEXT_ROOM) * cost / max : 0.0;
-      char colour[8], bc[G_ASCII_DTOSTR_BUF_SIZE], bm[G_ASCII_DTOSTR_BUF_SIZE];
-      g_autofree char *attributes = g_strdup_printf ("class=\"cost\" data-rank=\"%d\" data-cost=\"%s\"",
-                                                     r, number (bc, "%.0f", cost));
-      g_autofree char *rank_label = g_strdup_printf ("rank %d", r);
-      g_autofree char *value = g_strdup_printf ("%s (%s× mean)", bc,
-                                                number (bm, "%.2f", mean > 0.0 ? cost / mean : 1.0));
-
-      rank_colour (svg, r, colour);
-      append_text (svg, "text-anchor=\"end\"", LEFT - 8, y + COST_BAR - 3, rank_label);
-      append_rect (svg, attributes, LEFT, y, width, COST_BAR, colour, NULL);
-      append_text (svg, "text-anchor=\"start\"", LEFT + width + 6, y + COST_BAR - 3, value);
-    }
+  for (int row = 0; row < n_cost_rows (svg); row++)
+    append_cost_row (svg, row, max, mean);
   g_string_append (svg->out, "</g>\n");
 }
 
@@ -323,6 +489,17 @@ append_key (Svg        *svg,
   g_autofree char *hatch = g_strdup_printf ("url(#%s)", svg->hatch_id);
 
   append_text (svg, "font-size=\"15\" font-weight=\"bold\"", LEFT, 22, title);
+  if (svg->summarised)
+    {
+      guint n_documents = cp_layout_get_n_documents (svg->layout);
+      g_autofree char *note = g_strdup_printf (
+        "colours are ranks; %.0f chunks are too many to draw: each column shows the rank holding "
+        "its middle position%s", n_chunk_rows (svg->layout),
+        n_documents > MAX_DOCUMENT_BOUNDS ? ", and document bounds are left out" : "");
+
+      append_text (svg, "class=\"summary-note\"", LEFT, 42, note);
+      return;
+    }
   if (!svg->head_tail)
     {
       append_text (svg, "", LEFT, 42, "colours are ranks; each rank holds one chunk");
@@ -350,6 +527,16 @@ append_key (Svg        *svg,
  * `data-rank` and `data-cost`. `cpmesh layout --svg` writes this image,
  * and Python shows it for a `Cp.Layout` in a notebook.
  *
+ * However large the layout, the image stays readable and about a
+ * megabyte at most. Beyond 1024 chunks in all, the sequence bar is 430
+ * columns instead, each in the colour of the rank holding its middle
+ * position: neighbouring columns of a rank make one `rect` of class
+ * `summary` with `data-rank`, `data-start` and `data-length`, and a note
+ * in the heading says so. Beyond 256 packed documents their bounds are
+ * not drawn. Beyond 128 ranks each work bar, of class `cost-group`,
+ * stands for consecutive ranks `data-first-rank` to `data-last-rank`
+ * and shows the busiest of them, `data-rank`.
+ *
  * Returns: (transfer full): the SVG document, UTF-8
  *
  * Since: 1.0
@@ -369,12 +556,14 @@ cp_layout_to_svg (CpLayout *self)
   svg.seq_len = cp_layout_get_seq_len (self);
   svg.head_tail = cp_layout_get_balance (self) == CP_LOAD_BALANCE_HEAD_TAIL;
   svg.scale = BAR_WIDTH / (double) MAX (svg.seq_len, 1);
+  svg.summarised = svg.seq_len > 0 && n_chunk_rows (self) > MAX_DRAWN_CHUNKS;
+  svg.ranks_per_row = (svg.cp_size + MAX_COST_ROWS - 1) / MAX_COST_ROWS;
   fingerprint = cp_layout_dup_fingerprint_hex (self);
   g_snprintf (svg.hatch_id, sizeof svg.hatch_id, "cp-tail-%s", fingerprint);
   svg.out = g_string_new (NULL);
   title = describe_layout (self);
 
-  number (bh, "%.0f", COST_TOP + svg.cp_size * COST_ROW + 10);
+  number (bh, "%.0f", COST_TOP + n_cost_rows (&svg) * COST_ROW + 10);
   g_string_append_printf (svg.out,
                           "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
                           "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%s\" "

@@ -434,64 +434,70 @@ print_plan (Demo *demo)
 }
 
 static void
-print_rank (DemoRank *rank)
+print_rank (GString  *out,
+            DemoRank *rank)
 {
-  g_print ("%4d", rank->rank);
+  g_string_append_printf (out, "%4d", rank->rank);
   for (gsize s = 0; s < G_N_ELEMENTS (stages); s++)
     if (rank->failed_stage < 0 || (int) s < rank->failed_stage)
-      g_print ("  %9.3f", rank->seconds[s] * 1e3);
+      g_string_append_printf (out, "  %9.3f", rank->seconds[s] * 1e3);
     else
-      g_print ("  %9s", "-");
+      g_string_append_printf (out, "  %9s", "-");
   if (rank->failed_stage < 0)
-    g_print ("  ok\n");
+    g_string_append_printf (out, "  ok\n");
   else
-    g_print ("  FAILED in %s: %s\n", stages[rank->failed_stage].name, rank->error->message);
+    g_string_append_printf (out, "  FAILED in %s: %s\n", stages[rank->failed_stage].name, rank->error->message);
 }
 
 static void
-print_errors (GPtrArray *ranks)
+print_errors (GString   *out,
+              GPtrArray *ranks)
 {
   double worst[N_RESULTS] = { 0 };
 
   for (guint r = 0; r < ranks->len; r++)
     for (int i = 0; i < N_RESULTS; i++)
       worst[i] = MAX (worst[i], ((DemoRank *) g_ptr_array_index (ranks, r))->max_error[i]);
-  g_print ("max |error| against single-rank attention on the full sequence:");
+  g_string_append_printf (out, "max |error| against single-rank attention on the full sequence:");
   for (int i = 0; i < N_RESULTS; i++)
-    g_print (" %s %.2e%s", result_names[i], worst[i], i + 1 < N_RESULTS ? "," : "\n");
+    g_string_append_printf (out, " %s %.2e%s", result_names[i], worst[i], i + 1 < N_RESULTS ? "," : "\n");
 }
 
 static void
-print_header (void)
+print_header (GString *out)
 {
-  g_print ("rank");
+  g_string_append (out, "rank");
   for (gsize s = 0; s < G_N_ELEMENTS (stages); s++)
-    g_print ("  %9s", stages[s].name);
-  g_print ("  (ms)\n");
+    g_string_append_printf (out, "  %9s", stages[s].name);
+  g_string_append_printf (out, "  (ms)\n");
 }
 
 /* Prints the per-rank table and the verdict; returns whether all passed. */
 static gboolean
 print_results (GPtrArray *ranks)
 {
+  g_autoptr(GString) out = g_string_new (NULL);
   guint failed = 0;
 
-  print_header ();
+  print_header (out);
   for (guint r = 0; r < ranks->len; r++)
     {
       DemoRank *rank = g_ptr_array_index (ranks, r);
 
-      print_rank (rank);
+      print_rank (out, rank);
       failed += rank->failed_stage >= 0;
     }
   if (failed > 0)
     {
-      g_print ("FAIL: %u of %u ranks failed\n", failed, ranks->len);
+      g_string_append_printf (out, "FAIL: %u of %u ranks failed\n", failed, ranks->len);
+      g_print ("%s", out->str);
       return FALSE;
     }
-  print_errors (ranks);
-  g_print ("PASS: all %u ranks ran attention on their shards, matched single-rank attention "
-           "within %.0e and gathered the batch back bit-exactly\n", ranks->len, TOLERANCE);
+  print_errors (out, ranks);
+  g_string_append_printf (out, "PASS: all %u ranks ran attention on their shards, matched "
+                          "single-rank attention within %.0e and gathered the batch back "
+                          "bit-exactly\n", ranks->len, TOLERANCE);
+  g_print ("%s", out->str);
   return TRUE;
 }
 
@@ -522,19 +528,23 @@ run_process_rank (Demo   *demo,
 {
   g_autoptr(GPtrArray) ranks = g_ptr_array_new_with_free_func ((GDestroyNotify) demo_rank_free);
   DemoRank *rank = demo_rank_new (demo, mesh);
+  g_autoptr(GString) out = g_string_new (NULL);
   gboolean passed;
 
   g_ptr_array_add (ranks, rank);
   rank_main (mesh, rank);
-  print_header ();
-  print_rank (rank);
+  print_header (out);
+  print_rank (out, rank);
   passed = rank->failed_stage < 0;
   if (passed)
     {
-      print_errors (ranks);
-      g_print ("PASS: rank %d of %d matched single-rank attention within %.0e and gathered "
-               "the batch back bit-exactly\n", rank->rank, demo->options->n_ranks, TOLERANCE);
+      print_errors (out, ranks);
+      g_string_append_printf (out, "PASS: rank %d of %d matched single-rank attention within "
+                              "%.0e and gathered the batch back bit-exactly\n", rank->rank,
+                              demo->options->n_ranks, TOLERANCE);
     }
+  /* One write: under a launcher each rank's report stays in one piece. */
+  g_print ("%s", out->str);
   return passed ? 0 : CPMESH_EXIT_FAILED;
 }
 

@@ -48,12 +48,35 @@ read_cpu_flags (void)
   return NULL;
 }
 
+/* "yes" only where the backend can run here: CUDA built in finds no
+ * use without a driver and a device. */
+static const char *
+backend_status (const Backend *backend)
+{
+  if (!backend->built_in)
+    return "no";
+#if CP_HAS_CUDA
+  if (g_str_equal (backend->name, "cuda"))
+    {
+      CpCudaInfo info;
+      g_autoptr(GError) error = NULL;
+
+      _cp_cuda_probe (&info, &error);
+      if (info.driver_version == 0)
+        return "built with CUDA; no driver:";
+      if (error != NULL || info.device_count == 0)
+        return "built with CUDA; no device:";
+    }
+#endif
+  return "yes";
+}
+
 static void
 print_backends (void)
 {
   g_print ("backends:\n");
   for (gsize i = 0; i < G_N_ELEMENTS (backends); i++)
-    g_print ("  %-6s %-4s %s\n", backends[i].name, backends[i].built_in ? "yes" : "no",
+    g_print ("  %-6s %-4s %s\n", backends[i].name, backend_status (&backends[i]),
              backends[i].what);
 }
 

@@ -16,28 +16,54 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <gio/gio.h>
 #include <glib-unix.h>
 
+#include "cpmesh-launch-keeper.h"
 #include "cpmesh-tool.h"
 
 /* After the last rank exited, how long its output may still trickle in
  * (from a child that inherited the pipe) before the launcher stops. */
 #define DRAIN_MS 1000
 
-typedef struct _Launch Launch;
+/* A keeper asked to kill everything now gets this long before the
+ * launcher kills it and its group itself. */
+#define KEEPER_MS 2000
 
+/* Output is read in blocks of READ_SIZE; the end of a block that is not
+ * the end of a line waits for the rest of the line up to PARTIAL_MS or
+ * PARTIAL_MAX bytes, then goes out as it is. */
+#define READ_SIZE 16384
+#define PARTIAL_MAX 16384
+#define PARTIAL_MS 50
+
+typedef struct _Launch Launch;
+typedef struct _Rank Rank;
+
+/* One of a rank's two output pipes. */
 typedef struct
+{
+  Rank *rank;
+  int which;               /* 0 stdout, 1 stderr */
+  GInputStream *pipe;
+  guint8 block[READ_SIZE];
+  GByteArray *partial;     /* the line begun, not yet shown */
+  guint partial_timer;
+  gboolean open;
+  gboolean needs_prefix;   /* what it shows next starts a line */
+} Output;
+
+struct _Rank
 {
   Launch *launch;
   int rank;
-  GSubprocess *process;
-  GDataInputStream *streams[2];   /* stdout, stderr */
-  gboolean open[2];
+  GSubprocess *process;    /* the rank's keeper */
+  Output outputs[2];
   gboolean exited;
-} Rank;
+};
 
 struct _Launch
 {
@@ -48,28 +74,50 @@ struct _Launch
   gboolean stopping;
   guint grace_ms;
   guint kill_timer;
+  guint keeper_timer;
   guint drain_timer;
+  CpmeshKeeper keeper;
+  /* The output whose line is unfinished on stdout and stderr: a line
+   * of another rank first ends it. */
+  Output *unfinished[2];
 };
 
-/* Each rank leads its own process group, so that stopping it reaches the
- * processes it started too. */
-static void
-become_group_leader (gpointer user_data)
-{
-  setpgid (0, 0);
-}
-
-static void
-signal_rank (Rank *rank,
-             int   signum)
+static pid_t
+rank_pid (Rank *rank)
 {
   const char *id = rank->exited || rank->process == NULL ? NULL
                    : g_subprocess_get_identifier (rank->process);
 
-  if (id != NULL)
-    kill (-(pid_t) g_ascii_strtoll (id, NULL, 10), signum);
+  return id != NULL ? (pid_t) g_ascii_strtoll (id, NULL, 10) : 0;
 }
 
+/* The keeper leads the rank's process group: a signal to the group
+ * reaches the rank and what it started, and the keeper ignores it. */
+static void
+signal_rank (Rank *rank,
+             int   signum)
+{
+  pid_t pid = rank_pid (rank);
+
+  if (pid > 0)
+    kill (-pid, signum);
+}
+
+/* A keeper that did not finish its work in KEEPER_MS goes with its
+ * group; its rank dies with it (its parent-death signal). */
+static gboolean
+kill_keepers (gpointer user_data)
+{
+  Launch *launch = user_data;
+
+  launch->keeper_timer = 0;
+  for (int r = 0; r < launch->n; r++)
+    signal_rank (&launch->ranks[r], SIGKILL);
+  return G_SOURCE_REMOVE;
+}
+
+/* The grace period is over: each keeper kills its rank and everything
+ * the rank started. */
 static gboolean
 kill_stragglers (gpointer user_data)
 {
@@ -77,7 +125,13 @@ kill_stragglers (gpointer user_data)
 
   launch->kill_timer = 0;
   for (int r = 0; r < launch->n; r++)
-    signal_rank (&launch->ranks[r], SIGKILL);
+    {
+      pid_t pid = rank_pid (&launch->ranks[r]);
+
+      if (pid > 0)
+        kill (pid, CPMESH_KEEPER_KILL_NOW);
+    }
+  launch->keeper_timer = g_timeout_add (KEEPER_MS, kill_keepers, launch);
   return G_SOURCE_REMOVE;
 }
 
@@ -104,7 +158,7 @@ all_finished (Launch *launch,
     {
       Rank *rank = &launch->ranks[r];
 
-      if (!rank->exited || (with_output && (rank->open[0] || rank->open[1])))
+      if (!rank->exited || (with_output && (rank->outputs[0].open || rank->outputs[1].open)))
         return FALSE;
     }
   return TRUE;
@@ -129,38 +183,176 @@ check_finished (Launch *launch)
     launch->drain_timer = g_timeout_add (DRAIN_MS, stop_draining, launch);
 }
 
-static void read_line (Rank *rank,
-                       int   which);
+/* ---- output ---- */
+
+static FILE *
+output_file (const Output *output)
+{
+  return output->which == 0 ? stdout : stderr;
+}
+
+/* Ends the line another rank left unfinished on the same file, so that
+ * no line holds two ranks' text. */
+static void
+take_the_line (Output *output)
+{
+  Output **unfinished = &output->rank->launch->unfinished[output->which];
+
+  if (*unfinished != NULL && *unfinished != output)
+    {
+      fputc ('\n', output_file (output));
+      (*unfinished)->needs_prefix = TRUE;
+    }
+  *unfinished = output;
+}
+
+/* Shows @length bytes of one line: all of it or its start, up to and
+ * including its `\n` or `\r` if it has one. */
+static void
+show (Output       *output,
+      const guint8 *text,
+      gsize         length)
+{
+  FILE *out = output_file (output);
+  guint8 last = text[length - 1];
+  gboolean ours = output->rank->launch->unfinished[output->which] == output;
+  /* A lone `\r` before a progress bar's first state, or the `\n` after
+   * its last one, carries no text to name a rank for. */
+  gboolean bare = length == 1 && (last == '\r' || (last == '\n' && ours));
+
+  take_the_line (output);
+  if (output->needs_prefix && !bare)
+    fprintf (out, "[rank %d] ", output->rank->rank);
+  fwrite (text, 1, length, out);
+  fflush (out);
+  /* After `\r` the next text overwrites this line, and starts with the
+   * rank again; a line of another rank goes below it. */
+  output->needs_prefix = last == '\n' || last == '\r';
+  if (last == '\n')
+    output->rank->launch->unfinished[output->which] = NULL;
+}
 
 static void
-line_read (GObject      *source,
-           GAsyncResult *result,
-           gpointer      user_data)
+show_partial (Output *output)
 {
-  Rank *rank = user_data;
-  int which = G_DATA_INPUT_STREAM (source) == rank->streams[0] ? 0 : 1;
-  gsize length = 0;
-  g_autofree char *line = g_data_input_stream_read_line_finish (G_DATA_INPUT_STREAM (source), result,
-                                                                &length, NULL);
-  FILE *out = which == 0 ? stdout : stderr;
+  g_clear_handle_id (&output->partial_timer, g_source_remove);
+  if (output->partial->len > 0)
+    show (output, output->partial->data, output->partial->len);
+  g_byte_array_set_size (output->partial, 0);
+}
 
-  if (line == NULL)
+static gboolean
+partial_waited (gpointer user_data)
+{
+  Output *output = user_data;
+
+  output->partial_timer = 0;
+  show_partial (output);
+  return G_SOURCE_REMOVE;
+}
+
+/* Shows every line that @block ends, and keeps the start of the next
+ * one a moment, within bounds. */
+static void
+show_block (Output       *output,
+            const guint8 *block,
+            gsize         length)
+{
+  const guint8 *end = block + length;
+
+  while (block < end)
     {
-      rank->open[which] = FALSE;
-      check_finished (rank->launch);
+      const guint8 *stop = block;
+
+      while (stop < end && *stop != '\n' && *stop != '\r')
+        stop++;
+      if (stop == end)
+        break;
+      show_partial (output);
+      show (output, block, (gsize) (stop + 1 - block));
+      block = stop + 1;
+    }
+  if (block == end)
+    return;
+  if (output->partial->len + (gsize) (end - block) > PARTIAL_MAX)
+    {
+      show_partial (output);
+      show (output, block, (gsize) (end - block));
       return;
     }
-  fprintf (out, "[rank %d] %s\n", rank->rank, line);
-  fflush (out);
-  read_line (rank, which);
+  g_byte_array_append (output->partial, block, (guint) (end - block));
+  if (output->partial_timer == 0)
+    output->partial_timer = g_timeout_add (PARTIAL_MS, partial_waited, output);
+}
+
+/* The pipe closed: what is left of its last line goes out, ended. */
+static void
+close_output (Output *output)
+{
+  Launch *launch = output->rank->launch;
+
+  show_partial (output);
+  if (launch->unfinished[output->which] == output)
+    {
+      fputc ('\n', output_file (output));
+      fflush (output_file (output));
+      launch->unfinished[output->which] = NULL;
+    }
+  output->open = FALSE;
+  check_finished (launch);
+}
+
+static void read_block (Output *output);
+
+static void
+block_read (GObject      *source,
+            GAsyncResult *result,
+            gpointer      user_data)
+{
+  Output *output = user_data;
+  gssize n = g_input_stream_read_finish (G_INPUT_STREAM (source), result, NULL);
+
+  if (n <= 0)
+    {
+      close_output (output);
+      return;
+    }
+  show_block (output, output->block, (gsize) n);
+  read_block (output);
 }
 
 static void
-read_line (Rank *rank,
-           int   which)
+read_block (Output *output)
 {
-  g_data_input_stream_read_line_async (rank->streams[which], G_PRIORITY_DEFAULT, NULL, line_read, rank);
+  g_input_stream_read_async (output->pipe, output->block, sizeof output->block, G_PRIORITY_DEFAULT,
+                             NULL, block_read, output);
 }
+
+static void
+start_output (Rank         *rank,
+              int           which,
+              GInputStream *pipe)
+{
+  Output *output = &rank->outputs[which];
+
+  output->rank = rank;
+  output->which = which;
+  output->pipe = g_object_ref (pipe);
+  output->partial = g_byte_array_new ();
+  output->open = TRUE;
+  output->needs_prefix = TRUE;
+  read_block (output);
+}
+
+static void
+output_clear (Output *output)
+{
+  g_clear_handle_id (&output->partial_timer, g_source_remove);
+  g_clear_object (&output->pipe);
+  g_clear_pointer (&output->partial, g_byte_array_unref);
+}
+
+/* ---- ranks ---- */
 
 static void
 rank_exited (GObject      *source,
@@ -201,14 +393,15 @@ on_terminate (gpointer user_data)
 }
 
 static GSubprocessLauncher *
-make_launcher (const CpHarnessWorld *world,
+make_launcher (Launch               *launch,
+               const CpHarnessWorld *world,
                int                   rank)
 {
   GSubprocessLauncher *launcher = g_subprocess_launcher_new (G_SUBPROCESS_FLAGS_STDOUT_PIPE |
                                                              G_SUBPROCESS_FLAGS_STDERR_PIPE);
 
   cp_harness_set_rank_environment (launcher, world, rank, NULL);
-  g_subprocess_launcher_set_child_setup (launcher, become_group_leader, NULL, NULL);
+  g_subprocess_launcher_set_child_setup (launcher, cpmesh_keeper_child_setup, &launch->keeper, NULL);
   return launcher;
 }
 
@@ -225,7 +418,7 @@ start_ranks (Launch              *launch,
 
   for (int r = 0; r < launch->n; r++)
     {
-      g_autoptr(GSubprocessLauncher) launcher = make_launcher (&world, r);
+      g_autoptr(GSubprocessLauncher) launcher = make_launcher (launch, &world, r);
       Rank *rank = &launch->ranks[r];
 
       rank->launch = launch;
@@ -239,11 +432,8 @@ start_ranks (Launch              *launch,
             launch->ranks[later].exited = TRUE;
           return FALSE;
         }
-      rank->streams[0] = g_data_input_stream_new (g_subprocess_get_stdout_pipe (rank->process));
-      rank->streams[1] = g_data_input_stream_new (g_subprocess_get_stderr_pipe (rank->process));
-      rank->open[0] = rank->open[1] = TRUE;
-      read_line (rank, 0);
-      read_line (rank, 1);
+      start_output (rank, 0, g_subprocess_get_stdout_pipe (rank->process));
+      start_output (rank, 1, g_subprocess_get_stderr_pipe (rank->process));
       g_subprocess_wait_async (rank->process, NULL, rank_exited, rank);
     }
   return TRUE;
@@ -256,29 +446,34 @@ launch_clear (Launch *launch)
     {
       Rank *rank = &launch->ranks[r];
 
-      g_clear_object (&rank->streams[0]);
-      g_clear_object (&rank->streams[1]);
+      output_clear (&rank->outputs[0]);
+      output_clear (&rank->outputs[1]);
       g_clear_object (&rank->process);
     }
   g_clear_handle_id (&launch->kill_timer, g_source_remove);
+  g_clear_handle_id (&launch->keeper_timer, g_source_remove);
   g_clear_handle_id (&launch->drain_timer, g_source_remove);
   g_free (launch->ranks);
   g_main_loop_unref (launch->loop);
 }
 
-/* Starts the ranks and runs until they are all gone. */
+/* Starts the ranks and runs until they are all gone.  The launcher is a
+ * subreaper too: should a keeper be killed by SIGKILL, what its rank
+ * started comes to the launcher, which kills it at the end. */
 static int
 run (int                  n,
      guint16              port,
      guint                grace_ms,
      const char * const  *command)
 {
-  Launch launch = { g_main_loop_new (NULL, FALSE), g_new0 (Rank, n), n, 0, FALSE, grace_ms, 0, 0 };
+  Launch launch = { .loop = g_main_loop_new (NULL, FALSE), .ranks = g_new0 (Rank, n), .n = n,
+                    .grace_ms = grace_ms, .keeper = { .launcher = getpid () } };
   g_autoptr(GError) error = NULL;
   guint sigint = g_unix_signal_add (SIGINT, on_interrupt, &launch);
   guint sigterm = g_unix_signal_add (SIGTERM, on_terminate, &launch);
   int status;
 
+  prctl (PR_SET_CHILD_SUBREAPER, 1);
   if (!start_ranks (&launch, command, port, &error))
     {
       fprintf (stderr, "cpmesh launch: cannot start %s: %s\n", command[0], error->message);
@@ -290,6 +485,7 @@ run (int                  n,
   g_source_remove (sigterm);
   status = launch.status;
   launch_clear (&launch);
+  cpmesh_kill_descendants (0, NULL);
   return status;
 }
 

@@ -3,6 +3,15 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <glib/gstdio.h>
+
 #include "cpmesh-tool.h"
 
 typedef struct
@@ -138,15 +147,144 @@ print_imbalance (CpLayout *layout)
     }
 }
 
+/* Writes the whole of @svg to @fd, which someone else owns: a pipe, a
+ * terminal, a FIFO, /dev/null. */
+static gboolean
+write_to_descriptor (int          fd,
+                     const char  *svg,
+                     gsize        length,
+                     GError     **error)
+{
+  while (length > 0)
+    {
+      gssize n = write (fd, svg, length);
+
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n < 0)
+        {
+          int saved = errno;
+
+          g_set_error (error, G_FILE_ERROR, g_file_error_from_errno (saved), "%s",
+                       g_strerror (saved));
+          return FALSE;
+        }
+      svg += n;
+      length -= (gsize) n;
+    }
+  return TRUE;
+}
+
+/* A file that exists and is not a regular file is written into, never
+ * replaced: FIFOs, terminals, /dev/null, /dev/stdout. */
+static gboolean
+write_into_existing (const char  *path,
+                     const char  *svg,
+                     GError     **error)
+{
+  int fd = g_open (path, O_WRONLY | O_NOCTTY | O_CLOEXEC, 0);
+  gboolean written;
+
+  if (fd < 0)
+    {
+      int saved = errno;
+
+      g_set_error (error, G_FILE_ERROR, g_file_error_from_errno (saved),
+                   "cannot open %s for writing: %s", path, g_strerror (saved));
+      return FALSE;
+    }
+  written = write_to_descriptor (fd, svg, strlen (svg), error);
+  if (close (fd) < 0 && written)
+    {
+      int saved = errno;
+
+      g_set_error (error, G_FILE_ERROR, g_file_error_from_errno (saved), "%s", g_strerror (saved));
+      written = FALSE;
+    }
+  return written;
+}
+
+/* A regular file, new or not, is written whole beside itself and renamed
+ * into place, keeping an existing file's permissions; through a symbolic
+ * link, the file it points to is the one replaced, not the link. */
+static gboolean
+replace_regular (const char  *path,
+                 const char  *svg,
+                 int          mode,
+                 GError     **error)
+{
+  g_autofree char *target = realpath (path, NULL);
+
+  return g_file_set_contents_full (target != NULL ? target : path, svg, -1,
+                                   G_FILE_SET_CONTENTS_CONSISTENT, mode, error);
+}
+
+/* The program's own stdout or stderr, if @existing is the file one of
+ * them is open on (`--svg /dev/stdout`), else -1: written through the
+ * descriptor, the picture goes where the shell sends the rest, at its
+ * offset, whatever the file is. */
+static int
+own_descriptor (const GStatBuf *existing)
+{
+  for (int fd = STDOUT_FILENO; fd <= STDERR_FILENO; fd++)
+    {
+      GStatBuf open_file;
+
+      if (fstat (fd, &open_file) == 0 && open_file.st_dev == existing->st_dev &&
+          open_file.st_ino == existing->st_ino)
+        return fd;
+    }
+  return -1;
+}
+
+/* What writing the picture to @path means depends on what @path is;
+ * NULL when it can be written, otherwise why not. */
+static char *
+why_not_written (const char *path)
+{
+  GStatBuf link, target;
+
+  if (g_lstat (path, &link) < 0)
+    return NULL;
+  if (g_stat (path, &target) < 0)
+    return g_strdup_printf ("%s is a symbolic link to a file that does not exist; give the file "
+                            "itself", path);
+  if (S_ISDIR (target.st_mode))
+    return g_strdup_printf ("%s is a directory; give a file name in it", path);
+  if (S_ISBLK (target.st_mode))
+    return g_strdup_printf ("%s is a block device; a picture goes to a file, a pipe or a "
+                            "terminal", path);
+  return NULL;
+}
+
 /* The picture cp_layout_to_svg() draws, the same as Python's. */
 static gboolean
 write_svg (CpLayout   *layout,
            const char *path)
 {
   g_autofree char *svg = cp_layout_to_svg (layout);
+  g_autofree char *refused = why_not_written (path);
   g_autoptr(GError) error = NULL;
+  GStatBuf existing;
+  gboolean written;
 
-  if (!g_file_set_contents (path, svg, -1, &error))
+  if (refused != NULL)
+    {
+      cpmesh_fail (CPMESH_EXIT_FAILED, "--svg: %s", refused);
+      return FALSE;
+    }
+  if (g_stat (path, &existing) < 0)
+    written = replace_regular (path, svg, 0666, &error);
+  else if (own_descriptor (&existing) >= 0)
+    {
+      fflush (NULL);
+      written = write_to_descriptor (own_descriptor (&existing), svg, strlen (svg), &error);
+    }
+  else if (S_ISREG (existing.st_mode))
+    written = replace_regular (path, svg, (int) (existing.st_mode & 07777), &error);
+  else
+    written = write_into_existing (path, svg, &error);
+  if (!written)
     {
       cpmesh_fail (CPMESH_EXIT_FAILED, "--svg: %s", error->message);
       return FALSE;
@@ -169,7 +307,9 @@ cpmesh_layout (int    argc,
       NULL, FALSE },
     { "svg", 0, CPMESH_VALUE_FILENAME, &options.svg_path,
       "Also draw the layout as an SVG image: ranks as colours over the sequence, "
-      "tail chunks hatched, each rank's causal cost as a bar", "FILE", 0, 0, NULL, FALSE },
+      "tail chunks hatched, each rank's causal cost as a bar.  A regular FILE is replaced "
+      "whole (through a link, the file it points to); a FIFO, pipe or terminal is written "
+      "into", "FILE", 0, 0, NULL, FALSE },
     CPMESH_OPTION_END
   };
   g_autoptr(CpLayout) layout = NULL;

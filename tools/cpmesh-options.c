@@ -243,15 +243,22 @@ cpmesh_check_divisible (const char *option,
 
 /* ---- commands ---- */
 
+static void
+append_commands (GString             *text,
+                 const CpmeshCommand *group)
+{
+  for (gsize i = 0; i < group->n_commands; i++)
+    g_string_append_printf (text, "  %-9s %s\n", group->commands[i].name,
+                            group->commands[i].summary);
+  g_string_append_printf (text, "  %-9s %s\n", "help", "Show the help of a command: help COMMAND");
+}
+
 static char *
 describe_commands (const CpmeshCommand *group)
 {
   GString *text = g_string_new ("Commands:\n");
 
-  for (gsize i = 0; i < group->n_commands; i++)
-    g_string_append_printf (text, "  %-9s %s\n", group->commands[i].name,
-                            group->commands[i].summary);
-  g_string_append_printf (text, "  %-9s %s\n", "help", "Show the help of a command: help COMMAND");
+  append_commands (text, group);
   g_string_append_printf (text, "\nRun “%s help COMMAND” or “%s COMMAND --help” for the "
                           "options of a command.", g_get_prgname (), g_get_prgname ());
   return g_string_free (text, FALSE);
@@ -356,7 +363,15 @@ run_group (const CpmeshCommand  *group,
       return 0;
     }
   if (argc < 2)
-    return cpmesh_fail (CPMESH_EXIT_USAGE, "no command given");
+    {
+      /* A usage error like any other, which names what there is. */
+      g_autoptr(GString) commands = g_string_new (NULL);
+
+      append_commands (commands, group);
+      g_string_truncate (commands, commands->len - 1);
+      return cpmesh_fail (CPMESH_EXIT_USAGE, "no command given; the commands are:\n%s",
+                          commands->str);
+    }
   if (g_str_equal (argv[1], "help"))
     return show_help (group, top, argc - 2, argv + 2);
   command = find_command (group, argv[1]);

@@ -7,9 +7,12 @@
 
 import os
 import re
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'python'))
@@ -284,7 +287,8 @@ class Vocabulary(unittest.TestCase):
 # Usage errors, every command: (what, arguments, what stderr says).
 USAGE_ERRORS = (
     ("an unknown option to the program", ["--frobnicate"], "Unknown option --frobnicate"),
-    ("no command", [], "no command given"),
+    ("no command", [], "no command given; the commands are:\n  info "),
+    ("bench: no command", ["bench"], "no command given; the commands are:\n  layout "),
     ("an unknown command", ["frobnicate"], "unknown command “frobnicate”"),
     ("an unknown command of bench", ["bench", "frobnicate"], "unknown command “frobnicate”"),
     ("info: an unknown option", ["info", "--frobnicate"], "Unknown option --frobnicate"),
@@ -399,6 +403,17 @@ class Usage(unittest.TestCase):
                 self.assertRegex(result.stderr, r"\nRun “cpmesh[\w ]*--help” for usage\.\n$")
                 record_failure(self, what, result)
 
+    def test_a_group_without_a_command_lists_them(self):
+        for group, names in (([], ("info", "layout", "bench", "demo", "launch", "help")),
+                             (["bench"], ("layout", "mesh", "batch", "thd", "attention", "help"))):
+            with self.subTest(group=group):
+                result = run(*group)
+                self.assertEqual(result.returncode, 2, result.stderr)
+                self.assertEqual(result.stdout, "")
+                listed = re.findall(r"^  (\w+) ", result.stderr, re.MULTILINE)
+                self.assertEqual(tuple(listed), names)
+                self.assertEqual(run(*group, "--help").stdout.count("\n  " + names[0] + " "), 1)
+
     def test_every_command_has_a_case_of_each_kind(self):
         everyone = {" ".join(command) for command in COMMANDS}
         kinds = {
@@ -435,7 +450,8 @@ class Info(unittest.TestCase):
     def test_backends(self):
         self.assertRegex(self.result.stdout, r"\n  local\s+yes\s")
         self.assertRegex(self.result.stdout, r"\n  ucx\s+(yes|no)\s")
-        self.assertRegex(self.result.stdout, r"\n  cuda\s+(yes|no)\s")
+        self.assertRegex(self.result.stdout,
+                         r"\n  cuda\s+(yes|no|built with CUDA; no driver:|built with CUDA; no device:)\s")
 
     def test_cpu_features(self):
         for feature in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"):
@@ -459,6 +475,14 @@ class Info(unittest.TestCase):
             self.assertIn("no CUDA device", devices.group(3))
         if "cuda driver: none (0)" in self.result.stdout:
             self.assertEqual(int(devices.group(1)), 0)
+        # The backend line says whether CUDA can run here, and why not.
+        if "cuda driver: none (0)" in self.result.stdout:
+            said = "built with CUDA; no driver:"
+        elif int(devices.group(1)) == 0:
+            said = "built with CUDA; no device:"
+        else:
+            said = "yes"
+        self.assertRegex(self.result.stdout, r"\n  cuda   %s CUDA device memory" % re.escape(said))
 
     def test_gpu_libraries(self):
         """NCCL, cuDNN and NVRTC: the copy found, or why none, and
@@ -566,6 +590,104 @@ class Layout(unittest.TestCase):
         self.assertIn("--svg", result.stderr)
         self.assertIn("/nonexistent/layout.svg", result.stderr)
         record_failure(self, "layout --svg into a directory that does not exist", result)
+
+    def svg_into(self, path, **kwargs):
+        result = run("layout", "--cp", "2", "--seq", "8", "--svg", path, **kwargs)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return result
+
+    def assert_is_svg(self, text):
+        self.assertTrue(text.startswith("<?xml"), text[:80])
+        self.assertTrue(text.endswith("</svg>\n"), text[-80:])
+
+    def test_svg_through_a_symbolic_link(self):
+        # The file the link points to gets the picture; the link stays.
+        with tempfile.TemporaryDirectory() as tmp:
+            target, link = os.path.join(tmp, "target.svg"), os.path.join(tmp, "link.svg")
+            with open(target, "w") as old:
+                old.write("old")
+            os.chmod(target, 0o640)
+            os.symlink("target.svg", link)
+            self.svg_into(link)
+            self.assertTrue(os.path.islink(link))
+            self.assertEqual(os.readlink(link), "target.svg")
+            with open(target) as svg:
+                self.assert_is_svg(svg.read())
+            self.assertEqual(os.stat(target).st_mode & 0o777, 0o640)
+            self.assertEqual(sorted(os.listdir(tmp)), ["link.svg", "target.svg"])
+
+    def test_svg_into_a_fifo(self):
+        # A FIFO is written into, as a shell's > would, and stays a FIFO.
+        with tempfile.TemporaryDirectory() as tmp:
+            fifo = os.path.join(tmp, "picture")
+            os.mkfifo(fifo)
+            received = []
+            reader = threading.Thread(target=lambda: received.append(open(fifo).read()), daemon=True)
+            reader.start()
+            self.svg_into(fifo, timeout=30)
+            reader.join(30)
+            self.assertTrue(stat.S_ISFIFO(os.lstat(fifo).st_mode))
+            self.assert_is_svg(received[0])
+
+    def test_svg_to_standard_output(self):
+        # A link to a descriptor, as /dev/stdout is: the pipe gets the
+        # picture, before the table, and the link stays.
+        with tempfile.TemporaryDirectory() as tmp:
+            link = os.path.join(tmp, "stdout")
+            os.symlink("/proc/self/fd/1", link)
+            result = self.svg_into(link)
+            self.assertTrue(os.path.islink(link))
+            picture, _, table = result.stdout.partition("</svg>\n")
+            self.assert_is_svg(picture + "</svg>\n")
+            self.assertIn("head-tail layout: 8 positions over 2 ranks", table)
+
+    def test_svg_to_standard_output_in_a_file(self):
+        # The shell sent stdout to a file: the picture and then the table
+        # go into it, the same file.
+        with tempfile.TemporaryDirectory() as tmp:
+            link, out = os.path.join(tmp, "stdout"), os.path.join(tmp, "out.txt")
+            os.symlink("/proc/self/fd/1", link)
+            with open(out, "w") as stdout:
+                inode = os.fstat(stdout.fileno()).st_ino
+                environment = {k: v for k, v in os.environ.items() if k not in CLEARED_VARIABLES}
+                status = subprocess.run([CPMESH, "layout", "--cp", "2", "--seq", "8", "--svg", link],
+                                        stdout=stdout, env=environment, timeout=60).returncode
+            self.assertEqual(status, 0)
+            self.assertEqual(os.stat(out).st_ino, inode)
+            self.assertTrue(os.path.islink(link))
+            with open(out) as written:
+                picture, _, table = written.read().partition("</svg>\n")
+            self.assert_is_svg(picture + "</svg>\n")
+            self.assertTrue(table.startswith("head-tail layout: 8 positions over 2 ranks\n"), table)
+
+    def test_svg_refused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            dangling = os.path.join(tmp, "dangling.svg")
+            os.symlink("nowhere/picture.svg", dangling)
+            for what, path, message in (
+                    ("a directory", tmp, "%s is a directory; give a file name in it" % tmp),
+                    ("a symbolic link to nothing", dangling,
+                     "%s is a symbolic link to a file that does not exist" % dangling)):
+                with self.subTest(what=what):
+                    result = run("layout", "--cp", "2", "--seq", "8", "--svg", path)
+                    self.assertEqual(result.returncode, 1, result.stderr)
+                    self.assertEqual(result.stdout, "")
+                    self.assertIn("cpmesh layout: --svg: " + message, result.stderr)
+                    record_failure(self, "layout --svg naming %s" % what, result)
+            self.assertTrue(os.path.isdir(tmp))
+            self.assertTrue(os.path.islink(dangling))
+            self.assertEqual(sorted(os.listdir(tmp)), ["dangling.svg"])
+
+    def test_svg_of_a_large_layout_is_bounded(self):
+        # 8192 documents over 64 ranks: a picture of summarised chunks.
+        bounds = ",".join(str(128 * d) for d in range(8193))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "layout.svg")
+            result = run("layout", "--cp", "64", "--thd", bounds, "--svg", path, timeout=120)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertLess(os.path.getsize(path), 256 * 1024)
+            with open(path, encoding="utf-8") as svg:
+                self.assertIn("1048576 chunks are too many to draw", svg.read())
 
     def test_short_options_are_the_long_ones(self):
         self.assertEqual(run("layout", "-C", "2", "-S", "8").stdout,
@@ -717,6 +839,226 @@ class Launch(unittest.TestCase):
         self.assertIn("cpmesh launch: cannot start /nonexistent/program", result.stderr)
         self.assertNotIn("CRITICAL", result.stderr)
         record_failure(self, "launch of a program that does not exist", result)
+
+
+def start(*args, env=None, **popen):
+    """cpmesh ARGS, running, as run() would start it."""
+    environment = {k: v for k, v in os.environ.items() if k not in CLEARED_VARIABLES}
+    environment.update(env or {})
+    return subprocess.Popen([CPMESH, *args], env=environment, **popen)
+
+
+def process_alive(pid):
+    """Whether PID is a process that has not ended (a zombie has)."""
+    try:
+        with open("/proc/%d/stat" % pid) as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for(predicate, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def read_pids(path):
+    try:
+        with open(path) as pids:
+            return [int(word) for word in pids.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def read_until(pipe, wanted, seconds=10):
+    """What PIPE gives until WANTED has come or SECONDS have passed; PIPE
+    is left non-blocking."""
+    os.set_blocking(pipe.fileno(), False)
+    seen = b""
+    deadline = time.monotonic() + seconds
+    while wanted not in seen and time.monotonic() < deadline:
+        seen += pipe.read1(4096) or b""
+        time.sleep(0.02)
+    return seen
+
+
+def status_kib(pid, field):
+    with open("/proc/%d/status" % pid) as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError("no %s in /proc/%d/status" % (field, pid))
+
+
+# Each rank starts a child in the background, one in a session of its
+# own (setsid), and waits: every pid goes to the file $1.
+DETACHING_RANK = ('sleep 300 & echo $! >> "$1"; '
+                  'setsid sh -c \'echo $$ >> "$1"; exec sleep 300\' sh "$1" & '
+                  'echo $$ >> "$1"; wait')
+
+
+class LaunchProcesses(unittest.TestCase):
+    """Nothing a launch started outlives it, however it ends."""
+
+    def start_detaching(self, tmp, n):
+        pids = os.path.join(tmp, "pids")
+        launcher = start("launch", "-n", str(n), "--", "sh", "-c", DETACHING_RANK, "sh", pids,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(launcher.kill)
+        self.assertTrue(wait_for(lambda: len(read_pids(pids)) == 3 * n, 20), read_pids(pids))
+        return launcher, read_pids(pids)
+
+    def assert_all_gone(self, pids):
+        wait_for(lambda: not any(process_alive(p) for p in pids), 10)
+        survivors = [p for p in pids if process_alive(p)]
+        for pid in survivors:
+            os.kill(pid, 9)
+        self.assertEqual(survivors, [], "processes of the launch that outlived it")
+
+    def test_sigkill_of_the_launcher(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            launcher, pids = self.start_detaching(tmp, 2)
+            launcher.kill()
+            launcher.wait(10)
+            self.assert_all_gone(pids)
+            record_outcome(self, "cpmesh", "launch killed by SIGKILL, its ranks with children "
+                           "in the background and in sessions of their own", "killed",
+                           "%d processes of 2 ranks, none left" % len(pids))
+
+    def test_sigterm_of_the_launcher(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            launcher, pids = self.start_detaching(tmp, 2)
+            launcher.terminate()
+            self.assertEqual(launcher.wait(20), 128 + 15)
+            self.assert_all_gone(pids)
+
+    def test_what_a_rank_leaves_behind(self):
+        # The rank exits at once; the children it left, one holding its
+        # output pipe, go with it, and the launch ends without waiting.
+        with tempfile.TemporaryDirectory() as tmp:
+            pids = os.path.join(tmp, "pids")
+            began = time.monotonic()
+            result = run("launch", "-n", "1", "--", "sh", "-c",
+                         'sleep 300 & echo $! >> "$1"; setsid sleep 300 & echo $! >> "$1"', "sh",
+                         pids, timeout=30)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertLess(time.monotonic() - began, 10)
+            self.assertEqual(len(read_pids(pids)), 2)
+            self.assert_all_gone(read_pids(pids))
+
+    def test_a_rank_that_ignores_sigterm(self):
+        # After the grace period the rank and its child are killed, the
+        # child in a session of its own too.
+        with tempfile.TemporaryDirectory() as tmp:
+            pids = os.path.join(tmp, "pids")
+            began = time.monotonic()
+            result = run("launch", "-n", "2", "--grace", "1", "--", "sh", "-c",
+                         'if [ "$RANK" = 1 ]; then while [ ! -s "$1" ]; do sleep 0.05; done; exit 3; '
+                         'fi; trap "" TERM; setsid sh -c \'trap "" TERM; echo $$ >> "$1"; '
+                         'while :; do sleep 1; done\' sh "$1" & while :; do sleep 1; done', "sh", pids,
+                         timeout=60)
+            self.assertEqual(result.returncode, 3, result.stderr)
+            self.assertLess(time.monotonic() - began, 15)
+            self.assertEqual(len(read_pids(pids)), 1)
+            self.assert_all_gone(read_pids(pids))
+
+    def test_a_rank_killed_by_a_signal(self):
+        result = run("launch", "-n", "1", "--", "sh", "-c", 'kill -9 $$')
+        self.assertEqual(result.returncode, 128 + 9, result.stderr)
+        self.assertIn("rank 0 was killed by signal 9", result.stderr)
+
+
+class LaunchOutput(unittest.TestCase):
+    """What the ranks print comes out as it comes, each line named by its
+    rank, in bounded memory."""
+
+    def test_long_line_without_newline(self):
+        size = 256 << 20
+        launcher = start("launch", "-n", "1", "--", "sh", "-c",
+                         'head -c %d /dev/zero | tr "\\0" x; exec sleep 30' % size,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.addCleanup(launcher.kill)
+        head = launcher.stdout.read(9)
+        self.assertEqual(head, b"[rank 0] ")
+        received = 0
+        while received < size:
+            block = launcher.stdout.read1(1 << 20)
+            self.assertTrue(block, "the output ended after %d bytes" % received)
+            self.assertEqual(block.count(b"x"), len(block), "more than the line came out")
+            received += len(block)
+        self.assertEqual(received, size)
+        # The whole line went through, and the launcher never held much
+        # of it: its peak memory is that of a launcher at rest.
+        peak = status_kib(launcher.pid, "VmHWM")
+        self.assertLess(peak, 48 * 1024, "the launcher's peak RSS is %d KiB" % peak)
+        record_outcome(self, "cpmesh", "launch of a rank printing a 256 MiB line without a newline",
+                       "passed through", "launcher peak RSS %d MiB" % (peak // 1024))
+        launcher.kill()
+
+    def test_progress_bar_before_the_rank_ends(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            go = os.path.join(tmp, "go")
+            launcher = start("launch", "-n", "1", "--", "sh", "-c",
+                             'printf "\\r 10%%|#  |"; printf "\\r 20%%|## |"; '
+                             'while [ ! -e "$1" ]; do sleep 0.05; done; printf "\\r100%%|###|\\n"',
+                             "sh", go, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            self.addCleanup(launcher.kill)
+            # What a terminal would show while the rank still runs.
+            seen = read_until(launcher.stdout, b"20%|## |")
+            self.assertEqual(seen, b"\r[rank 0]  10%|#  |\r[rank 0]  20%|## |")
+            self.assertIsNone(launcher.poll())
+            open(go, "w").close()
+            os.set_blocking(launcher.stdout.fileno(), True)
+            rest = launcher.stdout.read()
+            self.assertEqual(launcher.wait(20), 0)
+            self.assertEqual(rest, b"\r[rank 0] 100%|###|\n")
+
+    def test_partial_line_is_shown(self):
+        # A prompt without an end of line shows, and the rest of its line
+        # follows it without a second prefix.
+        with tempfile.TemporaryDirectory() as tmp:
+            go = os.path.join(tmp, "go")
+            launcher = start("launch", "-n", "1", "--", "sh", "-c",
+                             'printf "answer? "; while [ ! -e "$1" ]; do sleep 0.05; done; echo 42',
+                             "sh", go, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            self.addCleanup(launcher.kill)
+            seen = read_until(launcher.stdout, b"answer? ")
+            self.assertEqual(seen, b"[rank 0] answer? ")
+            open(go, "w").close()
+            os.set_blocking(launcher.stdout.fileno(), True)
+            self.assertEqual(launcher.stdout.read(), b"42\n")
+            self.assertEqual(launcher.wait(20), 0)
+
+    def test_lines_of_two_ranks_stay_apart(self):
+        # Rank 1 starts a line and waits; rank 0's line comes below it,
+        # and the rest of rank 1's line is named again.
+        with tempfile.TemporaryDirectory() as tmp:
+            go = os.path.join(tmp, "go")
+            result = run("launch", "-n", "2", "--", "sh", "-c",
+                         'if [ "$RANK" = 1 ]; then printf "half"; sleep 0.5; touch "$1"; '
+                         'sleep 0.5; echo " and half"; else while [ ! -e "$1" ]; do sleep 0.05; '
+                         'done; echo "rank zero"; fi', "sh", go)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertEqual(result.stdout, "[rank 1] half\n[rank 0] rank zero\n[rank 1]  and half\n")
+
+    def test_demo_tables_do_not_interleave(self):
+        if not has_ucx():
+            self.skipTest("libcpmesh was built without UCX")
+        result = run("launch", "-n", "4", "--", CPMESH, "demo", "--backend", "ucx", "--seq", "512")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        lines = result.stdout.splitlines()
+        for rank in range(4):
+            prefix = "[rank %d] " % rank
+            start = lines.index(prefix + "rank    prepare      enter  attention       exit     "
+                                         "gather     verify  (ms)")
+            block = lines[start:start + 4]
+            self.assertTrue(all(line.startswith(prefix) for line in block), "\n".join(lines))
+            self.assertRegex(block[1], r"^\[rank %d\]\s+%d(\s+\d+\.\d+){6}\s+ok$" % (rank, rank))
+            self.assertTrue(block[3].startswith(prefix + "PASS: rank %d of 4" % rank))
 
 
 # Each benchmark at sizes of a second or less, and how it says that it
@@ -881,6 +1223,50 @@ class BenchAttention(unittest.TestCase):
                 self.assertNotIn("matmul", result.stdout)
                 self.assertNotIn("target:", result.stdout)
                 record_failure(self, "bench attention with %s" % how, result)
+
+    # The PyTorch reference at one small size, one run.
+    TORCH_ARGS = ["--seq", "256", "--cp", "1", "--reps", "1"]
+
+    def torch_line(self, result):
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return re.search(r"^PyTorch reference: (.*)$", result.stdout, re.MULTILINE).group(1)
+
+    def test_torch_interpreter_from_the_environment(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            fake = os.path.join(tmp, "python")
+            with open(fake, "w") as script:
+                script.write('#!/bin/sh\ncase "$2" in *__version__*) echo 9.9.9 ;; *) echo 0.5 ;; esac\n')
+            os.chmod(fake, 0o755)
+            result = run("bench", "attention", *self.TORCH_ARGS, env={"CPMESH_PYTHON": fake},
+                         timeout=110)
+            self.assertTrue(self.torch_line(result).startswith("torch 9.9.9 from %s; " % fake))
+            missing = os.path.join(tmp, "no-such-python")
+            result = run("bench", "attention", *self.TORCH_ARGS, env={"CPMESH_PYTHON": missing},
+                         timeout=110)
+            said = self.torch_line(result)
+            self.assertEqual(said, "skipped (%s cannot import torch; set CPMESH_PYTHON to an "
+                                   "interpreter that can)" % missing)
+            record_outcome(self, "cpmesh", "bench attention with CPMESH_PYTHON that cannot "
+                           "import torch", "skipped, exit status 0", said)
+
+    def test_torch_interpreter_is_not_the_one_on_path(self):
+        # A python3 first on PATH (a pyenv shim) is never asked; the
+        # interpreter the build found is, and is named.
+        with tempfile.TemporaryDirectory() as tmp:
+            marker = os.path.join(tmp, "asked")
+            with open(os.path.join(tmp, "python3"), "w") as shim:
+                shim.write('#!/bin/sh\ntouch "%s"\nexit 1\n' % marker)
+            os.chmod(os.path.join(tmp, "python3"), 0o755)
+            result = run("bench", "attention", *self.TORCH_ARGS, timeout=110,
+                         env={"PATH": tmp + os.pathsep + os.environ["PATH"]})
+            said = self.torch_line(result)
+            self.assertFalse(os.path.exists(marker))
+            self.assertRegex(said, r"^(torch \S+ from /\S+; |skipped \(/\S+ cannot import torch)")
+            self.assertIn(sys.executable, said)
+
+    def test_quick_says_why_torch_is_skipped(self):
+        result = run("bench", "attention", *self.ARGS, timeout=110)
+        self.assertEqual(self.torch_line(result), "skipped (--quick)")
 
     def test_missed_targets(self):
         result = run("bench", "attention", *self.ARGS, "--check-targets", timeout=110,

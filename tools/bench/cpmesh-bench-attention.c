@@ -625,8 +625,19 @@ torch_fits (gint64 s)
   return bytes <= memory / 2;
 }
 
+/* The interpreter that looks for PyTorch: $CPMESH_PYTHON, else the one
+ * the build found (Meson's own, Debian's /usr/bin/python3), never the
+ * python3 first on PATH, which may be a pyenv shim without torch. */
+static const char *
+torch_python (void)
+{
+  const char *python = g_getenv ("CPMESH_PYTHON");
+
+  return python != NULL && *python != '\0' ? python : CPMESH_DEFAULT_PYTHON;
+}
+
 /* Times PyTorch computing the same causal attention as matmul + mask +
- * softmax + matmul, when python3 can import torch. */
+ * softmax + matmul, when torch_python () can import torch. */
 static double
 torch_gflops (CpDType dtype,
               gint64  s)
@@ -646,7 +657,7 @@ torch_gflops (CpDType dtype,
     "    best = min(best, time.perf_counter() - t)\n"
     "print(best)\n",
     (int) g_get_num_processors (), dtype == CP_DTYPE_FLOAT32 ? "float32" : "bfloat16", s);
-  const char *argv[] = { "/usr/bin/python3", "-c", script, NULL };
+  const char *argv[] = { torch_python (), "-c", script, NULL };
   g_autofree char *output = NULL;
   int status = 0;
 
@@ -658,15 +669,33 @@ torch_gflops (CpDType dtype,
   return forward_flops (s, 16, 128) / g_ascii_strtod (output, NULL) / 1e9;
 }
 
-static gboolean
-torch_available (void)
+/* The version of torch that torch_python () imports, or NULL. */
+static char *
+torch_version (void)
 {
-  const char *argv[] = { "/usr/bin/python3", "-c", "import torch", NULL };
+  const char *argv[] = { torch_python (), "-c", "import torch; print(torch.__version__)", NULL };
+  g_autofree char *output = NULL;
   int status = 1;
 
-  return g_spawn_sync (NULL, (char **) argv, NULL,
-                       G_SPAWN_STDOUT_TO_DEV_NULL | G_SPAWN_STDERR_TO_DEV_NULL,
-                       NULL, NULL, NULL, NULL, &status, NULL) && status == 0;
+  if (!g_spawn_sync (NULL, (char **) argv, NULL, G_SPAWN_STDERR_TO_DEV_NULL, NULL, NULL,
+                     &output, NULL, &status, NULL) || status != 0)
+    return NULL;
+  return g_strstrip (g_steal_pointer (&output));
+}
+
+/* What the PyTorch column holds, and why it may be empty. */
+static char *
+describe_torch (gboolean    skipped,
+                gboolean    quick,
+                const char *version)
+{
+  if (skipped)
+    return g_strdup_printf ("skipped (%s)", quick ? "--quick" : "--no-torch");
+  if (version == NULL)
+    return g_strdup_printf ("skipped (%s cannot import torch; set CPMESH_PYTHON to an "
+                            "interpreter that can)", torch_python ());
+  return g_strdup_printf ("torch %s from %s; \"-\" where its S x S scores would not fit in "
+                          "half the memory", version, torch_python ());
 }
 
 /* Prints the best times and the median of each run's ratio to its own
@@ -1020,13 +1049,17 @@ bench_single (BenchOptions  *options,
   gboolean torch, native16;
   dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa ();
   g_autofree char *matmul16_text = NULL;
+  g_autofree char *version = NULL;
+  g_autofree char *torch_text = NULL;
 
   if (!check_small (options, error))
     return FALSE;
   cpmesh_progress ("oneDNN matmul 2048³, the baseline");
   matmul32 = matmul_float32_gflops (options->reps);
   matmul16 = matmul_bfloat16_gflops (options->reps);
-  torch = !options->skip_torch && torch_available ();
+  version = options->skip_torch ? NULL : torch_version ();
+  torch = version != NULL;
+  torch_text = describe_torch (options->skip_torch, options->run.quick, version);
   /* The library's rule: bfloat16 stays bfloat16 where the CPU multiplies
    * it in hardware, and is converted to float32 once elsewhere. */
   native16 = matmul16 > 0 && (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
@@ -1037,7 +1070,7 @@ bench_single (BenchOptions  *options,
   printf ("attention bfloat16 path: %s\n",
           native16 ? "bfloat16 GEMMs (compared with the bfloat16 matmul)"
                    : "converted to float32 (compared with the float32 matmul)");
-  printf ("PyTorch reference: %s\n\n", torch ? "python3-torch found; \"-\" where its S x S scores would not fit in half the memory" : "skipped (python3 cannot import torch)");
+  printf ("PyTorch reference: %s\n\n", torch_text);
   printf ("Best time of %d runs; ×matmul is the median over the runs of each run's GFLOP/s over\n"
           "the matmul measured right before and after it.\n\n", options->reps);
   printf ("| dtype    |      S |  fwd s | fwd GF/s | ×matmul |  f+b s | f+b GF/s | ×matmul | matmul | torch fwd GF/s |\n");
