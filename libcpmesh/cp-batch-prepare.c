@@ -613,7 +613,8 @@ rotate_method_of (CpBatchOptions *options)
  *   `[1, S]` is expanded to `[B, S]`; mRoPE `[3, B, S]` keeps its shape;
  * - every sequence buffer is right-padded along its own sequence
  *   dimension to a multiple of 2·C: `labels` with −100, `padding_mask`
- *   with %TRUE, floating buffers with 0.0, anything else with 0 (the
+ *   with %TRUE, floating buffers with 0.0 whatever their key (floating
+ *   `labels` and `padding_mask` too), anything else with 0 (the
  *   reference's fill values);
  * - buffers are registered in the reference's order: primary, `labels`,
  *   `position_ids`, the loss mask, `padding_mask`, then extra buffers. Only
@@ -644,7 +645,8 @@ rotate_method_of (CpBatchOptions *options)
  * Returns: (transfer full): the context, or %NULL with
  *   %CP_BATCH_ERROR_MISSING_KEY or %CP_BATCH_ERROR_CONFLICTING_KEYS (naming
  *   the keys), %CP_TENSOR_ERROR_SHAPE (naming the key, the dimension and
- *   the lengths), %CP_TENSOR_ERROR_IN_USE (naming the key),
+ *   the lengths), %CP_BATCH_ERROR_DTYPE (`input_ids` that are not
+ *   integers), %CP_TENSOR_ERROR_IN_USE (naming the key),
  *   %CP_BATCH_ERROR_INVALID_OPTION, or %CP_MESH_ERROR_INVALID_TOPOLOGY for
  *   a mesh without a `cp` dimension
  *
