@@ -161,6 +161,28 @@ plan_find (Plan       *plan,
   return NULL;
 }
 
+/* Token ids index a vocabulary: integers.  A floating or boolean tensor
+ * under 'input_ids' is a mistake here (embeddings belong under
+ * 'inputs_embeds'), and padding it with the token fill would hide it.
+ * (to_thd, after the reference's packing, takes embeddings under either
+ * key.) */
+static gboolean
+check_token_ids (CpTensor  *ids,
+                 GError   **error)
+{
+  CpDType dtype = cp_tensor_get_dtype (ids);
+  g_autofree char *description = NULL;
+
+  if (dtype == CP_DTYPE_INT64 || dtype == CP_DTYPE_INT32 || dtype == CP_DTYPE_UINT8)
+    return TRUE;
+  description = cp_tensor_describe (ids);
+  g_set_error (error, CP_BATCH_ERROR, CP_BATCH_ERROR_DTYPE,
+               "prepare: 'input_ids' is %s, but token ids are integers (int64, int32 or uint8), "
+               "not %s; embeddings belong under 'inputs_embeds'", description,
+               cp_dtype_get_name (dtype));
+  return FALSE;
+}
+
 static gboolean
 collect_primary (Plan     *plan,
                  CpBatch  *batch,
@@ -170,6 +192,8 @@ collect_primary (Plan     *plan,
   Item *item;
 
   if (primary == NULL)
+    return FALSE;
+  if (strcmp (plan->primary_key, "input_ids") == 0 && !check_token_ids (primary, error))
     return FALSE;
   if (cp_tensor_get_n_dims (primary) < 2)
     return _cp_batch_shape_error (error, "prepare", plan->primary_key, primary,

@@ -439,27 +439,6 @@ _cp_batch_dup_marked_keys (CpBatch *self)
   return keys;
 }
 
-/* Token ids index a vocabulary: integers.  A floating or boolean tensor
- * under 'input_ids' is a mistake (embeddings belong under
- * 'inputs_embeds'), and padding it with the token fill would hide it. */
-static gboolean
-check_token_ids (CpTensor    *ids,
-                 const char  *what,
-                 GError     **error)
-{
-  CpDType dtype = cp_tensor_get_dtype (ids);
-  g_autofree char *description = NULL;
-
-  if (dtype == CP_DTYPE_INT64 || dtype == CP_DTYPE_INT32 || dtype == CP_DTYPE_UINT8)
-    return TRUE;
-  description = cp_tensor_describe (ids);
-  g_set_error (error, CP_BATCH_ERROR, CP_BATCH_ERROR_DTYPE,
-               "%s: 'input_ids' is %s, but token ids are integers (int64, int32 or uint8), "
-               "not %s; embeddings belong under 'inputs_embeds'", what, description,
-               cp_dtype_get_name (dtype));
-  return FALSE;
-}
-
 CpTensor *
 _cp_batch_get_primary (CpBatch     *self,
                        const char  *what,
@@ -478,8 +457,6 @@ _cp_batch_get_primary (CpBatch     *self,
       return NULL;
     }
   *key = ids ? "input_ids" : "inputs_embeds";
-  if (ids && !check_token_ids (cp_batch_get (self, *key), what, error))
-    return NULL;
   return cp_batch_get (self, *key);
 }
 
