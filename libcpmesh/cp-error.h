@@ -50,6 +50,10 @@ G_BEGIN_DECLS
  * @CP_TENSOR_ERROR_BAD_FD: a file descriptor cannot be mapped at all: it
  *   is negative or closed, was opened with `O_PATH`, or was not opened
  *   for both reading and writing
+ * @CP_TENSOR_ERROR_MOVED: the framework that lent the memory through DLPack
+ *   has moved or freed it since (a PyTorch tensor resized after
+ *   `Cp.Tensor.from_dlpack()`), so using the tensor would touch freed
+ *   memory; the Python override reports it
  *
  * Errors of the [error@Cp.TensorError] domain.
  *
@@ -68,6 +72,7 @@ typedef enum
   CP_TENSOR_ERROR_UNSEALED,
   CP_TENSOR_ERROR_READ_ONLY,
   CP_TENSOR_ERROR_BAD_FD,
+  CP_TENSOR_ERROR_MOVED,
 } CpTensorError;
 
 /**
