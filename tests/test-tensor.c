@@ -621,6 +621,41 @@ test_set_value_read_only_is_critical (void)
   g_test_trap_assert_stderr ("*CRITICAL*!cp_storage_get_read_only (self->storage)*");
 }
 
+/* Operations that write into an output the caller gives must write all
+ * of it: the outputs start as garbage, so a position they skip shows. */
+static void
+garbage_outputs_rank (CpMesh   *mesh,
+                      gpointer  user_data)
+{
+  const gint64 shape[] = { 2, 3 };
+  const gint64 gathered_shape[] = { 4, 3 };
+  int rank = cp_mesh_get_rank (mesh);
+  g_autoptr(CpTensor) mine = cp_test_on_device (cp_tensor_new_arange (CP_DTYPE_INT32, 6 * rank,
+                                                                      6 * rank + 6, 1, NULL));
+  g_autoptr(CpTensor) piece = cp_tensor_reshape (mine, shape, 2, NULL);
+  g_autoptr(CpTensor) gathered = cp_test_on_device (cp_tensor_new_full (CP_DTYPE_INT32, gathered_shape,
+                                                                        2, -77, NULL));
+  g_autoptr(CpTensor) received = cp_test_on_device (cp_tensor_new_full (CP_DTYPE_INT32, shape, 2,
+                                                                        -77, NULL));
+  g_autoptr(GError) error = NULL;
+
+  g_assert_true (cp_mesh_all_gather_into (mesh, piece, 0, gathered, &error));
+  g_assert_no_error (error);
+  CP_TEST_ASSERT_VALUES (gathered, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11);
+  g_assert_true (cp_mesh_send_recv (mesh, piece, 1 - rank, received, 1 - rank, 5, &error));
+  g_assert_no_error (error);
+  if (rank == 0)
+    CP_TEST_ASSERT_VALUES (received, 6, 7, 8, 9, 10, 11);
+  else
+    CP_TEST_ASSERT_VALUES (received, 0, 1, 2, 3, 4, 5);
+}
+
+static void
+test_garbage_outputs (void)
+{
+  cp_test_run_group ("cp", 2, garbage_outputs_rank, NULL);
+}
+
 /* reshape is a view: the same storage and offset, another shape of the
  * same element count, one dimension inferred from -1. */
 static void
@@ -892,6 +927,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Tensor/read-only/views", test_read_only_views);
   cp_test_add_func_in_process ("/Cp/Tensor/read-only/set-value", test_set_value_read_only_is_critical);
   g_test_add_func ("/Cp/Tensor/reshape/view", test_reshape_view);
+  g_test_add_func ("/Cp/Tensor/outputs/garbage-first", test_garbage_outputs);
   g_test_add_func ("/Cp/Tensor/reshape/errors", test_reshape_errors);
 
   return g_test_run ();
