@@ -22,7 +22,10 @@ included:
 * ``Cp.Tensor.from_dlpack(obj)`` takes any object with ``__dlpack__`` (a
   ``torch.Tensor``, a numpy array, another ``Cp.Tensor``) or a
   ``"dltensor"`` capsule; the producer's memory is kept until the last
-  tensor on it is freed.
+  tensor on it is freed. PyTorch frees it anyway when the producer is
+  resized (``resize_()``, ``set_()``): never resize a torch tensor a
+  Cp.Tensor views; the tensor checks its producer before each use here and
+  raises ``Cp.TensorError.MOVED`` rather than read freed memory.
 * ``torch.from_dlpack(tensor)`` and ``numpy.from_dlpack(tensor)`` see the
   tensor's storage; it is kept until they free their side.
 
