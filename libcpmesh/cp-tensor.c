@@ -915,7 +915,9 @@ cp_tensor_get_storage_offset (CpTensor *self)
  * Gets the address of the first element as an integer, for bindings that
  * hand it to numpy, ctypes or a device API. It stays valid while the
  * storage does; keep a reference on [method@Cp.Tensor.get_storage] rather
- * than on the tensor, whose storage a context may swap.
+ * than on the tensor, whose storage a context may swap. Do not write
+ * through it when the storage is read-only
+ * ([method@Cp.Storage.get_read_only]).
  *
  * Returns: the address
  *
@@ -933,7 +935,9 @@ cp_tensor_get_data_address (CpTensor *self)
  * cp_tensor_get_data: (skip)
  * @self: a tensor
  *
- * Gets a pointer to the first element, for C callers.
+ * Gets a pointer to the first element, for C callers. The elements of a
+ * tensor over read-only memory ([method@Cp.Storage.get_read_only]) must
+ * not be written through it.
  *
  * Returns: (transfer none): the elements
  *
