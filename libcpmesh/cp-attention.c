@@ -264,7 +264,6 @@ cp_attention_new (CpMesh                    *mesh,
 {
   g_autoptr(CpAttention) self = NULL;
   g_autoptr(CpAttentionOptions) defaults = NULL;
-
   g_autoptr(CpMesh) own_mesh = NULL;
 
   g_return_val_if_fail (mesh == NULL || CP_IS_MESH (mesh), NULL);
