@@ -10,6 +10,7 @@
 
 #include "cp-attention-private.h"
 #include "cp-error.h"
+#include "cp-memory-private.h"
 #include "cp-tensor-private.h"
 
 /* The largest head dimension: K, V and score tiles of 128 rows then still
@@ -97,18 +98,24 @@ _cp_attention_lse_shape (const Plan *plan,
   return 3;
 }
 
-/* Reads B, H, S (or T) and D from q. */
-/* The memory kinds an attention kernel of this build computes on. */
+/* The memory kinds an attention kernel of this build computes on: every
+ * kind the memory interface reaches (_cp_memory_ops_for_kind answers for
+ * any value, and a kind set holds 32) that has a kernel table.  No kind
+ * is named here, so a kind added to the memory interface and the kernel
+ * table is considered without a change to this file. */
 static guint
 kernel_kinds (void)
 {
   guint kinds = 0;
 
-  for (guint kind = 0; kind <= CP_DEVICE_KIND_TEST; kind++)
-    if (_cp_kernel_for_device ((CpDeviceKind) kind) != NULL)
+  for (guint kind = 0; kind < 32; kind++)
+    if (_cp_memory_ops_for_kind ((CpDeviceKind) kind) != NULL &&
+        _cp_kernel_for_device ((CpDeviceKind) kind) != NULL)
       kinds |= 1u << kind;
   return kinds;
 }
+
+/* Reads B, H, S (or T) and D from q. */
 
 static gboolean
 read_query (Plan      *plan,
@@ -481,7 +488,7 @@ format_field (int    field,
       return g_strdup (value == CP_ROTATE_METHOD_ALLGATHER ? "allgather" : "alltoall");
     case DESC_LAYOUT:
     case DESC_PADDING:
-      return g_strdup_printf ("hash %016" G_GINT64_MODIFIER "x", value);
+      return g_strdup_printf ("hash " CP_FINGERPRINT_SHORT_FORMAT, CP_FINGERPRINT_SHORT (value));
     default:
       break;
     }

@@ -216,15 +216,40 @@ configure (CpAttention               *self,
   return TRUE;
 }
 
+/* A mesh of one rank for an operator made without one: C = 1, so
+ * attention makes no collective and the operator behaves as on the only
+ * rank of any one-rank mesh. */
+static CpMesh *
+new_single_rank_mesh (void)
+{
+  static const char * const names[] = { "cp", NULL };
+  static const int sizes[] = { 1 };
+  GList *meshes = cp_mesh_new_local_group (names, sizes, 1, NULL);
+  CpMesh *mesh;
+
+  g_assert (meshes != NULL && meshes->next == NULL);
+  mesh = meshes->data;
+  g_list_free (meshes);
+  return mesh;
+}
+
 /**
  * cp_attention_new:
- * @mesh: the context-parallel mesh (a 1-D mesh, or the submesh of the
- *   `cp` dimension); its world size is C
+ * @mesh: (nullable): the context-parallel mesh (a 1-D mesh, or the
+ *   submesh of the `cp` dimension), whose world size is C; %NULL for
+ *   attention on one rank (C = 1) without a mesh
  * @options: (nullable): the settings, copied; %NULL for the defaults
  * @error: return location for a #GError
  *
  * Creates the attention operator of one rank. Every rank of @mesh creates
  * its own with the same options.
+ *
+ * Without a mesh the operator is the plain (not context-parallel)
+ * attention of one process: it makes a one-rank mesh of its own
+ * ([method@Cp.Attention.get_mesh] returns it), so it needs no
+ * collective and no other rank, and computes exactly what the only rank
+ * of any one-rank mesh computes. `Cp.Attention.new(None, options)` in
+ * Python.
  *
  * Returns: (transfer full): the operator, or %NULL with
  *   %CP_ATTENTION_ERROR_SHAPE when the document bounds do not fit C or
@@ -239,13 +264,16 @@ cp_attention_new (CpMesh                    *mesh,
 {
   g_autoptr(CpAttention) self = NULL;
   g_autoptr(CpAttentionOptions) defaults = NULL;
+  g_autoptr(CpMesh) own_mesh = NULL;
 
-  g_return_val_if_fail (CP_IS_MESH (mesh), NULL);
+  g_return_val_if_fail (mesh == NULL || CP_IS_MESH (mesh), NULL);
   g_return_val_if_fail (options == NULL || CP_IS_ATTENTION_OPTIONS ((gpointer) options), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
   if (options == NULL)
     options = defaults = cp_attention_options_new ();
+  if (mesh == NULL)
+    mesh = own_mesh = new_single_rank_mesh ();
   self = g_object_new (CP_TYPE_ATTENTION, "mesh", mesh, NULL);
   if (!configure (self, options, error))
     return NULL;
@@ -256,7 +284,8 @@ cp_attention_new (CpMesh                    *mesh,
  * cp_attention_get_mesh:
  * @self: an attention operator
  *
- * Gets the mesh the operator runs over.
+ * Gets the mesh the operator runs over: the one-rank mesh of its own for
+ * an operator made without a mesh.
  *
  * Returns: (transfer none): the mesh
  *

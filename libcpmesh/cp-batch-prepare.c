@@ -161,6 +161,28 @@ plan_find (Plan       *plan,
   return NULL;
 }
 
+/* Token ids index a vocabulary: integers.  A floating or boolean tensor
+ * under 'input_ids' is a mistake here (embeddings belong under
+ * 'inputs_embeds'), and padding it with the token fill would hide it.
+ * (to_thd, after the reference's packing, takes embeddings under either
+ * key.) */
+static gboolean
+check_token_ids (CpTensor  *ids,
+                 GError   **error)
+{
+  CpDType dtype = cp_tensor_get_dtype (ids);
+  g_autofree char *description = NULL;
+
+  if (dtype == CP_DTYPE_INT64 || dtype == CP_DTYPE_INT32 || dtype == CP_DTYPE_UINT8)
+    return TRUE;
+  description = cp_tensor_describe (ids);
+  g_set_error (error, CP_BATCH_ERROR, CP_BATCH_ERROR_DTYPE,
+               "prepare: 'input_ids' is %s, but token ids are integers (int64, int32 or uint8), "
+               "not %s; embeddings belong under 'inputs_embeds'", description,
+               cp_dtype_get_name (dtype));
+  return FALSE;
+}
+
 static gboolean
 collect_primary (Plan     *plan,
                  CpBatch  *batch,
@@ -170,6 +192,8 @@ collect_primary (Plan     *plan,
   Item *item;
 
   if (primary == NULL)
+    return FALSE;
+  if (strcmp (plan->primary_key, "input_ids") == 0 && !check_token_ids (primary, error))
     return FALSE;
   if (cp_tensor_get_n_dims (primary) < 2)
     return _cp_batch_shape_error (error, "prepare", plan->primary_key, primary,
@@ -613,7 +637,8 @@ rotate_method_of (CpBatchOptions *options)
  *   `[1, S]` is expanded to `[B, S]`; mRoPE `[3, B, S]` keeps its shape;
  * - every sequence buffer is right-padded along its own sequence
  *   dimension to a multiple of 2·C: `labels` with −100, `padding_mask`
- *   with %TRUE, floating buffers with 0.0, anything else with 0 (the
+ *   with %TRUE, floating buffers with 0.0 whatever their key (floating
+ *   `labels` and `padding_mask` too), anything else with 0 (the
  *   reference's fill values);
  * - buffers are registered in the reference's order: primary, `labels`,
  *   `position_ids`, the loss mask, `padding_mask`, then extra buffers. Only
@@ -644,7 +669,8 @@ rotate_method_of (CpBatchOptions *options)
  * Returns: (transfer full): the context, or %NULL with
  *   %CP_BATCH_ERROR_MISSING_KEY or %CP_BATCH_ERROR_CONFLICTING_KEYS (naming
  *   the keys), %CP_TENSOR_ERROR_SHAPE (naming the key, the dimension and
- *   the lengths), %CP_TENSOR_ERROR_IN_USE (naming the key),
+ *   the lengths), %CP_BATCH_ERROR_DTYPE (`input_ids` that are not
+ *   integers), %CP_TENSOR_ERROR_IN_USE (naming the key),
  *   %CP_BATCH_ERROR_INVALID_OPTION, or %CP_MESH_ERROR_INVALID_TOPOLOGY for
  *   a mesh without a `cp` dimension
  *

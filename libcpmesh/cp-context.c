@@ -32,11 +32,17 @@
  * are still local are left as they are, the others are sharded again.
  *
  * Enter checks everything before it changes anything: every buffer is in
- * host memory, has its sequence dimension, and has the same padded length,
- * a multiple of 2·C; then all ranks compare their layouts (and, for a
- * context [method@Cp.Batch.prepare] made, the batch's length before
- * padding) in one small all-gather. Any problem, on any rank, is an error
- * on every rank and no buffer is modified anywhere.
+ * memory this build reaches (host or test memory, and CUDA memory in builds
+ * with [const@Cp.HAS_CUDA]), has its sequence dimension, and has the same
+ * padded length, a multiple of 2·C; then all ranks compare their layouts
+ * (and, for a context [method@Cp.Batch.prepare] made, the batch's length
+ * before padding) in one small all-gather. Any problem, on any rank, is
+ * an error on every rank and no buffer is modified anywhere.
+ *
+ * Sharding in place never writes the buffer's own memory: the tensor is
+ * given new memory for its local piece. A buffer over read-only memory (a
+ * #GBytes) can therefore be registered; it is read, and restored as it
+ * was.
  *
  * Restorable buffers are restored without a copy: enter gives the tensor
  * new local memory and keeps the original memory aside, untouched. Writes
@@ -499,7 +505,8 @@ set_state_error (GError     **error,
 /**
  * cp_context_register_buffer:
  * @self: a context that is not entered
- * @tensor: a sequence-bearing host tensor, registered once
+ * @tensor: a sequence-bearing tensor in memory this build reaches,
+ *   registered once
  * @seq_dim: its sequence dimension; negative values count from the last
  * @restore: whether exit puts the full buffer back (otherwise it stays
  *   local after exit)

@@ -44,6 +44,16 @@ G_BEGIN_DECLS
  * @CP_TENSOR_ERROR_UNSEALED: a file descriptor to map could shrink under
  *   the mapping: it is neither a memfd sealed against shrinking nor a
  *   dma-buf
+ * @CP_TENSOR_ERROR_READ_ONLY: the operation would write into a tensor
+ *   whose memory is read-only (a tensor over a #GBytes, or a view of one),
+ *   or hand that memory to a consumer that may write it
+ * @CP_TENSOR_ERROR_BAD_FD: a file descriptor cannot be mapped at all: it
+ *   is negative or closed, was opened with `O_PATH`, or was not opened
+ *   for both reading and writing
+ * @CP_TENSOR_ERROR_MOVED: the framework that lent the memory through DLPack
+ *   has moved or freed it since (a PyTorch tensor resized after
+ *   `Cp.Tensor.from_dlpack()`), so using the tensor would touch freed
+ *   memory; the Python override reports it
  *
  * Errors of the [error@Cp.TensorError] domain.
  *
@@ -60,6 +70,9 @@ typedef enum
   CP_TENSOR_ERROR_MISALIGNED,
   CP_TENSOR_ERROR_IN_USE,
   CP_TENSOR_ERROR_UNSEALED,
+  CP_TENSOR_ERROR_READ_ONLY,
+  CP_TENSOR_ERROR_BAD_FD,
+  CP_TENSOR_ERROR_MOVED,
 } CpTensorError;
 
 /**
@@ -128,6 +141,8 @@ typedef enum
  * @CP_BATCH_ERROR_CONTEXT_STATE: the context is not in the state the call
  *   needs: entered twice, exited without being entered, or given a buffer
  *   while entered
+ * @CP_BATCH_ERROR_DTYPE: a key holds a tensor of an element type it cannot
+ *   have, for example floating-point `input_ids`
  *
  * Errors of the [error@Cp.BatchError] domain.
  *
@@ -143,6 +158,7 @@ typedef enum
   CP_BATCH_ERROR_UNSUPPORTED_FORMAT,
   CP_BATCH_ERROR_INVALID_OPTION,
   CP_BATCH_ERROR_CONTEXT_STATE,
+  CP_BATCH_ERROR_DTYPE,
 } CpBatchError;
 
 /**

@@ -102,7 +102,8 @@ check_output (CpTensor    *out,
                    what, have, cp_dtype_get_name (cp_tensor_get_dtype (template)), want);
       return FALSE;
     }
-  return _cp_tensor_require_device (out, what, "the output", CP_DEVICE_KINDS_REACHABLE, error);
+  return _cp_tensor_require_device (out, what, "the output", CP_DEVICE_KINDS_REACHABLE, error) &&
+         _cp_tensor_require_writable (out, what, "the output", error);
 }
 
 static gboolean

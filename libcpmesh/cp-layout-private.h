@@ -10,6 +10,13 @@
 
 G_BEGIN_DECLS
 
+/* A fingerprint (or another 64-bit hash) in a message: its first 8
+ * hexadecimal digits, the start of cp_layout_dup_fingerprint_hex().
+ * Enough to tell two layouts apart at a glance; the 19 decimal digits of
+ * the whole value only make a message harder to read. */
+#define CP_FINGERPRINT_SHORT_FORMAT "%08" G_GINT32_MODIFIER "x"
+#define CP_FINGERPRINT_SHORT(value) ((guint32) ((guint64) (value) >> 32))
+
 /* The layout's runs are kernels/cp-index-math.h's cp_index_run; the old
  * name stays for code that has not moved to it yet. */
 typedef cp_index_run CpRun;

@@ -461,6 +461,14 @@ G_STATIC_ASSERT (sizeof (cp_index_run) == 2 * sizeof (gint64));
  *
  * Gets how many positions @rank holds.
  *
+ * A rank outside `[0, cp_size)` is a programmer error, as for the other
+ * getters that take a rank ([method@Cp.Layout.get_local_indices],
+ * [method@Cp.Layout.get_chunks]): the ranks of a layout are those of the
+ * mesh it was made for, never data read at run time. It is reported with
+ * a critical naming the check, and 0 is returned. Calls that take a rank
+ * from their caller's data, such as [method@Cp.Layout.shard], check it
+ * and fail with %CP_TENSOR_ERROR_OUT_OF_RANGE instead.
+ *
  * Returns: the local sequence length
  *
  * Since: 1.0

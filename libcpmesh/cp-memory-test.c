@@ -78,7 +78,15 @@ remember (const Mapping *mapping)
   _cp_mutex_unlock (&mappings_lock);
 }
 
-/* A fresh memfd is zero-filled, so @zeroed needs no work. */
+/* The byte an allocation that need not be zeroed starts filled with:
+ * an output an operation forgets to write then holds garbage (0xa5a5…
+ * is a huge integer and a float of about -2.9e-16, never 0 or 1), as
+ * device memory may, instead of the zeros of a fresh memfd, which would
+ * hide the mistake. */
+#define UNZEROED_BYTE 0xa5
+
+/* A fresh memfd is zero-filled, so @zeroed needs no work; otherwise the
+ * bytes are made garbage on purpose. */
 static gpointer
 test_alloc (gsize     size,
             gboolean  zeroed,
@@ -108,6 +116,8 @@ test_alloc (gsize     size,
       return NULL;
     }
   close (fd);
+  if (!zeroed)
+    memset (mapping.shadow, UNZEROED_BYTE, mapping.length);
   remember (&mapping);
   return mapping.visible;
 }

@@ -1219,7 +1219,8 @@ check_gather_output (CpMesh     *self,
     }
   /* One collective moves one kind of memory. */
   return _cp_tensor_require_device (out, "all_gather", "the output",
-                                    1u << cp_tensor_get_device (tensor), error);
+                                    1u << cp_tensor_get_device (tensor), error) &&
+         _cp_tensor_require_writable (out, "all_gather", "the output", error);
 }
 
 static gboolean
@@ -1315,7 +1316,8 @@ cp_mesh_all_gather (CpMesh    *self,
  * Like [method@Cp.Mesh.all_gather], writing into a tensor the caller
  * reuses.
  *
- * Returns: %TRUE on success
+ * Returns: %TRUE on success, or %FALSE with an error on every rank;
+ *   %CP_TENSOR_ERROR_READ_ONLY when a rank's @out is read-only
  *
  * Since: 1.0
  */
@@ -1418,7 +1420,9 @@ cp_mesh_all_to_all (CpMesh    *self,
  * gets identical bits, run after run; integers wrap, booleans combine with
  * or (sum, max) and and (min), 16-bit floats accumulate in float32.
  *
- * Returns: %TRUE on success, or %FALSE with an error on every rank
+ * Returns: %TRUE on success, or %FALSE with an error on every rank;
+ *   %CP_TENSOR_ERROR_READ_ONLY when a rank's @tensor is read-only
+ *   ([method@Cp.Storage.get_read_only])
  *
  * Since: 1.0
  */
@@ -1438,7 +1442,8 @@ cp_mesh_all_reduce (CpMesh      *self,
 
   describe_operand (&coll, CP_COLL_ALL_REDUCE, tensor);
   coll.op = op;
-  if (check_operand (self, tensor, "all_reduce", "the tensor", &invalid))
+  if (check_operand (self, tensor, "all_reduce", "the tensor", &invalid) &&
+      _cp_tensor_require_writable (tensor, "all_reduce", "the tensor", &invalid))
     {
       coll.count = (gsize) cp_tensor_get_numel (tensor);
       coll.recv = cp_tensor_get_data (tensor);
@@ -1455,7 +1460,9 @@ cp_mesh_all_reduce (CpMesh      *self,
  *
  * Copies @root's @tensor into every rank's @tensor.
  *
- * Returns: %TRUE on success, or %FALSE with an error on every rank
+ * Returns: %TRUE on success, or %FALSE with an error on every rank;
+ *   %CP_TENSOR_ERROR_READ_ONLY when the @tensor of a rank other than
+ *   @root is read-only ([method@Cp.Storage.get_read_only])
  *
  * Since: 1.0
  */
@@ -1477,7 +1484,9 @@ cp_mesh_broadcast (CpMesh    *self,
   if (root < 0 || root >= self->comm->size)
     g_set_error (&invalid, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE,
                  "broadcast: root %d is outside [0, %d)", root, self->comm->size);
-  else if (check_operand (self, tensor, "broadcast", "the tensor", &invalid))
+  else if (check_operand (self, tensor, "broadcast", "the tensor", &invalid) &&
+           (root == self->comm->index ||
+            _cp_tensor_require_writable (tensor, "broadcast", "the tensor", &invalid)))
     {
       coll.count = (gsize) cp_tensor_get_numel (tensor);
       coll.recv = cp_tensor_get_data (tensor);
@@ -1495,7 +1504,11 @@ describe_values (const char * const *names,
   GString *text = g_string_new (NULL);
 
   for (guint i = 0; i < n_values; i++)
-    g_string_append_printf (text, "%s%s %" G_GINT64_FORMAT, i ? ", " : "", names[i], values[i]);
+    if (g_str_has_suffix (names[i], "fingerprint"))
+      g_string_append_printf (text, "%s%s " CP_FINGERPRINT_SHORT_FORMAT, i ? ", " : "", names[i],
+                              CP_FINGERPRINT_SHORT (values[i]));
+    else
+      g_string_append_printf (text, "%s%s %" G_GINT64_FORMAT, i ? ", " : "", names[i], values[i]);
   return g_string_free (text, FALSE);
 }
 
@@ -1738,7 +1751,8 @@ cp_mesh_send (CpMesh    *self,
  * Receives into @tensor what rank @src sends with [method@Cp.Mesh.send].
  *
  * Returns: %TRUE on success; %FALSE with %CP_TENSOR_ERROR_SHAPE on a
- *   dtype or shape mismatch (@tensor is then untouched), or
+ *   dtype or shape mismatch (@tensor is then untouched),
+ *   %CP_TENSOR_ERROR_READ_ONLY when @tensor is read-only, or
  *   %CP_MESH_ERROR_TIMED_OUT
  *
  * Since: 1.0
@@ -1754,7 +1768,8 @@ cp_mesh_recv (CpMesh    *self,
   g_return_val_if_fail (CP_IS_TENSOR (tensor), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
-  if (!check_peer (self, "recv", src, tensor, error))
+  if (!check_peer (self, "recv", src, tensor, error) ||
+      !_cp_tensor_require_writable (tensor, "recv", "the tensor", error))
     return FALSE;
   if (src == self->comm->index)
     {
@@ -1798,7 +1813,8 @@ cp_mesh_send_recv (CpMesh    *self,
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
   if (!check_peer (self, "send_recv", dst, send_tensor, error) ||
-      !check_peer (self, "send_recv", src, recv_tensor, error))
+      !check_peer (self, "send_recv", src, recv_tensor, error) ||
+      !_cp_tensor_require_writable (recv_tensor, "send_recv", "the receive tensor", error))
     return FALSE;
   return exchange (self, send_tensor, dst, recv_tensor, src, tag, error);
 }

@@ -58,6 +58,7 @@ struct _CpStorage
   int device_id;
   guint8 *data;
   gsize size;
+  gboolean read_only; /* no operation may write the bytes */
 
   GBytes *bytes;
 
@@ -285,8 +286,16 @@ cp_storage_new_shared (gsize    size,
  * Wraps the contents of @bytes without copying them. The storage keeps a
  * reference on @bytes until it is freed.
  *
- * #GBytes are immutable by contract: only use tensors on such a storage
- * for reading, or hand in bytes nothing else reads.
+ * #GBytes are immutable by contract, and their bytes may be in memory
+ * that cannot be written at all (a string constant, a read-only mapping):
+ * the storage is read-only ([method@Cp.Storage.get_read_only]). Every
+ * operation that would write into a tensor on it — a collective or a
+ * receive into it, a `_into` call with it as the output, a DLPack export
+ * a consumer could write through — fails with %CP_TENSOR_ERROR_READ_ONLY
+ * instead; operations that only read it, and those that give the tensor
+ * new memory (sharding it in place when a context enters, padding it in
+ * [method@Cp.Batch.prepare]), work as on any tensor. Copy it
+ * ([method@Cp.Tensor.copy]) to get a tensor to write into.
  *
  * Returns: (transfer full): a new storage
  *
@@ -304,6 +313,7 @@ cp_storage_new_from_bytes (GBytes *bytes)
   data = g_bytes_get_data (bytes, &size);
   self = storage_alloc (CP_STORAGE_KIND_BYTES, &bytes_ops, (gpointer) data, size);
   self->bytes = g_bytes_ref (bytes);
+  self->read_only = TRUE;
   return self;
 }
 
@@ -443,6 +453,56 @@ check_fd_cannot_shrink (int                fd,
   return FALSE;
 }
 
+/* A descriptor of an open file, not an O_PATH handle (which gives access
+ * to neither the bytes nor the seals); its flags in @flags. */
+static gboolean
+check_fd_handle (int      fd,
+                 int     *flags,
+                 GError **error)
+{
+  if (fd < 0)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_BAD_FD,
+                   "fd %d is not a file descriptor: descriptors are 0 or more", fd);
+      return FALSE;
+    }
+  *flags = fcntl (fd, F_GETFL);
+  if (*flags < 0)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_BAD_FD,
+                   "fd %d cannot be used: %s", fd, g_strerror (errno));
+      return FALSE;
+    }
+  if ((*flags & O_PATH) != 0)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_BAD_FD,
+                   "fd %d was opened with O_PATH: it names a file but gives access neither to "
+                   "its bytes nor to its seals, so it cannot be mapped; pass a descriptor opened "
+                   "for reading and writing (the one memfd_create returned, or /proc/self/fd/%d "
+                   "opened with O_RDWR)", fd, fd);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+/* Tensors are written through their mapping, which needs a descriptor
+ * opened for reading and writing. */
+static gboolean
+check_fd_access_mode (int      fd,
+                      int      flags,
+                      GError **error)
+{
+  if ((flags & O_ACCMODE) != O_RDWR)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_BAD_FD,
+                   "fd %d was opened %s; tensors write through their mapping, which needs a "
+                   "descriptor opened for reading and writing (O_RDWR)", fd,
+                   (flags & O_ACCMODE) == O_WRONLY ? "write-only (O_WRONLY)" : "read-only (O_RDONLY)");
+      return FALSE;
+    }
+  return TRUE;
+}
+
 static gboolean
 check_fd (int      fd,
           goffset  offset,
@@ -450,6 +510,10 @@ check_fd (int      fd,
           GError **error)
 {
   struct stat st;
+  int flags;
+
+  if (!check_fd_handle (fd, &flags, error))
+    return FALSE;
 
   if (fstat (fd, &st) != 0)
     {
@@ -457,7 +521,7 @@ check_fd (int      fd,
                    "cannot stat fd %d: %s", fd, g_strerror (errno));
       return FALSE;
     }
-  if (!check_fd_cannot_shrink (fd, &st, error))
+  if (!check_fd_cannot_shrink (fd, &st, error) || !check_fd_access_mode (fd, flags, error))
     return FALSE;
   /* Written so that nothing wraps; dma-bufs report no size through
    * fstat, so for them the range only has to fit in a file offset (their
@@ -497,6 +561,8 @@ check_fd (int      fd,
  * caller's job.
  *
  * Returns: (transfer full): a new storage, or %NULL with
+ *   %CP_TENSOR_ERROR_BAD_FD when @fd is negative, closed, an `O_PATH`
+ *   handle or not open for reading and writing,
  *   %CP_TENSOR_ERROR_OUT_OF_RANGE when the file is too short, or
  *   %CP_TENSOR_ERROR_UNSEALED when it could shrink
  *
@@ -510,7 +576,6 @@ cp_storage_new_from_fd (int      fd,
 {
   int own_fd;
 
-  g_return_val_if_fail (fd >= 0, NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
   if (!check_fd (fd, offset, size, error))
@@ -672,4 +737,24 @@ cp_storage_get_fd (CpStorage *self)
   g_return_val_if_fail (self != NULL, -1);
 
   return self->fd;
+}
+
+/**
+ * cp_storage_get_read_only:
+ * @self: a storage
+ *
+ * Tells whether the bytes of @self may only be read: those of a #GBytes
+ * ([ctor@Cp.Storage.new_from_bytes]). Operations that would write them
+ * fail with %CP_TENSOR_ERROR_READ_ONLY.
+ *
+ * Returns: %TRUE when no operation may write the bytes
+ *
+ * Since: 1.0
+ */
+gboolean
+cp_storage_get_read_only (CpStorage *self)
+{
+  g_return_val_if_fail (self != NULL, FALSE);
+
+  return self->read_only;
 }

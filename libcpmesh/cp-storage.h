@@ -94,6 +94,8 @@ CP_AVAILABLE_IN_ALL
 gpointer       cp_storage_get_data         (CpStorage     *self);
 CP_AVAILABLE_IN_ALL
 int            cp_storage_get_fd           (CpStorage     *self);
+CP_AVAILABLE_IN_ALL
+gboolean       cp_storage_get_read_only    (CpStorage     *self);
 
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (CpStorage, cp_storage_unref)
 

@@ -87,6 +87,22 @@ dl_device_name (int device_type)
     }
 }
 
+/* DLPack numbers the CPU as device 0, the only one there is, and CUDA
+ * devices from 0; any other id names memory that is not where it says. */
+static gboolean
+check_device_id (DLDevice   device,
+                 GError   **error)
+{
+  if (device.device_type == kDLCPU ? device.device_id == 0 : device.device_id >= 0)
+    return TRUE;
+  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
+               "a DLPack tensor on %s device %d (device type %d) names a device that does not "
+               "exist: %s", dl_device_name (device.device_type), device.device_id,
+               (int) device.device_type,
+               device.device_type == kDLCPU ? "the CPU is device 0" : "device ids count from 0");
+  return FALSE;
+}
+
 /* CPU memory always; CUDA memory in builds that have the GPU path. */
 static gboolean
 device_from_dl (DLDevice       device,
@@ -96,12 +112,12 @@ device_from_dl (DLDevice       device,
   if (device.device_type == kDLCPU)
     {
       *kind = CP_DEVICE_KIND_HOST;
-      return TRUE;
+      return check_device_id (device, error);
     }
   if (device.device_type == kDLCUDA && CP_HAS_CUDA)
     {
       *kind = CP_DEVICE_KIND_CUDA;
-      return TRUE;
+      return check_device_id (device, error);
     }
   g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
                "a DLPack tensor on %s device %d (device type %d) is in memory this build of "
@@ -291,10 +307,22 @@ call_deleter (gpointer dlpack)
  * size 1 may have any stride), one lane of bool (DLPack 0.8's code 6),
  * uint8, int32, int64, float16, bfloat16, float32 or float64, on the CPU
  * (or a CUDA device in builds with [const@Cp.HAS_CUDA]), starting at an
- * address aligned to the element size.
+ * address aligned to the element size. A device id that names no device
+ * (not 0 for the CPU, negative for CUDA) is refused.
+ *
+ * DLPack's contract is that the memory stays where it is until the
+ * deleter runs. PyTorch breaks it: `resize_()` or `set_()` on the
+ * exported tensor (or on any tensor sharing its storage) frees or moves
+ * the memory while the export still points at it, and every later use of
+ * this tensor — a copy, a collective, a shard — reads or writes freed
+ * memory. Do not resize a PyTorch tensor while a libcpmesh tensor views
+ * it; copy it first if it must change. The Python override's
+ * `Cp.Tensor.from_dlpack()` keeps the PyTorch tensor it was given and
+ * refuses to use a tensor whose producer has moved its memory since.
  *
  * Returns: (transfer full): a new tensor whose storage is of kind
  *   %CP_STORAGE_KIND_DLPACK, or %NULL with %CP_TENSOR_ERROR_DEVICE,
+ *   (also for a device id that names no device),
  *   %CP_TENSOR_ERROR_DTYPE, %CP_TENSOR_ERROR_SHAPE (a bad shape or strides
  *   that are not row-major), %CP_TENSOR_ERROR_MISALIGNED or
  *   %CP_TENSOR_ERROR_OUT_OF_RANGE (no data, or data past the end of the
@@ -397,12 +425,16 @@ export_set_shape (Export   *export,
  *
  * The elements are described as compact row-major (explicit strides,
  * `byte_offset` 0). bool goes out as DLPack 0.8's boolean code 6, which
- * older consumers refuse. DLPack cannot mark memory read-only: a tensor
- * over a #GBytes is exported writable like any other.
+ * older consumers refuse. DLPack's legacy struct cannot mark memory
+ * read-only, and a consumer may write through what it gets, so a tensor
+ * over read-only memory (a #GBytes, see [method@Cp.Storage.get_read_only])
+ * is refused, as numpy refuses to export a read-only array: export a copy
+ * ([method@Cp.Tensor.copy]) instead.
  *
  * Returns: (transfer full) (type gpointer): a new `DLManagedTensor *`, or
  *   %NULL with %CP_TENSOR_ERROR_DEVICE when the memory of @self has no
- *   DLPack device type
+ *   DLPack device type, or %CP_TENSOR_ERROR_READ_ONLY when it is
+ *   read-only
  *
  * Since: 1.0
  */
@@ -417,7 +449,8 @@ cp_tensor_to_dlpack (CpTensor  *self,
   g_return_val_if_fail (CP_IS_TENSOR (self), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  if (!dl_device_of (self, &device, error))
+  if (!dl_device_of (self, &device, error) ||
+      !_cp_tensor_require_writable (self, "to_dlpack", "the tensor", error))
     return NULL;
   export = g_new0 (Export, 1);
   export->storage = cp_storage_ref (cp_tensor_get_storage (self));

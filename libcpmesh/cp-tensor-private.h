@@ -56,6 +56,16 @@ gboolean  _cp_tensor_require_device  (CpTensor      *self,
                                       guint          kinds,
                                       GError       **error);
 
+/* The one check that an operation may write the bytes of @self: its
+ * storage is not read-only (cp_storage_get_read_only).  Otherwise sets
+ * CP_TENSOR_ERROR_READ_ONLY, naming @what (the operation) and @label (the
+ * tensor, as the caller names it).  Every operation that writes into a
+ * tensor the caller gave calls it before it writes anything. */
+gboolean  _cp_tensor_require_writable (CpTensor     *self,
+                                       const char   *what,
+                                       const char   *label,
+                                       GError      **error);
+
 /* "host", "cuda", … */
 const char *_cp_device_kind_get_name (CpDeviceKind   kind);
 

@@ -564,8 +564,8 @@ cp_tensor_new_shared (CpDType        dtype,
  * @dtype: the element type
  * @shape: (array length=n_dims): the size of each dimension
  * @n_dims: the number of dimensions
- * @fd: a memfd sealed against shrinking, or a dma-buf; it is duplicated,
- *   not taken
+ * @fd: a memfd sealed against shrinking, or a dma-buf, open for reading
+ *   and writing; it is duplicated, not taken
  * @offset: where the tensor starts in the file, in bytes
  * @error: return location for a #GError
  *
@@ -574,6 +574,8 @@ cp_tensor_new_shared (CpDType        dtype,
  * shrink is refused (see [ctor@Cp.Storage.new_from_fd]).
  *
  * Returns: (transfer full): a new tensor, or %NULL with
+ *   %CP_TENSOR_ERROR_BAD_FD when @fd cannot be mapped (negative, closed,
+ *   `O_PATH`, not open for reading and writing),
  *   %CP_TENSOR_ERROR_OUT_OF_RANGE when the file is too short or
  *   %CP_TENSOR_ERROR_UNSEALED when it could shrink
  *
@@ -592,7 +594,6 @@ cp_tensor_new_from_fd (CpDType        dtype,
 
   RETURN_IF_BAD_DTYPE (dtype, NULL);
   g_return_val_if_fail (shape != NULL || n_dims == 0, NULL);
-  g_return_val_if_fail (fd >= 0, NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
   if (!_cp_shape_check (dtype, shape, n_dims, &numel, error))
@@ -914,7 +915,9 @@ cp_tensor_get_storage_offset (CpTensor *self)
  * Gets the address of the first element as an integer, for bindings that
  * hand it to numpy, ctypes or a device API. It stays valid while the
  * storage does; keep a reference on [method@Cp.Tensor.get_storage] rather
- * than on the tensor, whose storage a context may swap.
+ * than on the tensor, whose storage a context may swap. Do not write
+ * through it when the storage is read-only
+ * ([method@Cp.Storage.get_read_only]).
  *
  * Returns: the address
  *
@@ -932,7 +935,9 @@ cp_tensor_get_data_address (CpTensor *self)
  * cp_tensor_get_data: (skip)
  * @self: a tensor
  *
- * Gets a pointer to the first element, for C callers.
+ * Gets a pointer to the first element, for C callers. The elements of a
+ * tensor over read-only memory ([method@Cp.Storage.get_read_only]) must
+ * not be written through it.
  *
  * Returns: (transfer none): the elements
  *
@@ -1092,7 +1097,9 @@ cp_tensor_get_value (CpTensor *self,
  * @index: a flat, row-major element index
  * @value: the new value, converted as by [ctor@Cp.Tensor.new_full]
  *
- * Writes one element, for tests and small scripts.
+ * Writes one element, for tests and small scripts. Writing into a tensor
+ * over read-only memory ([method@Cp.Storage.get_read_only]) is a
+ * programmer error: it is refused with a critical.
  *
  * Since: 1.0
  */
@@ -1106,6 +1113,7 @@ cp_tensor_set_value (CpTensor *self,
   g_return_if_fail (CP_IS_TENSOR (self));
   g_return_if_fail (index >= 0 && index < self->numel);
   g_return_if_fail (_cp_storage_get_memory (self->storage) != NULL);
+  g_return_if_fail (!cp_storage_get_read_only (self->storage));
 
   _cp_dtype_write (self->dtype, &element, 0, value);
   _cp_memory_upload (self, (gsize) index * cp_dtype_get_size (self->dtype), &element,
@@ -1337,6 +1345,127 @@ cp_tensor_narrow (CpTensor  *self,
   return out;
 }
 
+/* Resolves the one -1 of a reshape's @shape into @resolved, and checks
+ * that the element count stays that of @self. */
+static gboolean
+resolve_reshape (CpTensor      *self,
+                 const gint64  *shape,
+                 guint          n_dims,
+                 gint64        *resolved,
+                 GError       **error)
+{
+  g_autofree char *have = _cp_shape_to_string (self->shape, self->n_dims);
+  g_autofree char *want = _cp_shape_to_string (shape, MIN (n_dims, CP_TENSOR_MAX_DIMS));
+  gint64 known = 1;
+  int inferred = -1;
+
+  if (n_dims > CP_TENSOR_MAX_DIMS)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                   "reshape: a tensor has at most %d dimensions, %u were given",
+                   CP_TENSOR_MAX_DIMS, n_dims);
+      return FALSE;
+    }
+  for (guint i = 0; i < n_dims; i++)
+    {
+      resolved[i] = shape[i];
+      if (shape[i] == -1 && inferred < 0)
+        {
+          inferred = (int) i;
+          continue;
+        }
+      if (shape[i] == -1)
+        {
+          g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                       "reshape: shape %s has -1 in dimensions %d and %u; only one size can "
+                       "be inferred", want, inferred, i);
+          return FALSE;
+        }
+      if (shape[i] < 0)
+        {
+          g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                       "reshape: dimension %u of shape %s has negative size %" G_GINT64_FORMAT
+                       "; only -1 (inferred) is allowed", i, want, shape[i]);
+          return FALSE;
+        }
+      /* Above the tensor's own count (or overflowing) it cannot match. */
+      if (shape[i] != 0 && known > G_MAXINT64 / shape[i])
+        known = G_MAXINT64;
+      else
+        known *= shape[i];
+    }
+  if (inferred >= 0)
+    {
+      if (known == 0 || self->numel % known != 0)
+        {
+          g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                       "reshape: a tensor of shape %s (%" G_GINT64_FORMAT " elements) cannot "
+                       "be reshaped to %s: %s", have, self->numel, want,
+                       known == 0 ? "the -1 dimension could be any size next to a 0"
+                                  : "no size of the -1 dimension gives that many elements");
+          return FALSE;
+        }
+      resolved[inferred] = self->numel / known;
+      known = self->numel;
+    }
+  if (known != self->numel)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                   "reshape: a tensor of shape %s (%" G_GINT64_FORMAT " elements) cannot be "
+                   "reshaped to %s, which holds another number of elements",
+                   have, self->numel, want);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+/**
+ * cp_tensor_reshape:
+ * @self: a tensor
+ * @shape: (array length=n_dims): the new size of each dimension; one of
+ *   them may be -1, inferred from the others and the element count
+ * @n_dims: the number of dimensions, at most [const@Cp.TENSOR_MAX_DIMS]
+ * @error: return location for a #GError
+ *
+ * Views the elements of @self with another shape of the same element
+ * count, like PyTorch's `view()`: tensors are always contiguous and
+ * row-major, so the result is never a copy. It shares the storage of
+ * @self (writes through either are seen by both) and keeps its
+ * [property@Cp.Tensor:requires-grad]. For a `[2, 3, 4]` tensor, `[6, -1]`
+ * gives `[6, 4]`.
+ *
+ * The result views the storage @self has now: when a context later
+ * shards @self in place, the view keeps the full bytes and shape.
+ *
+ * Returns: (transfer full): the view, or %NULL with
+ *   %CP_TENSOR_ERROR_SHAPE when @shape holds another number of elements
+ *   (the message names both shapes), has more than one -1, or has another
+ *   negative size
+ *
+ * Since: 1.0
+ */
+CpTensor *
+cp_tensor_reshape (CpTensor      *self,
+                   const gint64  *shape,
+                   guint          n_dims,
+                   GError       **error)
+{
+  gint64 resolved[CP_TENSOR_MAX_DIMS];
+  CpTensor *view;
+
+  g_return_val_if_fail (CP_IS_TENSOR (self), NULL);
+  g_return_val_if_fail (shape != NULL || n_dims == 0, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!resolve_reshape (self, shape, n_dims, resolved, error))
+    return NULL;
+  view = cp_tensor_new_from_storage (self->dtype, resolved, n_dims, self->storage, self->offset,
+                                     error);
+  if (view != NULL)
+    view->requires_grad = self->requires_grad;
+  return view;
+}
+
 static gboolean
 check_target_device (CpTensor      *self,
                      CpDeviceKind   device,
@@ -1445,6 +1574,24 @@ _cp_tensor_require_device (CpTensor    *self,
   g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
                "%s: %s (%s) is in %s memory, which this operation cannot reach; it works on %s "
                "memory", what, label, description, _cp_device_kind_get_name (device), accepted);
+  return FALSE;
+}
+
+gboolean
+_cp_tensor_require_writable (CpTensor    *self,
+                             const char  *what,
+                             const char  *label,
+                             GError     **error)
+{
+  g_autofree char *description = NULL;
+
+  if (!cp_storage_get_read_only (self->storage))
+    return TRUE;
+  description = cp_tensor_describe (self);
+  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_READ_ONLY,
+               "%s: %s (%s) is over read-only memory (the contents of a GBytes), which this "
+               "operation would write; write into a copy of it (cp_tensor_copy) instead",
+               what, label, description);
   return FALSE;
 }
 

@@ -131,6 +131,11 @@ CpTensor     *cp_tensor_narrow              (CpTensor       *self,
                                              gint64          length,
                                              GError        **error) G_GNUC_WARN_UNUSED_RESULT;
 CP_AVAILABLE_IN_ALL
+CpTensor     *cp_tensor_reshape             (CpTensor       *self,
+                                             const gint64   *shape,
+                                             guint           n_dims,
+                                             GError        **error) G_GNUC_WARN_UNUSED_RESULT;
+CP_AVAILABLE_IN_ALL
 CpTensor     *cp_tensor_to_device           (CpTensor       *self,
                                              CpDeviceKind    device,
                                              GError        **error) G_GNUC_WARN_UNUSED_RESULT;

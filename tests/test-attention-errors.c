@@ -537,6 +537,57 @@ test_backward_lse (void)
   cp_test_free_group (meshes);
 }
 
+/* Without a mesh, attention is that of one rank: the same results as on
+ * the only rank of a one-rank mesh, bit for bit, forward and backward;
+ * and bad inputs are still refused. */
+static void
+test_without_mesh (void)
+{
+  GList *one = cp_test_local_group ("cp", 1);
+  g_autoptr(CpTensor) q = tensor4 (CP_DTYPE_FLOAT32, 1, 2, 8, 8);
+  g_autoptr(CpTensor) k = tensor4 (CP_DTYPE_FLOAT32, 1, 2, 8, 8);
+  g_autoptr(CpTensor) v = tensor4 (CP_DTYPE_FLOAT32, 1, 2, 8, 8);
+  g_autoptr(CpTensor) odd = tensor4 (CP_DTYPE_FLOAT32, 1, 2, 8, 4);
+  g_autoptr(CpAttention) alone = NULL;
+  g_autoptr(CpAttention) ranked = NULL;
+  g_autoptr(CpTensor) out = NULL, lse = NULL, ranked_out = NULL, ranked_lse = NULL;
+  g_autoptr(CpTensor) dq = NULL, dk = NULL, dv = NULL;
+  g_autoptr(CpTensor) ranked_dq = NULL, ranked_dk = NULL, ranked_dv = NULL;
+  g_autoptr(CpTensor) bad = NULL;
+  g_autoptr(GError) error = NULL;
+
+  alone = cp_attention_new (NULL, NULL, &error);
+  g_assert_no_error (error);
+  ranked = cp_attention_new (one->data, NULL, &error);
+  g_assert_no_error (error);
+  g_assert_cmpint (cp_mesh_get_world_size (cp_attention_get_mesh (alone)), ==, 1);
+
+  g_assert_true (cp_attention_forward (alone, q, k, v, &out, &lse, &error));
+  g_assert_no_error (error);
+  g_assert_true (cp_attention_forward (ranked, q, k, v, &ranked_out, &ranked_lse, &error));
+  g_assert_no_error (error);
+  CP_TEST_ASSERT_SHAPE (out, 1, 2, 8, 8);
+  CP_TEST_ASSERT_SHAPE (lse, 1, 2, 8);
+  g_assert_true (cp_tensor_equal (out, ranked_out));
+  g_assert_true (cp_tensor_equal (lse, ranked_lse));
+
+  g_assert_true (cp_attention_backward (alone, out, q, k, v, out, lse, &dq, &dk, &dv, &error));
+  g_assert_no_error (error);
+  g_assert_true (cp_attention_backward (ranked, ranked_out, q, k, v, ranked_out, ranked_lse,
+                                        &ranked_dq, &ranked_dk, &ranked_dv, &error));
+  g_assert_no_error (error);
+  g_assert_true (cp_tensor_equal (dq, ranked_dq));
+  g_assert_true (cp_tensor_equal (dk, ranked_dk));
+  g_assert_true (cp_tensor_equal (dv, ranked_dv));
+
+  g_assert_false (cp_attention_forward (alone, q, k, odd, &bad, NULL, &error));
+  CP_TEST_ASSERT_CASE (error, CP_ATTENTION_ERROR, CP_ATTENTION_ERROR_SHAPE, "CpAttention",
+                       "forward without a mesh where v has another head dimension");
+  g_assert_null (bad);
+  g_clear_object (&ranked);
+  cp_test_free_group (one);
+}
+
 static void
 count_notify (GObject    *object,
               GParamSpec *pspec,
@@ -607,6 +658,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Attention/errors/cu-seqlens", test_bad_cu_seqlens);
   g_test_add_func ("/Cp/Attention/errors/backward-lse", test_backward_lse);
   g_test_add_func ("/Cp/AttentionOptions/properties", test_options_properties);
+  g_test_add_func ("/Cp/Attention/new/no-mesh", test_without_mesh);
 
   return g_test_run ();
 }

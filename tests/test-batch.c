@@ -461,6 +461,67 @@ pad_values_rank (CpMesh   *mesh,
   g_assert_cmpstr (cp_context_get_buffer_name (context, 4), ==, "padding_mask");
 }
 
+/* The reference pads every floating buffer with 0.0 whatever its key
+ * (SEED-SEMANTICS 1.8): float labels get 0.0, not -100, and a float
+ * padding mask 0.0, not 1.0. */
+static void
+float_pad_rank (CpMesh   *mesh,
+                gpointer  user_data)
+{
+  g_autoptr(CpBatch) batch = cp_batch_new ();
+  g_autoptr(CpContext) context = NULL;
+
+  cp_test_batch_take (batch, "input_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, row6, 11, 12, 13, 14, 15, 16));
+  cp_test_batch_take (batch, "labels", CP_TEST_TENSOR (CP_DTYPE_FLOAT32, row6, 1, 2, 3, 4, 5, 6));
+  cp_test_batch_take (batch, "padding_mask",
+                      CP_TEST_TENSOR (CP_DTYPE_FLOAT64, row6, 0, 0, 0, 0, 1, 1));
+  context = prepare_ok (batch, mesh, NULL);
+
+  CP_TEST_ASSERT_VALUES (cp_batch_get (batch, "input_ids"), 11, 12, 13, 14, 15, 16, 0, 0);
+  CP_TEST_ASSERT_VALUES (cp_batch_get (batch, "labels"), 1, 2, 3, 4, 5, 6, 0.0, 0.0);
+  CP_TEST_ASSERT_VALUES (cp_batch_get (batch, "padding_mask"), 0, 0, 0, 0, 1, 1, 0.0, 0.0);
+  g_assert_cmpint (cp_tensor_get_dtype (cp_batch_get (batch, "labels")), ==, CP_DTYPE_FLOAT32);
+  g_assert_cmpint (cp_tensor_get_dtype (cp_batch_get (batch, "padding_mask")), ==, CP_DTYPE_FLOAT64);
+}
+
+/* Tensors over a GBytes are read-only, and prepare and the context never
+ * write them: padding and sharding give the tensor objects new memory,
+ * and exit puts the original back, its bytes as they were. */
+static void
+read_only_rank (CpMesh   *mesh,
+                gpointer  user_data)
+{
+  static const gint64 ids[] = { 11, 12, 13, 14, 15, 16 };
+  static const gint64 labels[] = { 1, 2, 3, 4, 5, 6 };
+  g_autoptr(GBytes) ids_bytes = g_bytes_new_static (ids, sizeof ids);
+  g_autoptr(GBytes) labels_bytes = g_bytes_new_static (labels, sizeof labels);
+  g_autoptr(CpBatch) batch = cp_batch_new ();
+  g_autoptr(CpContext) context = NULL;
+  g_autoptr(GError) error = NULL;
+  CpTensor *local;
+
+  cp_test_batch_take (batch, "input_ids",
+                      cp_tensor_new_from_bytes (CP_DTYPE_INT64, row6, 2, ids_bytes, &error));
+  cp_test_batch_take (batch, "labels",
+                      cp_tensor_new_from_bytes (CP_DTYPE_INT64, row6, 2, labels_bytes, &error));
+  g_assert_no_error (error);
+  context = prepare_ok (batch, mesh, NULL);
+  local = cp_batch_get (batch, "input_ids");
+  CP_TEST_ASSERT_VALUES (local, 11, 12, 13, 14, 15, 16, 0, 0);
+  g_assert_false (cp_storage_get_read_only (cp_tensor_get_storage (local)));
+  cp_test_enter_ok (context);
+  if (cp_mesh_get_rank (mesh) == 0)
+    CP_TEST_ASSERT_VALUES (local, 11, 12, 0, 0);
+  else
+    CP_TEST_ASSERT_VALUES (local, 13, 14, 15, 16);
+  cp_test_exit_ok (context);
+  for (guint i = 0; i < G_N_ELEMENTS (ids); i++)
+    {
+      g_assert_cmpint (((const gint64 *) g_bytes_get_data (ids_bytes, NULL))[i], ==, 11 + i);
+      g_assert_cmpint (((const gint64 *) g_bytes_get_data (labels_bytes, NULL))[i], ==, 1 + i);
+    }
+}
+
 /* test_extra_sequence_buffer_is_padded_and_registered: teacher logits
  * [1, 6, 5] on dim 1 pad to [1, 8, 5] with the original in front and
  * zeros behind. */
@@ -1103,6 +1164,18 @@ bad_positions (CpBatch *batch, CpBatchOptions *options)
   cp_test_batch_take (batch, "position_ids", CP_TEST_TENSOR (CP_DTYPE_INT64, shape, 0, 1, 2, 3, 4, 5));
 }
 
+static void
+float_input_ids (CpBatch *batch, CpBatchOptions *options)
+{
+  cp_test_batch_take (batch, "input_ids", cp_test_tensor_pattern (CP_DTYPE_FLOAT32, row6, 2, 0));
+}
+
+static void
+bool_input_ids (CpBatch *batch, CpBatchOptions *options)
+{
+  cp_test_batch_take (batch, "input_ids", CP_TEST_TENSOR (CP_DTYPE_BOOL, row6, 1, 0, 1, 0, 1, 0));
+}
+
 /* Rank 0 holds 6 tokens and rank 1 holds 8: both pad to 8, the same
  * layout, yet they are not the same batch.  Enter fails on both and
  * shards nothing. */
@@ -1165,6 +1238,13 @@ static const ErrorCase error_cases[] = {
     "cp_batch_prepare with mRoPE position_ids of another batch size than input_ids" },
   { "bad-position-ids", bad_positions, 1, CP_TENSOR_ERROR_SHAPE, "'position_ids' is int64[6] on host",
     "cp_batch_prepare with 1-d position_ids" },
+  { "float-input-ids", float_input_ids, 0, CP_BATCH_ERROR_DTYPE,
+    "prepare: 'input_ids' is float32[1, 6] on host, but token ids are integers (int64, int32 or "
+    "uint8), not float32; embeddings belong under 'inputs_embeds'",
+    "cp_batch_prepare with float32 input_ids" },
+  { "bool-input-ids", bool_input_ids, 0, CP_BATCH_ERROR_DTYPE,
+    "'input_ids' is bool[1, 6] on host, but token ids are integers",
+    "cp_batch_prepare with bool input_ids" },
 };
 
 static void
@@ -1317,6 +1397,8 @@ main (int   argc,
   g_test_add_data_func ("/Cp/Batch/prepare/registration-order", order_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Batch/prepare/pad-values", pad_values_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Batch/prepare/extra-buffers", extra_rank, test_on_two_ranks);
+  g_test_add_data_func ("/Cp/Batch/prepare/float-pad-values", float_pad_rank, test_on_two_ranks);
+  g_test_add_data_func ("/Cp/Batch/prepare/read-only-buffers", read_only_rank, test_on_two_ranks);
   g_test_add_func ("/Cp/Batch/enter/extra-buffer-contents", test_extra_contents);
   g_test_add_data_func ("/Cp/Batch/prepare/aligned-identity", aligned_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Batch/prepare/attention-mask", attention_mask_rank, test_on_two_ranks);

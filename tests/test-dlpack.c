@@ -390,6 +390,34 @@ test_import_refused_devices (void)
     }
 }
 
+/* DLPack's CPU is device 0 and CUDA devices count from 0: a tensor that
+ * claims another id says its memory is somewhere it is not. */
+static const struct {
+  Refusal refusal;
+  DLDevice device;
+} bad_device_ids[] = {
+  { { "cp_tensor_new_from_dlpack of a CPU tensor on device -1", CP_TENSOR_ERROR_DEVICE,
+      "CPU device -1 (device type 1) names a device that does not exist: the CPU is "
+      "device 0" }, { kDLCPU, -1 } },
+  { { "cp_tensor_new_from_dlpack of a CPU tensor on device 99", CP_TENSOR_ERROR_DEVICE,
+      "CPU device 99 (device type 1) names a device that does not exist" }, { kDLCPU, 99 } },
+  { { "cp_tensor_new_from_dlpack of a CUDA tensor on device -1", CP_TENSOR_ERROR_DEVICE,
+      "CUDA device -1 (device type 2)" }, { kDLCUDA, -1 } },
+};
+
+static void
+test_import_refused_device_ids (void)
+{
+  for (guint i = 0; i < G_N_ELEMENTS (bad_device_ids); i++)
+    {
+      guint deleted;
+      Foreign *foreign = foreign_float32 (two_by_three, 2, &deleted);
+
+      foreign->managed.dl_tensor.device = bad_device_ids[i].device;
+      assert_refused (foreign, &deleted, &bad_device_ids[i].refusal);
+    }
+}
+
 /* Layouts and addresses, spoilt in a [2, 3] float32 tensor; @strides is
  * spare room for strides. */
 static void
@@ -574,6 +602,52 @@ test_export_every_dtype (void)
     }
 }
 
+/* An empty dimension is never stepped along, but the strides around it
+ * are still those of the shape with it counted as 1: [2, 0, 3] row-major
+ * is [3, 3, 1], as PyTorch writes it, not [0, 3, 1]. */
+static void
+test_export_empty_dimension_strides (void)
+{
+  const gint64 shape[] = { 2, 0, 3 };
+  const gint64 strides[] = { 3, 3, 1 };
+  g_autoptr(CpTensor) tensor = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 3, NULL);
+  g_autoptr(GError) error = NULL;
+  DLManagedTensor *managed = cp_tensor_to_dlpack (tensor, &error);
+
+  g_assert_no_error (error);
+  g_assert_cmpint (managed->dl_tensor.ndim, ==, 3);
+  g_assert_cmpmem (managed->dl_tensor.shape, sizeof shape, shape, sizeof shape);
+  g_assert_cmpmem (managed->dl_tensor.strides, sizeof strides, strides, sizeof strides);
+  managed->deleter (managed);
+}
+
+/* A tensor over a GBytes is read-only, and a DLPack consumer may write
+ * what it gets (the legacy struct has no read-only flag): the export is
+ * refused, as numpy refuses to export a read-only array, and a copy of
+ * the tensor exports. */
+static void
+test_export_refuses_read_only (void)
+{
+  static const float values[] = { 1, 2, 3, 4 };
+  const gint64 shape[] = { 4 };
+  g_autoptr(GBytes) bytes = g_bytes_new_static (values, sizeof values);
+  g_autoptr(CpTensor) tensor = cp_tensor_new_from_bytes (CP_DTYPE_FLOAT32, shape, 1, bytes, NULL);
+  g_autoptr(CpTensor) copy = cp_tensor_copy (tensor, NULL);
+  g_autoptr(GError) error = NULL;
+  DLManagedTensor *managed;
+
+  g_assert_null (cp_tensor_to_dlpack (tensor, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_READ_ONLY, "CpTensor",
+                       "cp_tensor_to_dlpack of a tensor over a GBytes (read-only)");
+  cp_test_assert_message (error, "to_dlpack: the tensor (float32[4] on host) is over read-only "
+                                 "memory");
+  g_clear_error (&error);
+  managed = cp_tensor_to_dlpack (copy, &error);
+  g_assert_no_error (error);
+  g_assert_cmpfloat (((float *) managed->dl_tensor.data)[3], ==, 4.0f);
+  managed->deleter (managed);
+}
+
 /* Freeing the consumer's side first leaves the tensor whole. */
 static void
 test_export_deleter_first (void)
@@ -716,6 +790,10 @@ main (int   argc,
   g_test_add_func ("/Cp/Tensor/dlpack/import/refused-dtypes", test_import_refused_dtypes);
   g_test_add_func ("/Cp/Tensor/dlpack/import/refused-devices", test_import_refused_devices);
   g_test_add_func ("/Cp/Tensor/dlpack/import/refused-layouts", test_import_refused_layouts);
+  g_test_add_func ("/Cp/Tensor/dlpack/import/refused-device-ids", test_import_refused_device_ids);
+  g_test_add_func ("/Cp/Tensor/dlpack/export/empty-dimension-strides",
+                   test_export_empty_dimension_strides);
+  g_test_add_func ("/Cp/Tensor/dlpack/export/read-only", test_export_refuses_read_only);
   g_test_add_func ("/Cp/Tensor/dlpack/import/cuda", test_import_cuda);
   g_test_add_func ("/Cp/Tensor/dlpack/export/every-dtype", test_export_every_dtype);
   g_test_add_func ("/Cp/Tensor/dlpack/export/deleter-first", test_export_deleter_first);

@@ -177,12 +177,18 @@ round_trip (CpDType dtype,
                              cp_tensor_get_value (full, src));
         }
 
-      into = cp_test_on_device (cp_tensor_new (dtype, local_shape, 4, NULL));
+      /* Outputs start as garbage, so a position the copy skips shows. */
+      into = cp_test_on_device (cp_tensor_new_full (dtype, local_shape, 4, 77, NULL));
       g_assert_true (cp_layout_shard_into (layout, full, seq_dim, r, into, &error));
       g_assert_no_error (error);
       g_assert_true (cp_tensor_equal (into, pieces[r]));
     }
   back = cp_layout_unshard_pieces (layout, pieces, (guint) cp, seq_dim, &error);
+  g_assert_no_error (error);
+  g_assert_true (cp_tensor_equal (back, full));
+  g_clear_object (&back);
+  back = cp_test_on_device (cp_tensor_new_full (dtype, shape, 4, 77, NULL));
+  g_assert_true (cp_layout_unshard_pieces_into (layout, pieces, (guint) cp, seq_dim, back, &error));
   g_assert_no_error (error);
   g_assert_true (cp_tensor_equal (back, full));
   for (int r = 0; r < cp; r++)
@@ -454,6 +460,25 @@ test_chunks_bad_rank_is_critical (void)
   g_test_trap_assert_stderr ("*CRITICAL*rank*cp_size*");
 }
 
+/* get_local_len takes a rank of the layout's own mesh: one outside
+ * [0, cp_size) is a programmer error, a critical naming the check, as
+ * its documentation says. */
+static void
+test_local_len_bad_rank_is_critical (void)
+{
+  if (g_test_subprocess ())
+    {
+      g_autoptr(CpLayout) layout = head_tail (8, 2);
+
+      g_assert_cmpint (cp_layout_get_local_len (layout, 1), ==, 4);
+      g_assert_cmpint (cp_layout_get_local_len (layout, 2), ==, 0);
+      return;
+    }
+  g_test_trap_subprocess (NULL, 0, G_TEST_SUBPROCESS_DEFAULT);
+  g_test_trap_assert_failed ();
+  g_test_trap_assert_stderr ("*CRITICAL*cp_layout_get_local_len*rank*cp_size*");
+}
+
 /* Shards @full along @dim for both ranks of @layout and gathers the
  * pieces back: the result must equal @full. */
 static void
@@ -667,6 +692,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Layout/chunks/thd", test_chunks_thd);
   g_test_add_func ("/Cp/Layout/chunks/spell-indices", test_chunks_spell_indices);
   cp_test_add_func_in_process ("/Cp/Layout/chunks/bad-rank", test_chunks_bad_rank_is_critical);
+  cp_test_add_func_in_process ("/Cp/Layout/local-len/bad-rank", test_local_len_bad_rank_is_critical);
   g_test_add_func ("/Cp/Layout/thd/partition", test_thd_partition);
   g_test_add_func ("/Cp/Layout/thd/single-rank", test_thd_single_rank_merges_runs);
   g_test_add_func ("/Cp/Layout/thd/many-documents", test_thd_many_documents);

@@ -282,6 +282,79 @@ test_from_fd_offset (void)
   g_assert_cmpfloat (cp_tensor_get_value (view, tail - 1), ==, 2024);
 }
 
+/* Descriptors that cannot be mapped at all are CP_TENSOR_ERROR_BAD_FD,
+ * each saying what is wrong with the descriptor rather than with the
+ * file: not one (-1, a closed one), an O_PATH handle to a good sealed
+ * memfd, a read-only descriptor of one. */
+static void
+assert_bad_fd (int         fd,
+               const char *needle,
+               const char *what)
+{
+  const gint64 n = 4;
+  g_autoptr(GError) error = NULL;
+
+  g_assert_null (cp_tensor_new_from_fd (CP_DTYPE_INT32, &n, 1, fd, 0, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_BAD_FD, "CpStorage", what);
+  if (strstr (error->message, needle) == NULL)
+    g_error ("\"%s\" does not contain \"%s\"", error->message, needle);
+}
+
+static void
+test_from_fd_refuses_bad_descriptors (void)
+{
+  const gint64 n = 4;
+  g_autoptr(CpTensor) shared = cp_tensor_new_shared (CP_DTYPE_INT32, &n, 1, NULL);
+  g_autofree char *proc = g_strdup_printf ("/proc/self/fd/%d", cp_tensor_get_fd (shared));
+  int path_only = open (proc, O_PATH | O_CLOEXEC);
+  int read_only = open (proc, O_RDONLY | O_CLOEXEC);
+  int closed = dup (cp_tensor_get_fd (shared));
+  g_autoptr(CpStorage) storage = NULL;
+  g_autoptr(GError) error = NULL;
+
+  g_assert_cmpint (path_only, >=, 0);
+  g_assert_cmpint (read_only, >=, 0);
+  g_assert_cmpint (closed, >=, 0);
+  close (closed);
+  assert_bad_fd (-1, "fd -1 is not a file descriptor", "cp_tensor_new_from_fd of fd -1");
+  assert_bad_fd (closed, "Bad file descriptor", "cp_tensor_new_from_fd of a closed fd");
+  assert_bad_fd (path_only, "was opened with O_PATH",
+                 "cp_tensor_new_from_fd of an O_PATH descriptor of a sealed memfd");
+  assert_bad_fd (read_only, "was opened read-only (O_RDONLY)",
+                 "cp_tensor_new_from_fd of a read-only descriptor of a sealed memfd");
+  g_assert_null (cp_storage_new_from_fd (-1, 0, 16, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_BAD_FD, "CpStorage",
+                       "cp_storage_new_from_fd of fd -1");
+  g_clear_error (&error);
+
+  /* The memfd itself, through a descriptor opened for both, maps. */
+  close (read_only);
+  read_only = open (proc, O_RDWR | O_CLOEXEC);
+  storage = cp_storage_new_from_fd (read_only, 0, 16, &error);
+  g_assert_no_error (error);
+  g_assert_cmpuint (cp_storage_get_size (storage), ==, 16);
+  close (read_only);
+  close (path_only);
+}
+
+/* A GBytes storage is read-only; every other kind may be written. */
+static void
+test_read_only_kinds (void)
+{
+  static const guint8 values[16];
+  g_autoptr(GBytes) bytes = g_bytes_new_static (values, sizeof values);
+  g_autoptr(CpStorage) from_bytes = cp_storage_new_from_bytes (bytes);
+  g_autoptr(CpStorage) owned = cp_storage_new (16, NULL);
+  g_autoptr(CpStorage) shared = cp_storage_new_shared (16, NULL);
+  g_autoptr(CpStorage) borrowed = cp_storage_new_borrowed ((guintptr) values, sizeof values,
+                                                           NULL, NULL, NULL);
+
+  g_assert_true (cp_storage_get_read_only (from_bytes));
+  g_assert_false (cp_storage_get_read_only (owned));
+  g_assert_false (cp_storage_get_read_only (shared));
+  g_assert_false (cp_storage_get_read_only (borrowed));
+}
+
 int
 main (int   argc,
       char *argv[])
@@ -297,6 +370,8 @@ main (int   argc,
   g_test_add_func ("/Cp/Storage/fd/unsealed", test_from_fd_refuses_unsealed);
   g_test_add_func ("/Cp/Storage/fd/range", test_from_fd_checks_range);
   g_test_add_func ("/Cp/Storage/fd/offset", test_from_fd_offset);
+  g_test_add_func ("/Cp/Storage/fd/bad-descriptors", test_from_fd_refuses_bad_descriptors);
+  g_test_add_func ("/Cp/Storage/bytes/read-only", test_read_only_kinds);
 
   return g_test_run ();
 }

@@ -452,6 +452,310 @@ test_bad_index_is_critical (void)
   g_test_trap_assert_stderr ("*CRITICAL*index >= 0 && index < self->numel*");
 }
 
+/* A tensor over a GBytes (read-only memory; a static array here, which
+ * the compiler may place in a read-only page) is refused by every
+ * operation that would write it, with CP_TENSOR_ERROR_READ_ONLY naming
+ * the operation and the tensor, on every rank of a collective, before
+ * anything is written. */
+static const float read_only_values[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 };
+
+static CpTensor *
+read_only_tensor (const gint64 *shape,
+                  guint         n_dims)
+{
+  gint64 numel = 1;
+  g_autoptr(GBytes) bytes = NULL;
+  g_autoptr(GError) error = NULL;
+  CpTensor *tensor;
+
+  for (guint i = 0; i < n_dims; i++)
+    numel *= shape[i];
+  g_assert_cmpint (numel, <=, G_N_ELEMENTS (read_only_values));
+  bytes = g_bytes_new_static (read_only_values, (gsize) numel * sizeof (float));
+  tensor = cp_tensor_new_from_bytes (CP_DTYPE_FLOAT32, shape, n_dims, bytes, &error);
+
+  g_assert_no_error (error);
+  g_assert_true (cp_storage_get_read_only (cp_tensor_get_storage (tensor)));
+  return tensor;
+}
+
+static void
+assert_read_only_error (GError     *error,
+                        const char *needle,
+                        const char *what)
+{
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_READ_ONLY, "CpTensor", what);
+  if (strstr (error->message, needle) == NULL || strstr (error->message, "read-only") == NULL)
+    g_error ("\"%s\" does not contain \"%s\" and \"read-only\"", error->message, needle);
+}
+
+static void
+assert_read_only_untouched (void)
+{
+  for (guint i = 0; i < G_N_ELEMENTS (read_only_values); i++)
+    g_assert_cmpfloat (read_only_values[i], ==, (float) (i + 1));
+}
+
+static void
+read_only_collectives_rank (CpMesh   *mesh,
+                            gpointer  user_data)
+{
+  const gint64 shape[] = { 8 };
+  const gint64 gathered_shape[] = { 16 };
+  int rank = cp_mesh_get_rank (mesh);
+  g_autoptr(CpTensor) read_only = read_only_tensor (shape, 1);
+  /* Host memory like the GBytes: one collective moves one kind. */
+  g_autoptr(CpTensor) writable = cp_tensor_new_arange (CP_DTYPE_FLOAT32, 0, 8, 1, NULL);
+  g_autoptr(CpTensor) gathered = read_only_tensor (shape, 1);
+  g_autoptr(CpTensor) out = NULL;
+  g_autoptr(GError) error = NULL;
+
+  /* Every rank's tensor read-only, then only rank 1's: every rank fails. */
+  g_assert_false (cp_mesh_all_reduce (mesh, read_only, CP_REDUCE_OP_SUM, &error));
+  assert_read_only_error (error, "all_reduce: the tensor (float32[8] on host)",
+                          "cp_mesh_all_reduce into a tensor over a GBytes (every rank fails)");
+  g_clear_error (&error);
+  g_assert_false (cp_mesh_all_reduce (mesh, rank == 1 ? read_only : writable, CP_REDUCE_OP_SUM,
+                                      &error));
+  g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_READ_ONLY);
+  g_clear_error (&error);
+  CP_TEST_ASSERT_VALUES (writable, 0, 1, 2, 3, 4, 5, 6, 7);
+
+  /* broadcast writes every rank's tensor but the root's. */
+  g_assert_true (cp_mesh_broadcast (mesh, rank == 0 ? read_only : writable, 0, &error));
+  g_assert_no_error (error);
+  CP_TEST_ASSERT_VALUES (rank == 0 ? read_only : writable, 1, 2, 3, 4, 5, 6, 7, 8);
+  g_assert_false (cp_mesh_broadcast (mesh, rank == 1 ? read_only : writable, 0, &error));
+  assert_read_only_error (error, "broadcast: the tensor",
+                          "cp_mesh_broadcast into a tensor over a GBytes on a rank other than the "
+                          "root (every rank fails)");
+  g_clear_error (&error);
+
+  out = read_only_tensor (gathered_shape, 1);
+  g_clear_object (&gathered);
+  g_assert_false (cp_mesh_all_gather_into (mesh, writable, 0, out, &error));
+  assert_read_only_error (error, "all_gather: the output",
+                          "cp_mesh_all_gather_into an output over a GBytes (every rank fails)");
+  g_clear_error (&error);
+
+  g_assert_false (cp_mesh_send_recv (mesh, writable, 1 - rank, read_only, 1 - rank, 3, &error));
+  assert_read_only_error (error, "send_recv: the receive tensor",
+                          "cp_mesh_send_recv into a tensor over a GBytes");
+  g_clear_error (&error);
+  if (rank == 0)
+    {
+      g_assert_false (cp_mesh_recv (mesh, read_only, 1, 4, &error));
+      assert_read_only_error (error, "recv: the tensor", "cp_mesh_recv into a tensor over a GBytes");
+    }
+  assert_read_only_untouched ();
+}
+
+static void
+test_read_only_collectives (void)
+{
+  cp_test_run_group ("cp", 2, read_only_collectives_rank, NULL);
+}
+
+static void
+test_read_only_layout_outputs (void)
+{
+  const gint64 full_shape[] = { 8 };
+  const gint64 piece_shape[] = { 4 };
+  g_autoptr(CpLayout) layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, 8, 2, NULL);
+  g_autoptr(CpTensor) full = cp_test_on_device (cp_tensor_new_arange (CP_DTYPE_FLOAT32, 0, 8, 1, NULL));
+  g_autoptr(CpTensor) read_only_piece = read_only_tensor (piece_shape, 1);
+  g_autoptr(CpTensor) read_only_full = read_only_tensor (full_shape, 1);
+  CpTensor *pieces[2];
+  g_autoptr(GError) error = NULL;
+
+  g_assert_false (cp_layout_shard_into (layout, full, 0, 1, read_only_piece, &error));
+  assert_read_only_error (error, "shard: the output (float32[4] on host)",
+                          "cp_layout_shard_into an output over a GBytes");
+  g_clear_error (&error);
+  for (int r = 0; r < 2; r++)
+    pieces[r] = cp_layout_shard (layout, full, 0, r, NULL);
+  g_assert_false (cp_layout_unshard_pieces_into (layout, pieces, 2, 0, read_only_full, &error));
+  assert_read_only_error (error, "unshard_pieces: the output",
+                          "cp_layout_unshard_pieces_into an output over a GBytes");
+  for (int r = 0; r < 2; r++)
+    g_object_unref (pieces[r]);
+  assert_read_only_untouched ();
+}
+
+/* Views of a read-only tensor are read-only; copies are new memory, and
+ * writable. */
+static void
+test_read_only_views (void)
+{
+  const gint64 shape[] = { 2, 4 };
+  const gint64 flat[] = { 8 };
+  g_autoptr(CpTensor) read_only = read_only_tensor (shape, 2);
+  g_autoptr(CpTensor) row = cp_tensor_narrow (read_only, 0, 1, 1, NULL);
+  g_autoptr(CpTensor) reshaped = cp_tensor_reshape (read_only, flat, 1, NULL);
+  g_autoptr(CpTensor) copy = cp_tensor_copy (read_only, NULL);
+
+  g_assert_true (cp_storage_get_read_only (cp_tensor_get_storage (row)));
+  g_assert_true (cp_storage_get_read_only (cp_tensor_get_storage (reshaped)));
+  g_assert_false (cp_storage_get_read_only (cp_tensor_get_storage (copy)));
+  CP_TEST_ASSERT_VALUES (row, 5, 6, 7, 8);
+  CP_TEST_ASSERT_VALUES (copy, 1, 2, 3, 4, 5, 6, 7, 8);
+  /* A copy can be written. */
+  cp_tensor_set_value (copy, 0, 10);
+  CP_TEST_ASSERT_VALUES (copy, 10, 2, 3, 4, 5, 6, 7, 8);
+  assert_read_only_untouched ();
+}
+
+static void
+test_set_value_read_only_is_critical (void)
+{
+  if (g_test_subprocess ())
+    {
+      const gint64 shape[] = { 8 };
+      g_autoptr(CpTensor) t = read_only_tensor (shape, 1);
+
+      cp_tensor_set_value (t, 0, 9);
+      return;
+    }
+  g_test_trap_subprocess (NULL, 0, G_TEST_SUBPROCESS_DEFAULT);
+  g_test_trap_assert_failed ();
+  g_test_trap_assert_stderr ("*CRITICAL*!cp_storage_get_read_only (self->storage)*");
+}
+
+/* Operations that write into an output the caller gives must write all
+ * of it: the outputs start as garbage, so a position they skip shows. */
+static void
+garbage_outputs_rank (CpMesh   *mesh,
+                      gpointer  user_data)
+{
+  const gint64 shape[] = { 2, 3 };
+  const gint64 gathered_shape[] = { 4, 3 };
+  int rank = cp_mesh_get_rank (mesh);
+  g_autoptr(CpTensor) mine = cp_test_on_device (cp_tensor_new_arange (CP_DTYPE_INT32, 6 * rank,
+                                                                      6 * rank + 6, 1, NULL));
+  g_autoptr(CpTensor) piece = cp_tensor_reshape (mine, shape, 2, NULL);
+  g_autoptr(CpTensor) gathered = cp_test_on_device (cp_tensor_new_full (CP_DTYPE_INT32, gathered_shape,
+                                                                        2, -77, NULL));
+  g_autoptr(CpTensor) received = cp_test_on_device (cp_tensor_new_full (CP_DTYPE_INT32, shape, 2,
+                                                                        -77, NULL));
+  g_autoptr(GError) error = NULL;
+
+  g_assert_true (cp_mesh_all_gather_into (mesh, piece, 0, gathered, &error));
+  g_assert_no_error (error);
+  CP_TEST_ASSERT_VALUES (gathered, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11);
+  g_assert_true (cp_mesh_send_recv (mesh, piece, 1 - rank, received, 1 - rank, 5, &error));
+  g_assert_no_error (error);
+  if (rank == 0)
+    CP_TEST_ASSERT_VALUES (received, 6, 7, 8, 9, 10, 11);
+  else
+    CP_TEST_ASSERT_VALUES (received, 0, 1, 2, 3, 4, 5);
+}
+
+static void
+test_garbage_outputs (void)
+{
+  cp_test_run_group ("cp", 2, garbage_outputs_rank, NULL);
+}
+
+/* reshape is a view: the same storage and offset, another shape of the
+ * same element count, one dimension inferred from -1. */
+static void
+test_reshape_view (void)
+{
+  const gint64 shape[] = { 2, 3, 4 };
+  const gint64 six_by_any[] = { 6, -1 };
+  const gint64 flat[] = { -1 };
+  const gint64 scalar_shape[] = { 1 };
+  g_autoptr(CpTensor) t = cp_test_on_device (cp_tensor_new_arange (CP_DTYPE_INT32, 0, 24, 1, NULL));
+  g_autoptr(CpTensor) base = NULL;
+  g_autoptr(CpTensor) view = NULL;
+  g_autoptr(CpTensor) tail = NULL;
+  g_autoptr(CpTensor) back = NULL;
+  g_autoptr(CpTensor) scalar = NULL;
+  g_autoptr(GError) error = NULL;
+
+  base = cp_tensor_reshape (t, shape, 3, &error);
+  g_assert_no_error (error);
+  cp_tensor_set_requires_grad (base, TRUE);
+  view = cp_tensor_reshape (base, six_by_any, 2, &error);
+  g_assert_no_error (error);
+  CP_TEST_ASSERT_SHAPE (view, 6, 4);
+  g_assert_true (cp_tensor_get_storage (view) == cp_tensor_get_storage (t));
+  g_assert_cmpuint (cp_tensor_get_storage_offset (view), ==, 0);
+  g_assert_true (cp_tensor_get_requires_grad (view));
+  g_assert_cmpfloat (cp_tensor_get_value (view, 23), ==, 23);
+
+  /* A view of a narrowed view keeps its offset; writes show in both. */
+  tail = cp_tensor_narrow (t, 0, 20, 4, &error);
+  g_assert_no_error (error);
+  back = cp_tensor_reshape (tail, (const gint64[]) { 2, 2 }, 2, &error);
+  g_assert_no_error (error);
+  g_assert_cmpuint (cp_tensor_get_storage_offset (back), ==, 20 * sizeof (gint32));
+  CP_TEST_ASSERT_VALUES (back, 20, 21, 22, 23);
+  cp_tensor_set_value (back, 3, -7);
+  g_assert_cmpfloat (cp_tensor_get_value (view, 23), ==, -7);
+  g_clear_object (&view);
+  view = cp_tensor_reshape (base, flat, 1, &error);
+  g_assert_no_error (error);
+  CP_TEST_ASSERT_SHAPE (view, 24);
+
+  /* A 0-d tensor and [1] reshape into each other. */
+  scalar = cp_tensor_reshape (back, scalar_shape, 1, &error);
+  g_assert_null (scalar);
+  g_clear_error (&error);
+  g_clear_object (&view);
+  view = cp_tensor_new_full (CP_DTYPE_FLOAT32, NULL, 0, 3.5, NULL);
+  scalar = cp_tensor_reshape (view, scalar_shape, 1, &error);
+  g_assert_no_error (error);
+  CP_TEST_ASSERT_SHAPE (scalar, 1);
+  CP_TEST_ASSERT_VALUES (scalar, 3.5);
+}
+
+static void
+test_reshape_errors (void)
+{
+  const gint64 shape[] = { 2, 3, 4 };
+  const gint64 five_by_five[] = { 5, 5 };
+  const gint64 two_inferred[] = { -1, 2, -1 };
+  const gint64 negative[] = { 4, -3 };
+  const gint64 seven_by_any[] = { 7, -1 };
+  const gint64 nine[] = { 1, 1, 1, 1, 1, 1, 1, 1, 24 };
+  const gint64 empty[] = { 0, 5 };
+  const gint64 zero_by_any[] = { 0, -1 };
+  g_autoptr(CpTensor) t = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 3, NULL);
+  g_autoptr(CpTensor) none = cp_tensor_new (CP_DTYPE_FLOAT32, empty, 2, NULL);
+  g_autoptr(GError) error = NULL;
+
+  g_assert_null (cp_tensor_reshape (t, five_by_five, 2, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpTensor",
+                       "cp_tensor_reshape to a shape of another element count");
+  cp_test_assert_message (error, "reshape: a tensor of shape [2, 3, 4] (24 elements) cannot be "
+                                 "reshaped to [5, 5]");
+  g_clear_error (&error);
+  g_assert_null (cp_tensor_reshape (t, two_inferred, 3, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpTensor",
+                       "cp_tensor_reshape with two dimensions of -1");
+  cp_test_assert_message (error, "shape [-1, 2, -1] has -1 in dimensions 0 and 2");
+  g_clear_error (&error);
+  g_assert_null (cp_tensor_reshape (t, negative, 2, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpTensor",
+                       "cp_tensor_reshape with a negative size other than -1");
+  cp_test_assert_message (error, "dimension 1 of shape [4, -3] has negative size -3");
+  g_clear_error (&error);
+  g_assert_null (cp_tensor_reshape (t, seven_by_any, 2, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpTensor",
+                       "cp_tensor_reshape whose -1 cannot be inferred (24 elements, [7, -1])");
+  cp_test_assert_message (error, "cannot be reshaped to [7, -1]: no size of the -1 dimension");
+  g_clear_error (&error);
+  g_assert_null (cp_tensor_reshape (t, nine, 9, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpTensor",
+                       "cp_tensor_reshape to 9 dimensions (at most 8)");
+  g_clear_error (&error);
+  g_assert_null (cp_tensor_reshape (none, zero_by_any, 2, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpTensor",
+                       "cp_tensor_reshape of an empty tensor to [0, -1] (any size fits)");
+  cp_test_assert_message (error, "the -1 dimension could be any size next to a 0");
+}
+
 /* Any number of threads may read one tensor at once, since reading
  * changes nothing in it: the four ranks of a group shard it, copy it,
  * narrow it (to a view and to a copy), take its bytes, gather it over the
@@ -618,6 +922,13 @@ main (int   argc,
   g_test_add_func ("/Cp/Tensor/describe/text", test_describe);
   cp_test_add_func_in_process ("/Cp/Tensor/value/bad-index", test_bad_index_is_critical);
   g_test_add_func ("/Cp/Tensor/threads/concurrent-reads", test_concurrent_reads);
+  g_test_add_func ("/Cp/Tensor/read-only/collectives", test_read_only_collectives);
+  g_test_add_func ("/Cp/Tensor/read-only/layout-outputs", test_read_only_layout_outputs);
+  g_test_add_func ("/Cp/Tensor/read-only/views", test_read_only_views);
+  cp_test_add_func_in_process ("/Cp/Tensor/read-only/set-value", test_set_value_read_only_is_critical);
+  g_test_add_func ("/Cp/Tensor/reshape/view", test_reshape_view);
+  g_test_add_func ("/Cp/Tensor/outputs/garbage-first", test_garbage_outputs);
+  g_test_add_func ("/Cp/Tensor/reshape/errors", test_reshape_errors);
 
   return g_test_run ();
 }

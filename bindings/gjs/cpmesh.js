@@ -54,7 +54,9 @@ function dtypeOf(array) {
 }
 
 /**
- * Makes a tensor holding a copy of a typed array.
+ * Makes a tensor holding a copy of a typed array, in memory of its own
+ * that every operation may write (a tensor over the GLib.Bytes itself
+ * would be read-only, see Cp.Storage.get_read_only).
  *
  * @param {TypedArray} array the elements, row-major
  * @param {number[]} shape the shape; defaults to [array.length]
@@ -63,7 +65,7 @@ function dtypeOf(array) {
  */
 export function tensorFromTypedArray(array, shape = [array.length], dtype = dtypeOf(array)) {
     const bytes = new GLib.Bytes(new Uint8Array(array.buffer, array.byteOffset, array.byteLength));
-    return Cp.Tensor.new_from_bytes(dtype, shape, bytes);
+    return Cp.Tensor.new_from_bytes(dtype, shape, bytes).copy();
 }
 
 /**

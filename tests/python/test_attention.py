@@ -185,6 +185,27 @@ class AttentionTest(unittest.TestCase):
         record_error(self, 'CpAttention', 'forward with q heads not a multiple of k/v heads (GQA)',
                      raised.exception)
 
+    def test_without_mesh(self):
+        # Cp.Attention.new(None, options): attention on one rank, the same
+        # bits as on the only rank of a one-rank mesh.
+        q, k, v, dout = (Cp.Tensor.from_numpy(a) for a in self.inputs(1, 2, 2, 8, 16))
+        options = Cp.AttentionOptions.new()
+        options.set_causal(True)
+        alone = Cp.Attention.new(None, options)
+        ranked = Cp.Attention.new(Cp.Mesh.new_local_group(['cp'], [1])[0], options)
+        self.assertEqual(alone.get_mesh().get_world_size(), 1)
+        out, lse = alone.forward(q, k, v)
+        want_out, want_lse = ranked.forward(q, k, v)
+        self.assertTrue(out.equal(want_out))
+        self.assertTrue(lse.equal(want_lse))
+        got = alone.backward(dout, q, k, v, out, lse)
+        want = ranked.backward(dout, q, k, v, want_out, want_lse)
+        for a, b in zip(got, want):
+            self.assertTrue(a.equal(b))
+        reference_out = reference(*(t.numpy().astype(np.float64) for t in (q, k, v, dout)),
+                                  True, 8)[0]
+        self.assertLessEqual(np.abs(out.numpy() - reference_out).max(), 1e-5)
+
 
 if __name__ == '__main__':
     unittest.main()

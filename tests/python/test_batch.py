@@ -613,6 +613,23 @@ class ErrorTests(unittest.TestCase):
                                   Cp.BatchError.INVALID_OPTION, '"addtoall"',
                                   'cp_batch_prepare with an unknown rotate method name')
 
+    def test_float_input_ids(self):
+        floats = self.e2_with(input_ids=lambda: T([np.arange(6)], np.float32))
+        self.assert_prepare_fails(floats, None, Cp.BatchError.DTYPE,
+                                  "'input_ids' is float32[1, 6] on host, but token ids are integers",
+                                  'cp_batch_prepare with float32 input_ids')
+
+    def test_float_labels_and_mask_pad_with_zero(self):
+        # The reference pads floating buffers with 0.0 whatever their key.
+        def rank(mesh):
+            batch = e2_batch()
+            batch['labels'] = T([np.arange(1, 7)], np.float32)
+            batch['padding_mask'] = T([[0, 0, 0, 0, 1, 1]], np.float64)
+            batch.prepare(mesh)
+            np.testing.assert_array_equal(batch['labels'].numpy(), [[1, 2, 3, 4, 5, 6, 0, 0]])
+            np.testing.assert_array_equal(batch['padding_mask'].numpy(), [[0, 0, 0, 0, 1, 1, 0, 0]])
+        run_group([2], rank)
+
     def test_rank_disagreement_at_enter(self):
         def rank(mesh):
             length = 8 if mesh.get_rank() == 0 else 12

@@ -379,6 +379,53 @@ class TestStreamProtocol(TensorErrorMixin, unittest.TestCase):
         self.assertEqual(back.get_data_address(), t.get_data_address())
 
 
+@needs_torch
+class TestTorchMovesMemory(TensorErrorMixin, unittest.TestCase):
+    """PyTorch frees a tensor's memory on resize_() or set_() even while a
+    DLPack export of it lives: the override notices before using a tensor
+    whose producer did, and raises instead of reading freed memory."""
+
+    def assertMoved(self, what, func, *args):
+        self.assertTensorError(what, Cp.TensorError.MOVED,
+                               'has moved its memory since Cp.Tensor.from_dlpack()', func, *args)
+
+    def test_resize_is_caught_before_use(self):
+        x = torch.arange(8, dtype=torch.float32)
+        t = Cp.Tensor.from_dlpack(x)
+        view = t.reshape([2, 4])
+        piece = t.narrow(0, 2, 2)
+        layout = Cp.Layout.new(Cp.LoadBalance.HEAD_TAIL, 8, 2)
+        mesh = Cp.Mesh.new_local_group(['cp'], [1])[0]
+        np.testing.assert_array_equal(t.copy().numpy(), np.arange(8))
+        x.resize_(1 << 20)  # reallocates: the memory t viewed is freed
+        self.assertMoved('Tensor.copy of a tensor whose PyTorch producer was resized', t.copy)
+        self.assertMoved('Tensor.numpy of a view whose PyTorch producer was resized', view.numpy)
+        self.assertMoved('Tensor.get_value of a narrowed view after resize_', piece.get_value, 0)
+        self.assertMoved('Layout.shard of a tensor whose PyTorch producer was resized',
+                         layout.shard, t, 0, 0)
+        self.assertMoved('Mesh.all_reduce of a tensor whose PyTorch producer was resized',
+                         mesh.all_reduce, t, Cp.ReduceOp.SUM)
+        batch = Cp.Batch()
+        batch['input_ids'] = t
+        self.assertMoved('Batch.prepare of a batch holding a tensor whose producer was resized',
+                         batch.prepare, mesh)
+
+    def test_set_is_caught(self):
+        x = torch.arange(4, dtype=torch.int64)
+        t = Cp.Tensor.from_dlpack(x)
+        x.set_(torch.zeros(3, dtype=torch.int64))
+        self.assertMoved('Tensor.copy of a tensor whose PyTorch producer was set_() to other '
+                         'memory', t.copy)
+
+    def test_memory_that_stays_is_used(self):
+        # Shrinking keeps the storage: nothing moved, nothing is refused.
+        x = torch.arange(8, dtype=torch.float32)
+        t = Cp.Tensor.from_dlpack(x)
+        x.resize_(2)
+        x[0] = 5
+        np.testing.assert_array_equal(t.copy().numpy(), [5, 1, 2, 3, 4, 5, 6, 7])
+
+
 if __name__ == '__main__':
     outcome = unittest.main(verbosity=2, exit=False).result
     if not outcome.wasSuccessful():

@@ -311,5 +311,58 @@ class TestTemporaries(unittest.TestCase):
             self.assertEqual(printed.read(), '')
 
 
+class TestReshape(TensorErrorMixin, unittest.TestCase):
+
+    def test_view_shares_memory(self):
+        array = np.arange(24, dtype=np.int32)
+        t = Cp.Tensor.from_numpy(array)
+        view = t.reshape([2, -1, 4])
+        self.assertEqual(view.shape, (2, 3, 4))
+        self.assertEqual(view.get_data_address(), t.get_data_address())
+        array[23] = -5
+        self.assertEqual(view.numpy()[1, 2, 3], -5)
+        np.testing.assert_array_equal(view.numpy(), array.reshape(2, 3, 4))
+        self.assertEqual(view.reshape([-1]).shape, (24,))
+
+    def test_errors(self):
+        t = Cp.Tensor.new(Cp.DType.FLOAT32, [2, 3, 4])
+        self.assertTensorError('Tensor.reshape to a shape of another element count',
+                               Cp.TensorError.SHAPE,
+                               'a tensor of shape [2, 3, 4] (24 elements) cannot be reshaped to [5, 5]',
+                               t.reshape, [5, 5])
+        self.assertTensorError('Tensor.reshape with two dimensions of -1', Cp.TensorError.SHAPE,
+                               'has -1 in dimensions 0 and 1', t.reshape, [-1, -1])
+
+
+class TestReadOnly(TensorErrorMixin, unittest.TestCase):
+    """A tensor over GLib.Bytes is read-only: its numpy view cannot be
+    written, and every call that would write it raises GLib.Error."""
+
+    def setUp(self):
+        self.bytes = GLib.Bytes.new(np.arange(4, dtype=np.float32).tobytes())
+        self.tensor = Cp.Tensor.new_from_bytes(Cp.DType.FLOAT32, [4], self.bytes)
+
+    def test_numpy_view_is_read_only(self):
+        array = self.tensor.numpy()
+        self.assertFalse(array.flags.writeable)
+        with self.assertRaises(ValueError):
+            array[0] = 9
+        self.assertTrue(self.tensor.get_storage().get_read_only())
+        np.testing.assert_array_equal(array, [0, 1, 2, 3])
+
+    def test_writers_refuse(self):
+        mesh = Cp.Mesh.new_local_group(['cp'], [1])[0]
+        self.assertTensorError('Mesh.all_reduce into a tensor over GLib.Bytes',
+                               Cp.TensorError.READ_ONLY, 'all_reduce: the tensor (float32[4] on host)',
+                               mesh.all_reduce, self.tensor, Cp.ReduceOp.SUM)
+        self.assertTensorError('numpy.from_dlpack of a tensor over GLib.Bytes',
+                               Cp.TensorError.READ_ONLY, 'to_dlpack: the tensor', np.from_dlpack,
+                               self.tensor)
+        out = self.tensor.copy()
+        out.set_value(0, 7)
+        self.assertEqual(out.numpy().tolist(), [7, 1, 2, 3])
+        self.assertEqual(self.tensor.numpy().tolist(), [0, 1, 2, 3])
+
+
 if __name__ == '__main__':
     unittest.main(verbosity=2)

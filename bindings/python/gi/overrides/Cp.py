@@ -22,7 +22,10 @@ included:
 * ``Cp.Tensor.from_dlpack(obj)`` takes any object with ``__dlpack__`` (a
   ``torch.Tensor``, a numpy array, another ``Cp.Tensor``) or a
   ``"dltensor"`` capsule; the producer's memory is kept until the last
-  tensor on it is freed.
+  tensor on it is freed. PyTorch frees it anyway when the producer is
+  resized (``resize_()``, ``set_()``): never resize a torch tensor a
+  Cp.Tensor views; the tensor checks its producer before each use here and
+  raises ``Cp.TensorError.MOVED`` rather than read freed memory.
 * ``torch.from_dlpack(tensor)`` and ``numpy.from_dlpack(tensor)`` see the
   tensor's storage; it is kept until they free their side.
 
@@ -37,6 +40,8 @@ with ctx:`` enters and exits with the async calls.
 """
 
 import ctypes
+import functools
+import sys
 import threading
 
 from gi.repository import Gio, GLib, GObject
@@ -249,9 +254,21 @@ class Tensor(Cp.Tensor):
         side are seen by the other; the producer's memory is kept until the
         last tensor on it is freed. A tensor libcpmesh cannot be — strided,
         an element type it lacks, on another device — raises GLib.Error
-        (Cp.TensorError), and nothing is copied."""
+        (Cp.TensorError), and nothing is copied.
+
+        Do not resize a PyTorch tensor (``resize_()``, ``set_()``) while a
+        Cp.Tensor views it: PyTorch then frees or moves the memory under
+        the export, breaking DLPack's lifetime contract, and the Cp.Tensor
+        would read freed memory. The tensor returned here keeps the
+        PyTorch tensor and checks it before every use through this module
+        (its own methods, and the Mesh, Layout, Batch, Context and
+        Attention calls given it): once the producer's memory has moved,
+        the call raises GLib.Error (``Cp.TensorError.MOVED``) instead of
+        touching it. A Cp.Tensor used from C, or through a view made
+        outside this module, is not checked; ``.clone()`` a PyTorch tensor
+        that must change."""
         address = _take_capsule(_dlpack_capsule(obj))
-        return Cp.Tensor.new_from_dlpack(address)
+        return _remember_producer(Cp.Tensor.new_from_dlpack(address), obj)
 
     def __dlpack__(self, stream=None):
         """A "dltensor" capsule over the tensor's storage, for
@@ -295,7 +312,12 @@ class Tensor(Cp.Tensor):
         storage = self.get_storage()
         buffer = (ctypes.c_uint8 * nbytes).from_address(self.get_data_address())
         buffer._cp_storage = storage  # keeps the bytes alive as long as the array
-        return np.frombuffer(buffer, dtype=np_dtype).reshape(shape)
+        array = np.frombuffer(buffer, dtype=np_dtype).reshape(shape)
+        # The bytes of a GBytes may be in a read-only page: a write through
+        # the array would crash the process rather than raise.
+        if storage.get_read_only():
+            array.flags.writeable = False
+        return array
 
     def __array__(self, dtype=None, copy=None):
         # numpy 2 passes copy=; a view is returned unless a copy is asked
@@ -614,6 +636,127 @@ async def _context_aexit(self, exc_type, exc_value, traceback):
 
 Context.__aenter__ = _context_aenter
 Context.__aexit__ = _context_aexit
+
+
+# ---- PyTorch producers that move their memory ----
+#
+# PyTorch frees or moves a tensor's memory on resize_() or set_() even
+# while a DLPack export of it is alive, so a Cp.Tensor made by
+# from_dlpack() would go on reading freed memory.  The override keeps the
+# producer with the tensor (and its views made here) and, before every
+# call of this module that is given the tensor, checks that the producer's
+# memory is still where it was.
+
+def _torch_memory(obj):
+    """Where a torch.Tensor's memory is now: (data_ptr, storage address,
+    storage bytes); None for any other producer (numpy refuses to resize an
+    array that is exported)."""
+    torch = sys.modules.get('torch')
+    if torch is None or not isinstance(obj, torch.Tensor):
+        return None
+    storage = obj.untyped_storage() if hasattr(obj, 'untyped_storage') else obj.storage()
+    return obj.data_ptr(), storage.data_ptr(), storage.nbytes()
+
+
+def _remember_producer(tensor, producer):
+    memory = _torch_memory(producer)
+    if memory is not None:
+        tensor._cp_producer = (producer, memory)
+    return tensor
+
+
+def _check_producer(tensor):
+    """Raises GLib.Error (Cp.TensorError.MOVED) when the PyTorch tensor
+    behind @tensor has moved or freed the memory @tensor views."""
+    held = getattr(tensor, '_cp_producer', None)
+    if held is None:
+        return
+    producer, (data, storage, nbytes) = held
+    now_data, now_storage, now_nbytes = _torch_memory(producer)
+    if now_data == data and now_storage == storage and now_nbytes >= nbytes:
+        return
+    raise GLib.Error.new_literal(
+        Cp.tensor_error_quark(),
+        'the PyTorch tensor that %s views through DLPack has moved its memory since '
+        'Cp.Tensor.from_dlpack() (data_ptr %#x, storage of %d bytes at %#x; now data_ptr %#x, '
+        '%d bytes at %#x): a resize_() or set_() freed what this tensor reads. Keep a PyTorch '
+        'tensor unchanged in size while a Cp.Tensor views it, or .clone() it first'
+        % (tensor.describe(), data, nbytes, storage, now_data, now_nbytes, now_storage),
+        int(Cp.TensorError.MOVED))
+
+
+def _check_producers(values):
+    for value in values:
+        if isinstance(value, Cp.Tensor):
+            _check_producer(value)
+        elif isinstance(value, (list, tuple)):
+            _check_producers(value)
+
+
+def _checking_producers(function):
+    """@function, first checking the producer of every tensor it is given."""
+    @functools.wraps(function)
+    def method(*args, **kwargs):
+        _check_producers(args)
+        _check_producers(kwargs.values())
+        return function(*args, **kwargs)
+    return method
+
+
+def _keeping_producer(function):
+    """A Tensor method returning a view: the view keeps the producer."""
+    @functools.wraps(function)
+    def method(self, *args, **kwargs):
+        _check_producer(self)
+        result = function(self, *args, **kwargs)
+        held = getattr(self, '_cp_producer', None)
+        if (held is not None and isinstance(result, Cp.Tensor) and
+                result.get_storage().get_data_address() == self.get_storage().get_data_address()):
+            result._cp_producer = held
+        return result
+    return method
+
+
+def _batch_checking_producers(function):
+    """A Batch method: the tensors it holds are checked too."""
+    @functools.wraps(function)
+    def method(self, *args, **kwargs):
+        _check_producers(self.values())
+        _check_producers(args)
+        return function(self, *args, **kwargs)
+    return method
+
+
+def _context_checking_producers(function):
+    """A Context method: its registered buffers are checked too."""
+    @functools.wraps(function)
+    def method(self, *args, **kwargs):
+        _check_producers(self.buffers)
+        _check_producers(args)
+        return function(self, *args, **kwargs)
+    return method
+
+
+_PRODUCER_CHECKS = {
+    Tensor: (_checking_producers, ('copy', 'to_device', 'get_value', 'set_value', 'equal',
+                                   'dup_bytes', 'to_dlpack', 'numpy', '__dlpack__', '__array__')),
+    Mesh: (_checking_producers, ('all_gather', 'all_gather_into', 'all_to_all', 'all_reduce',
+                                 'broadcast', 'send', 'recv', 'send_recv', 'unshard',
+                                 'unshard_layout')),
+    Layout: (_checking_producers, ('shard', 'shard_into', 'shard_backward', 'unshard_pieces',
+                                   'unshard_pieces_into')),
+    Attention: (_checking_producers, ('forward', 'backward')),
+    Batch: (_batch_checking_producers, ('prepare', 'to_thd', 'pad_documents')),
+    Context: (_context_checking_producers, ('enter', 'unshard', 'register_buffer')),
+}
+
+for _cls, (_wrap, _names) in _PRODUCER_CHECKS.items():
+    for _name in _names:
+        setattr(_cls, _name, _wrap(getattr(_cls, _name)))
+        if hasattr(_cls, _name + '_async'):
+            setattr(_cls, _name + '_async', _wrap(getattr(_cls, _name + '_async')))
+for _name in ('narrow', 'reshape'):
+    setattr(Tensor, _name, _keeping_producer(getattr(Tensor, _name)))
 
 
 def float32_to_bfloat16(array):
