@@ -164,7 +164,7 @@ const C_TYPE_NAMES = {int: 'a 32-bit int', uint: 'a 32-bit unsigned int', int64:
 // `size`), or null when it can.
 function integerProblem(value, type, nonNegative) {
     if (typeof value !== 'number' && typeof value !== 'bigint')
-        return `a ${value === null ? 'null' : typeof value}, not a number`;
+        return 'not a number';
     if (typeof value === 'number' && !Number.isInteger(value))
         return 'not a whole number';
     if (nonNegative && value < 0)
@@ -182,25 +182,34 @@ function integerError(what, name, message) {
     return new GLib.Error(Cp.tensor_error_quark(), code, `${what}: ${message}`);
 }
 
+// 'dim:int' -> {name: 'dim', type: 'int', isArray: false, nonNegative: false}.
+function parseSpec(spec) {
+    if (spec === null)
+        return null;
+    const [name, typeSpec] = spec.split(':');
+    const isArray = typeSpec.endsWith('[]');
+    return {name, type: isArray ? typeSpec.slice(0, -2) : typeSpec, isArray,
+        nonNegative: NON_NEGATIVE.has(name)};
+}
+
 // Throws a Cp.TensorError naming the call, the argument and the value of
 // the first integer argument of args that C would not receive as passed.
 function checkIntegers(what, specs, args) {
-    specs.forEach((spec, position) => {
-        if (spec === null || position >= args.length)
-            return;
-        const [name, typeSpec] = spec.split(':');
-        const isArray = typeSpec.endsWith('[]');
-        const type = isArray ? typeSpec.slice(0, -2) : typeSpec;
-        const nonNegative = NON_NEGATIVE.has(name);
+    const count = Math.min(specs.length, args.length);
+    for (let position = 0; position < count; position++) {
+        const spec = specs[position];
+        if (spec === null)
+            continue;
+        const {name, type, isArray, nonNegative} = spec;
         const value = args[position];
         if (!isArray) {
             const problem = integerProblem(value, type, nonNegative);
             if (problem)
                 throw integerError(what, name, `${name} is ${describeValue(value)}, ${problem}`);
-            return;
+            continue;
         }
         if (value === null || value === undefined)
-            return;
+            continue;
         if (typeof value !== 'object' || typeof value.length !== 'number')
             throw integerError(what, name, `${name} is ${describeValue(value)}, not an array`);
         for (let i = 0; i < value.length; i++) {
@@ -212,11 +221,11 @@ function checkIntegers(what, specs, args) {
                     `${name} [${shown}]: ${element} ${i} is ${describeValue(value[i])}, ${problem}`);
             }
         }
-    });
+    }
 }
 
 for (const [typeName, calls] of Object.entries(INTEGER_ARGUMENTS)) {
-    for (const [path, specs] of Object.entries(calls)) {
+    for (const [path, specStrings] of Object.entries(calls)) {
         const isMethod = path.startsWith('prototype.');
         const name = isMethod ? path.slice('prototype.'.length) : path;
         const owner = isMethod ? Cp[typeName].prototype : Cp[typeName];
@@ -224,6 +233,7 @@ for (const [typeName, calls] of Object.entries(INTEGER_ARGUMENTS)) {
         if (typeof original !== 'function')
             continue;
         const what = `Cp.${typeName}.${name}`;
+        const specs = specStrings.map(parseSpec);
         owner[name] = function (...args) {
             checkIntegers(what, specs, args);
             return original.apply(this, args);
@@ -280,6 +290,7 @@ function promisify(owner, asyncName, finishName, what) {
     owner[asyncName] = function (...args) {
         if (typeof args[args.length - 1] === 'function')
             return original.apply(this, args);
+        const callStack = new Error().stack;
         return new Promise((resolve, reject) => {
             original.call(this, ...args, (source, result) => {
                 try {
@@ -289,6 +300,7 @@ function promisify(owner, asyncName, finishName, what) {
                         value = value.slice(1);
                     resolve(value);
                 } catch (error) {
+                    error.stack = `${error.stack ?? ''}### Promise created here: ###\n${callStack}`;
                     reject(error);
                 }
                 watchContinuation(what);
