@@ -84,7 +84,9 @@ function appendRecord(subject, what, outcome, message) {
     stream.close(null);
 }
 
-function recordError(subject, what, error) {
+// Records a GLib.Error caught by the test itself (a rejected promise).
+export function recordError(subject, what, error) {
+    assertTrue(error.message.length > 0, 'the error has a message');
     appendRecord(subject, what, errorCodeName(error), error.message);
 }
 

@@ -9,7 +9,7 @@ import Gio from 'gi://Gio';
 import GLib from 'gi://GLib';
 
 import * as CpMesh from '../../bindings/gjs/cpmesh.js';
-import {assertEqual, assertTrue, recordOutcome, run} from './harness.js';
+import {assertEqual, assertTrue, recordError, recordOutcome, run} from './harness.js';
 
 const {Cp} = CpMesh;
 
@@ -87,6 +87,7 @@ run([
             `Cp.TensorError.SHAPE: ${error}`);
         assertTrue(error.message.includes('Cp.Mesh.all_gather_async: dim is 0.5, not a whole number'),
             `names the call and the value: ${error.message}`);
+        recordError('gjs cpmesh.js', 'Cp.Mesh.all_gather_async along dimension 0.5', error);
         // Nothing started: both ranks still meet at a barrier.
         const results = await Promise.all(meshes.map(m => m.barrier_async(null)));
         assertEqual(results, [true, true], 'barrier after the refusal');
@@ -105,7 +106,7 @@ run([
         for (const fragment of ['Cp.Mesh.barrier_async() finished', 'has not run',
             'GLib.MainLoop run after a top-level await', 'Await at the top level'])
             assertTrue(message.includes(fragment), `stderr names the cause: "${fragment}" in ${stderr}`);
-        recordOutcome('gjs: cpmesh.js', 'a GLib.MainLoop run after a top-level await, so no continuation runs',
+        recordOutcome('gjs cpmesh.js', 'a GLib.MainLoop run after a top-level await, so no continuation runs',
             'message on stderr', message);
     }],
 
