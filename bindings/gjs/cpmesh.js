@@ -13,8 +13,8 @@
 // and run no GLib.MainLoop at all (gjs's own loop runs until the module
 // settles), or start the loop at the top level, before any await, and do
 // the awaiting inside an async function started before loop.run(). A loop
-// run after a top-level await (or from any async function or .then())
-// runs inside gjs's promise job queue, which does not run again until that
+// run after an await (at the top level or in an async function) or from a
+// .then() callback runs inside gjs's promise job queue, which does not run again until that
 // loop returns: every call completes, and no code awaiting it ever
 // continues. This module notices that (a call's completion whose
 // continuation has not run DISPATCH_GRACE_MS later) and says so on stderr.
@@ -250,9 +250,9 @@ let watchdogFired = false;
 
 // Called when a call's GIO callback has settled its promise: checks that
 // gjs's job queue, which runs the continuation, runs within
-// DISPATCH_GRACE_MS. A timer at a low priority fires only when the main
-// loop is idle, so a continuation merely queued behind other work is not
-// taken for one that cannot run. One check at a time covers every call,
+// DISPATCH_GRACE_MS. The timer has a low priority, so it fires in an
+// iteration with nothing more urgent due: a continuation merely queued
+// behind other work is not taken for one that cannot run. One check at a time covers every call,
 // since the queue runs in order.
 function watchContinuation(what) {
     if (watchdogArmed || watchdogFired)
@@ -266,11 +266,11 @@ function watchContinuation(what) {
         const seconds = ((GLib.get_monotonic_time() - finished) / 1e6).toFixed(1);
         printerr(`cpmesh.js: ${what} finished ${seconds} s ago, but the code awaiting it ` +
             'has not run: gjs runs promise continuations from its job queue, and a ' +
-            'GLib.MainLoop run after a top-level await (or from an async function or a ' +
-            '.then() callback) runs inside that queue, so nothing awaited continues until ' +
-            'the loop returns. Await at the top level with no main loop, or start the loop ' +
-            'at the top level before the first await (see "JavaScript (gjs)" in ' +
-            'doc/bindings.md).');
+            'GLib.MainLoop run after an await (at the top level of a module or in an ' +
+            'async function) or from a .then() callback runs inside that queue, so nothing ' +
+            'awaited continues until the loop returns. Await at the top level with no main ' +
+            'loop, or start the loop at the top level before the first await (see ' +
+            '"JavaScript (gjs)" in doc/bindings.md).');
         return GLib.SOURCE_REMOVE;
     });
     Promise.resolve().then(() => {

@@ -104,7 +104,7 @@ run([
             `the continuation ran after the loop (${stdout})`);
         const message = stderr.split('\n').find(line => line.startsWith('cpmesh.js:')) ?? '';
         for (const fragment of ['Cp.Mesh.barrier_async() finished', 'has not run',
-            'GLib.MainLoop run after a top-level await', 'Await at the top level'])
+            'GLib.MainLoop run after an await', 'Await at the top level'])
             assertTrue(message.includes(fragment), `stderr names the cause: "${fragment}" in ${stderr}`);
         recordOutcome('gjs cpmesh.js', 'a GLib.MainLoop run after a top-level await, so no continuation runs',
             'message on stderr', message);
