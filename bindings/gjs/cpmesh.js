@@ -26,8 +26,8 @@ import Cp from 'gi://Cp?version=1';
 // caller passes them (array lengths, callbacks and doubles left out; null
 // for an argument that is not an integer). gjs converts a number to a C
 // integer by truncation and wrap-around, so a shape of [2, 1.5] would
-// become [2, 1], NaN or a string would become 0 and 2^33 a dimension 0:
-// each is refused here instead. `int`/`uint` are 32-bit, `int64`/`size`
+// become [2, 1], NaN 0, the string '2' 2 and 2^33 a dimension 0: each is
+// refused here instead. `int`/`uint` are 32-bit, `int64`/`size`
 // 64-bit, taken only up to 2^53 - 1 (a Number holds no more exactly; pass
 // a BigInt for more); `[]` is an array of them.
 const INTEGER_ARGUMENTS = {
