@@ -66,14 +66,13 @@ function errorCodeName(error) {
 // Appends a JSON line for doc/reliability.md to $CP_RELIABILITY_LOG, like
 // tests/python/reliability.py; the first record of the process empties it
 // unless CP_RELIABILITY_APPEND is set (a process recording for its parent).
-function recordError(subject, what, error) {
+function appendRecord(subject, what, outcome, message) {
     const path = GLib.getenv('CP_RELIABILITY_LOG');
     if (!path)
         return;
     const script = GLib.path_get_basename(System.programPath ?? System.programInvocationName);
     const line = `${JSON.stringify({
-        subject, case: what, error: errorCodeName(error),
-        message: error.message, test: `${script}: ${currentTest}`,
+        subject, case: what, error: outcome, message, test: `${script}: ${currentTest}`,
     })}\n`;
     const file = Gio.File.new_for_path(path);
     GLib.mkdir_with_parents(GLib.path_get_dirname(path), 0o755);
@@ -83,6 +82,20 @@ function recordError(subject, what, error) {
     recordsStarted = true;
     stream.write_bytes(new GLib.Bytes(new TextEncoder().encode(line)), null);
     stream.close(null);
+}
+
+// Records a GLib.Error caught by the test itself (a rejected promise).
+export function recordError(subject, what, error) {
+    assertTrue(error.message.length > 0, 'the error has a message');
+    appendRecord(subject, what, errorCodeName(error), error.message);
+}
+
+// Records a failure that is not a GError (a message on stderr, an exit
+// status), as tests/python/reliability.py's record_outcome does: outcome
+// reads like "message on stderr".
+export function recordOutcome(subject, what, outcome, message) {
+    assertTrue(message.length > 0, 'the failure has a message');
+    appendRecord(subject, what, outcome, message);
 }
 
 // assertThrowsGError, and records the case (what was tried against

@@ -130,4 +130,21 @@ run([
             domain, Cp.TensorError.SHAPE, '1 pieces were given for cp_size 2',
             () => layout.unshard_pieces([Cp.Tensor.new(Cp.DType.INT64, [4])], 0));
     }],
+
+    ['lengths, dimensions and ranks must be whole numbers', () => {
+        const domain = Cp.tensor_error_quark();
+        assertCase('gjs cpmesh.js', 'Cp.Layout.new with a sequence length of 8.5',
+            domain, Cp.TensorError.SHAPE, 'Cp.Layout.new: seq_len is 8.5, not a whole number',
+            () => Cp.Layout.new(HEAD_TAIL, 8.5, 2));
+        assertCase('gjs cpmesh.js', 'Cp.Layout.new_thd with a document bound of NaN',
+            domain, Cp.TensorError.SHAPE, 'cu_seqlens_padded [0, 4, NaN]: element 2 is NaN',
+            () => Cp.Layout.new_thd([0, 4, NaN], 2));
+        const layout = Cp.Layout.new(HEAD_TAIL, 8, 2);
+        const t = Cp.Tensor.new(Cp.DType.INT64, [2, 8]);
+        assertCase('gjs cpmesh.js', 'Cp.Layout.shard along dimension 1.5',
+            domain, Cp.TensorError.SHAPE, 'Cp.Layout.shard: seq_dim is 1.5', () => layout.shard(t, 1.5, 0));
+        assertCase('gjs cpmesh.js', 'Cp.Layout.get_local_len of rank 0.5',
+            domain, Cp.TensorError.OUT_OF_RANGE, 'rank is 0.5', () => layout.get_local_len(0.5));
+        assertEqual(layout.shard(t, -1, 1).get_shape(), [2, 4], 'a negative dimension counts from the last');
+    }],
 ]);
