@@ -1422,7 +1422,7 @@ resolve_reshape (CpTensor      *self,
 /**
  * cp_tensor_reshape:
  * @self: a tensor
- * @shape: (array length=n_dims): the new size of each dimension; one of
+ * @new_shape: (array length=n_dims): the new size of each dimension; one of
  *   them may be -1, inferred from the others and the element count
  * @n_dims: the number of dimensions, at most [const@Cp.TENSOR_MAX_DIMS]
  * @error: return location for a #GError
@@ -1438,7 +1438,7 @@ resolve_reshape (CpTensor      *self,
  * shards @self in place, the view keeps the full bytes and shape.
  *
  * Returns: (transfer full): the view, or %NULL with
- *   %CP_TENSOR_ERROR_SHAPE when @shape holds another number of elements
+ *   %CP_TENSOR_ERROR_SHAPE when @new_shape holds another number of elements
  *   (the message names both shapes), has more than one -1, or has another
  *   negative size
  *
@@ -1446,7 +1446,7 @@ resolve_reshape (CpTensor      *self,
  */
 CpTensor *
 cp_tensor_reshape (CpTensor      *self,
-                   const gint64  *shape,
+                   const gint64  *new_shape,
                    guint          n_dims,
                    GError       **error)
 {
@@ -1454,10 +1454,10 @@ cp_tensor_reshape (CpTensor      *self,
   CpTensor *view;
 
   g_return_val_if_fail (CP_IS_TENSOR (self), NULL);
-  g_return_val_if_fail (shape != NULL || n_dims == 0, NULL);
+  g_return_val_if_fail (new_shape != NULL || n_dims == 0, NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  if (!resolve_reshape (self, shape, n_dims, resolved, error))
+  if (!resolve_reshape (self, new_shape, n_dims, resolved, error))
     return NULL;
   view = cp_tensor_new_from_storage (self->dtype, resolved, n_dims, self->storage, self->offset,
                                      error);

@@ -132,7 +132,7 @@ CpTensor     *cp_tensor_narrow              (CpTensor       *self,
                                              GError        **error) G_GNUC_WARN_UNUSED_RESULT;
 CP_AVAILABLE_IN_ALL
 CpTensor     *cp_tensor_reshape             (CpTensor       *self,
-                                             const gint64   *shape,
+                                             const gint64   *new_shape,
                                              guint           n_dims,
                                              GError        **error) G_GNUC_WARN_UNUSED_RESULT;
 CP_AVAILABLE_IN_ALL

@@ -41,6 +41,9 @@ const INTEGER_ARGUMENTS = {
         new_borrowed: [null, 'shape:int64[]', null, 'size:size'],
         new_arange: [null, 'start:int64', 'end:int64', 'step:int64'],
         'prototype.narrow': ['dim:int', 'start:int64', 'length:int64'],
+        // One dimension may be -1: inferred from the others.
+        'prototype.reshape': ['new_shape:int64[]'],
+        'prototype.prepare_dlpack_stream': ['stream:int64'],
         'prototype.get_dim': ['dim:int'],
         'prototype.get_value': ['index:int64'],
         'prototype.set_value': ['index:int64'],
