@@ -290,7 +290,8 @@ call_deleter (gpointer dlpack)
  * size 1 may have any stride), one lane of bool (DLPack 0.8's code 6),
  * uint8, int32, int64, float16, bfloat16, float32 or float64, on the CPU
  * (or a CUDA device in builds with [const@Cp.HAS_CUDA]), starting at an
- * address aligned to the element size.
+ * address aligned to the element size. CUDA memory must be device memory
+ * of the device the tensor names, as the CUDA runtime sees it.
  *
  * Returns: (transfer full): a new tensor whose storage is of kind
  *   %CP_STORAGE_KIND_DLPACK, or %NULL with %CP_TENSOR_ERROR_DEVICE,
@@ -314,7 +315,9 @@ cp_tensor_new_from_dlpack (gpointer   dlpack,
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
   tensor = &managed->dl_tensor;
-  if (!plan_import (tensor, &plan, error))
+  if (!plan_import (tensor, &plan, error) ||
+      !_cp_memory_check_import (plan.device, tensor->device.device_id, plan.address, plan.nbytes,
+                                error))
     {
       call_deleter (managed);
       return NULL;
