@@ -166,6 +166,19 @@ pool_of (int            device_id,
   return check (status, "creating a CUDA memory pool: cudaMemPoolCreate", error);
 }
 
+gpointer
+_cp_memory_cuda_pool (int device_id)
+{
+  gpointer pool = NULL;
+
+  if (device_id < 0 || device_id >= MAX_DEVICES)
+    return NULL;
+  _cp_mutex_lock (&pools_lock);
+  pool = pools[device_id];
+  _cp_mutex_unlock (&pools_lock);
+  return pool;
+}
+
 /* On the device current now, which the storage records. */
 static gpointer
 cuda_alloc (gsize      size,

@@ -128,6 +128,9 @@ extern const CpMemoryOps _cp_memory_host_ops;
 extern const CpMemoryOps _cp_memory_test_ops;
 #if CP_HAS_CUDA
 extern const CpMemoryOps _cp_memory_cuda_ops;
+/* The pool CUDA memory on @device_id comes from (a cudaMemPool_t), or
+ * NULL before the first allocation there: for tests. */
+gpointer _cp_memory_cuda_pool (int device_id);
 #endif
 
 /* The widest pitch test memory's 2-D copies take: test memory refuses

@@ -527,6 +527,45 @@ test_device_recorded (void)
   g_assert_cmpint (cudaSetDevice (0), ==, cudaSuccess);
 }
 
+/* Freed memory stays in the library's pool across synchronisations, up
+ * to a quarter of the device, and the device's default pool, which other
+ * libraries share, keeps its own threshold. */
+static void
+test_pool (void)
+{
+  const gint64 shape[] = { 64 << 20 };
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) device = NULL;
+  cudaMemPool_t pool, default_pool;
+  guint64 threshold = 0, reserved = 0, default_threshold = 1;
+  size_t free_bytes = 0, total_bytes = 0;
+
+  if (skip_without_device ())
+    return;
+  g_assert_cmpint (cudaSetDevice (0), ==, cudaSuccess);
+  g_assert_cmpint (cudaDeviceGetDefaultMemPool (&default_pool, 0), ==, cudaSuccess);
+  g_assert_cmpint (cudaMemPoolGetAttribute (default_pool, cudaMemPoolAttrReleaseThreshold,
+                                            &default_threshold), ==, cudaSuccess);
+  device = _cp_tensor_new_on_device (CP_DEVICE_KIND_CUDA, CP_DTYPE_UINT8, shape, 1, TRUE, &error);
+  g_assert_no_error (error);
+  pool = _cp_memory_cuda_pool (0);
+  g_assert_nonnull (pool);
+  g_assert_true (pool != default_pool);
+  g_assert_cmpint (cudaMemGetInfo (&free_bytes, &total_bytes), ==, cudaSuccess);
+  g_assert_cmpint (cudaMemPoolGetAttribute (pool, cudaMemPoolAttrReleaseThreshold, &threshold), ==,
+                   cudaSuccess);
+  g_assert_cmpuint (threshold, ==, total_bytes / 4);
+  g_clear_object (&device);
+  g_assert_true (_cp_memory_cuda_ops.synchronize (0, &error));
+  g_assert_cmpint (cudaDeviceSynchronize (), ==, cudaSuccess);
+  g_assert_cmpint (cudaMemPoolGetAttribute (pool, cudaMemPoolAttrReservedMemCurrent, &reserved), ==,
+                   cudaSuccess);
+  g_assert_cmpuint (reserved, >=, (guint64) 64 << 20);
+  g_assert_cmpint (cudaMemPoolGetAttribute (default_pool, cudaMemPoolAttrReleaseThreshold,
+                                            &threshold), ==, cudaSuccess);
+  g_assert_cmpuint (threshold, ==, default_threshold);
+}
+
 #define N_RANK_THREADS 4
 
 /* What one rank thread does on the shared device: its own tensors, its
@@ -600,6 +639,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Cuda/memory/pitch-above-limit", test_pitch_above_limit);
   g_test_add_func ("/Cp/Cuda/memory/device/recorded", test_device_recorded);
   g_test_add_func ("/Cp/Cuda/memory/device/rank-threads", test_rank_threads);
+  g_test_add_func ("/Cp/Cuda/memory/pool", test_pool);
 
   return g_test_run ();
 }
