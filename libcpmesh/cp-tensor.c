@@ -1066,7 +1066,8 @@ cp_tensor_describe (CpTensor *self)
  *
  * Reads one element as a double, for tests and small scripts (integers
  * above 2^53 lose precision). Use numpy or the data address for bulk
- * access.
+ * access. Device memory that fails to give the element back is reported
+ * as a critical warning, since there is no error to return, and gives NaN.
  *
  * Returns: the element
  *
@@ -1100,7 +1101,8 @@ cp_tensor_get_value (CpTensor *self,
  * @index: a flat, row-major element index
  * @value: the new value, converted as by [ctor@Cp.Tensor.new_full]
  *
- * Writes one element, for tests and small scripts.
+ * Writes one element, for tests and small scripts. Device memory that
+ * fails to take it is reported as a critical warning.
  *
  * Since: 1.0
  */
@@ -1174,7 +1176,8 @@ _cp_tensor_same_shape (CpTensor *a,
  *
  * Compares two tensors bit for bit: same element type, same shape, same
  * bytes. Floating-point values compare by representation, so a NaN equals
- * the same NaN and 0.0 differs from -0.0.
+ * the same NaN and 0.0 differs from -0.0. Device memory that cannot be
+ * read is reported as a critical warning and compares unequal.
  *
  * Returns: %TRUE when the tensors are identical
  *
