@@ -211,6 +211,19 @@ check_pitches (gsize     dst_pitch,
   return FALSE;
 }
 
+/* An injected fault: the copy or fill that a failing device would have
+ * refused. */
+static gboolean
+device_works (const char  *what,
+              GError     **error)
+{
+  if (!_cp_fault_device_fails ())
+    return TRUE;
+  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
+               "%s in test memory failed: an injected device fault", what);
+  return FALSE;
+}
+
 static gboolean
 test_copy_2d (int                device_id,
               gpointer           dst,
@@ -225,7 +238,8 @@ test_copy_2d (int                device_id,
 {
   if (width == 0 || height == 0)
     return TRUE;
-  if (!check_pitches (dst_pitch, src_pitch, width, height, error))
+  if (!check_pitches (dst_pitch, src_pitch, width, height, error) ||
+      !device_works ("a copy", error))
     return FALSE;
   if (direction != CP_MEMORY_DEVICE_TO_HOST)
     dst = shadow_of (dst, extent_2d (dst_pitch, width, height));
@@ -245,6 +259,8 @@ test_fill (int            device_id,
 {
   if (count == 0)
     return TRUE;
+  if (!device_works ("a fill", error))
+    return FALSE;
   return _cp_memory_host_ops.fill (device_id, shadow_of (dst, pattern_size * count), pattern,
                                    pattern_size, count, error);
 }
