@@ -357,23 +357,22 @@ as_float32 (const Plan *plan,
 
 /* Stores the float32 values at byte @offset of @source into @tensor, in
  * its dtype. */
-static void
+static gboolean
 store_float32 (const Plan  *plan,
                CpTensor    *tensor,
                CpTensor    *source,
-               gsize        offset)
+               gsize        offset,
+               GError     **error)
 {
   gsize n = (gsize) cp_tensor_get_numel (tensor);
   const guint8 *values = _cp_memory_kernel_address (source);
 
   if (cp_tensor_get_dtype (tensor) == CP_DTYPE_FLOAT32)
-    {
-      if (source != tensor || offset != 0)
-        _cp_memory_copy (tensor, 0, source, offset, n * sizeof (float), FALSE);
-      return;
-    }
+    return (source == tensor && offset == 0) ||
+           _cp_memory_copy (tensor, 0, source, offset, n * sizeof (float), FALSE, error);
   plan->kernel->float32_to_bfloat16 (_cp_memory_kernel_address (tensor),
                                      (const float *) (values + offset), n);
+  return TRUE;
 }
 
 /* Whether the kernel multiplies float32 copies of the inputs: bfloat16
@@ -618,16 +617,18 @@ buffers_new_backward (CpAttention  *self,
 }
 
 /* K and V side by side in one buffer, so that every transfer moves both
- * at once, in their own dtype and head count. */
-static void
-pack_kv (CpTensor *k,
-         CpTensor *v,
-         CpTensor *kv)
+ * at once, in their own dtype and head count.  Before the ranks agree to
+ * go on, so that a rank whose memory fails here fails them all. */
+static gboolean
+pack_kv (CpTensor  *k,
+         CpTensor  *v,
+         CpTensor  *kv,
+         GError   **error)
 {
   gsize bytes = cp_tensor_get_nbytes (k);
 
-  _cp_memory_copy (kv, 0, k, 0, bytes, FALSE);
-  _cp_memory_copy (kv, bytes, v, 0, bytes, FALSE);
+  return _cp_memory_copy (kv, 0, k, 0, bytes, FALSE, error) &&
+         _cp_memory_copy (kv, bytes, v, 0, bytes, FALSE, error);
 }
 
 /* Keys of @n_ranks consecutive ranks from @first_rank, held in @kv, a K/V
@@ -686,15 +687,28 @@ forward_gathered (CpAttention  *self,
 }
 
 /* @acc holds the float32 accumulator of @fwd's state. */
-static void
-finish_forward (const Plan *plan,
-                Forward    *fwd,
-                CpTensor   *acc,
-                CpTensor   *out,
-                CpTensor   *lse)
+static gboolean
+finish_forward (const Plan  *plan,
+                Forward     *fwd,
+                CpTensor    *acc,
+                CpTensor    *out,
+                CpTensor    *lse,
+                GError     **error)
 {
   plan->kernel->finalize (&plan->problem, &fwd->state, _cp_memory_kernel_address (lse));
-  store_float32 (plan, out, acc, 0);
+  return store_float32 (plan, out, acc, 0, error);
+}
+
+/* The running maxima start at −∞ and the sums at 0; before the ranks
+ * agree, as pack_kv. */
+static gboolean
+reset_rows (Buffers  *bufs,
+            GError  **error)
+{
+  gsize n_rows = (gsize) cp_tensor_get_numel (bufs->rows[0]);
+
+  return _cp_memory_fill (bufs->rows[0], 0, n_rows, -INFINITY, error) &&
+         _cp_memory_fill (bufs->rows[1], 0, n_rows, 0.0, error);
 }
 
 /* A float32 output accumulates in place. */
@@ -705,7 +719,6 @@ forward_run (CpAttention  *self,
              Buffers      *bufs,
              GError      **error)
 {
-  gsize n_rows = (gsize) cp_tensor_get_numel (bufs->rows[0]);
   CpTensor *acc = bufs->acc != NULL ? bufs->acc : bufs->results[0];
   gpointer q_data = as_operand (plan, q, bufs->q32);
   Forward fwd = {
@@ -716,17 +729,13 @@ forward_run (CpAttention  *self,
   };
   gboolean ok = TRUE;
 
-  _cp_memory_fill (bufs->rows[0], 0, n_rows, -INFINITY);
-  _cp_memory_fill (bufs->rows[1], 0, n_rows, 0.0);
   if (plan->size == 1)
     _cp_attention_forward_on (plan, &fwd, bufs->kv, 0, 1);
   else if (uses_ring (self, plan))
     ok = _cp_attention_forward_ring (self, plan, &fwd, bufs, error);
   else
     ok = forward_gathered (self, plan, &fwd, bufs->kv, error);
-  if (ok)
-    finish_forward (plan, &fwd, acc, bufs->results[0], bufs->results[1]);
-  return ok;
+  return ok && finish_forward (plan, &fwd, acc, bufs->results[0], bufs->results[1], error);
 }
 
 /**
@@ -774,11 +783,10 @@ cp_attention_forward (CpAttention  *self,
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
   _cp_attention_plan_build (self, &plan, q, k, v, NULL, NULL, NULL, &invalid);
-  if (invalid == NULL)
-    buffers_new_forward (self, &plan, q, &bufs, &invalid);
+  if (invalid == NULL && buffers_new_forward (self, &plan, q, &bufs, &invalid))
+    (void) (pack_kv (k, v, bufs.kv, &invalid) && reset_rows (&bufs, &invalid));
   if (!_cp_attention_agree (self, &plan, FALSE, invalid, error))
     return FALSE;
-  pack_kv (k, v, bufs.kv);
   if (!forward_run (self, &plan, q, &bufs, error))
     return FALSE;
   *out = g_steal_pointer (&bufs.results[0]);
@@ -895,12 +903,11 @@ backward_run (CpAttention  *self,
     ok = _cp_attention_backward_ring (self, plan, &grads, bufs, error);
   else
     ok = backward_gathered (self, plan, &grads, bufs, error);
-  if (!ok)
-    return FALSE;
-  store_float32 (plan, bufs->results[0], bufs->acc, 0);
-  store_float32 (plan, bufs->results[1], bufs->dkv, 0);
-  store_float32 (plan, bufs->results[2], bufs->dkv, cp_tensor_get_nbytes (bufs->dkv) / 2);
-  return TRUE;
+  return ok &&
+         store_float32 (plan, bufs->results[0], bufs->acc, 0, error) &&
+         store_float32 (plan, bufs->results[1], bufs->dkv, 0, error) &&
+         store_float32 (plan, bufs->results[2], bufs->dkv, cp_tensor_get_nbytes (bufs->dkv) / 2,
+                        error);
 }
 
 /**
@@ -953,11 +960,10 @@ cp_attention_backward (CpAttention  *self,
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
   _cp_attention_plan_build (self, &plan, q, k, v, dout, out, lse, &invalid);
-  if (invalid == NULL)
-    buffers_new_backward (self, &plan, q, &bufs, &invalid);
+  if (invalid == NULL && buffers_new_backward (self, &plan, q, &bufs, &invalid))
+    (void) pack_kv (k, v, bufs.kv, &invalid);
   if (!_cp_attention_agree (self, &plan, TRUE, invalid, error))
     return FALSE;
-  pack_kv (k, v, bufs.kv);
   if (!backward_run (self, &plan, dout, q, out, lse, &bufs, error))
     return FALSE;
   *dq = g_steal_pointer (&bufs.results[0]);

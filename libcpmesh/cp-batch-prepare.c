@@ -478,7 +478,9 @@ plan_collect (Plan            *plan,
 
 /* arange(S) in every row, then zeros over the padding: what the
  * reference builds and pads.  One host row is repeated into every row of
- * the batch's memory by a 2-D copy whose source rows do not advance. */
+ * the batch's memory by a 2-D copy whose source rows do not advance
+ * (pitch 0), which the memory interface issues as one copy a row: a
+ * device's 2-D copy takes no pitch below the width. */
 static CpTensor *
 synthesize_positions (Plan     *plan,
                       GError  **error)
@@ -493,14 +495,16 @@ synthesize_positions (Plan     *plan,
   row = cp_tensor_new_arange (CP_DTYPE_INT64, 0, plan->seq_len, 1, error);
   if (row == NULL)
     return NULL;
-  _cp_memory_copy_2d (positions, 0, (gsize) plan->padded_len * sizeof (gint64), row, 0, 0,
-                      cp_tensor_get_nbytes (row), (gsize) plan->rows, FALSE);
+  if (!_cp_memory_copy_2d (positions, 0, (gsize) plan->padded_len * sizeof (gint64), row, 0, 0,
+                           cp_tensor_get_nbytes (row), (gsize) plan->rows, FALSE, error))
+    return NULL;
   return g_steal_pointer (&positions);
 }
 
 /* Copies @source with its sequence dimension right-padded to the padded
  * length with @item's fill value, one whole row at a time; an expanded
- * [1, S] source is repeated for every row. */
+ * [1, S] source is repeated for every row (a source pitch of 0, see
+ * synthesize_positions). */
 static CpTensor *
 pad_item (Plan     *plan,
           Item     *item,
@@ -512,7 +516,7 @@ pad_item (Plan     *plan,
   const gint64 *source_shape = cp_tensor_get_shape (item->tensor, &n_dims);
   gsize outer, step, row, padded_row, fill_count;
   gint64 length;
-  CpTensor *out;
+  g_autoptr(CpTensor) out = NULL;
 
   memcpy (shape, source_shape, n_dims * sizeof (gint64));
   shape[item->dim] = plan->padded_len;
@@ -526,11 +530,13 @@ pad_item (Plan     *plan,
   row = (gsize) plan->seq_len * step;
   padded_row = (gsize) plan->padded_len * step;
   fill_count = (padded_row - row) / cp_dtype_get_size (dtype);
-  _cp_memory_copy_2d (out, 0, padded_row, item->tensor, 0, item->expand ? 0 : row, row, outer,
-                      FALSE);
+  if (!_cp_memory_copy_2d (out, 0, padded_row, item->tensor, 0, item->expand ? 0 : row, row, outer,
+                           FALSE, error))
+    return NULL;
   for (gsize o = 0; o < outer; o++)
-    _cp_memory_fill (out, o * padded_row + row, fill_count, item->fill);
-  return out;
+    if (!_cp_memory_fill (out, o * padded_row + row, fill_count, item->fill, error))
+      return NULL;
+  return g_steal_pointer (&out);
 }
 
 static gboolean

@@ -664,22 +664,24 @@ widen_to_int64 (CpDType        dtype,
 
 /* Copies the runs this rank holds of chunk @c of @tensor, in order, to
  * @out from byte @offset on, through the memory of the two tensors. */
-static void
-copy_chunk_runs (Thd      *thd,
-                 int       c,
-                 CpTensor *tensor,
-                 CpTensor *out,
-                 gsize     offset,
-                 gsize     step)
+static gboolean
+copy_chunk_runs (Thd       *thd,
+                 int        c,
+                 CpTensor  *tensor,
+                 CpTensor  *out,
+                 gsize      offset,
+                 gsize      step,
+                 GError   **error)
 {
   CpLayout *layout = thd->chunks[c].layout;
   guint n_runs;
   const cp_index_run *runs = _cp_layout_get_runs (layout, thd->cp_rank, &n_runs);
   gsize local_bytes = (gsize) cp_layout_get_local_len (layout, thd->cp_rank) * step;
 
-  _cp_memory_copy_runs (tensor, (gsize) thd->chunks[c].first * step, 0,
-                        _cp_layout_get_first_position (layout), out, offset, 0, runs, n_runs,
-                        step, 1, TRUE, _cp_copy_wants_streaming (local_bytes));
+  return _cp_memory_copy_runs (tensor, (gsize) thd->chunks[c].first * step, 0,
+                               _cp_layout_get_first_position (layout), out, offset, 0, runs,
+                               n_runs, step, 1, TRUE, _cp_copy_wants_streaming (local_bytes),
+                               error);
 }
 
 /* Integer ids narrower than int64 are gathered to the host, widened there
@@ -703,7 +705,8 @@ shard_and_widen (Thd           *thd,
     return NULL;
   for (int c = 0; c < thd->num_chunks; c++)
     {
-      copy_chunk_runs (thd, c, tensor, scratch, 0, step);
+      if (!copy_chunk_runs (thd, c, tensor, scratch, 0, step, error))
+        return NULL;
       widen_to_int64 (dtype, cp_tensor_get_data (scratch),
                       (gint64 *) cp_tensor_get_data (wide) + (gsize) (c * per_chunk),
                       (gsize) per_chunk);
@@ -732,7 +735,8 @@ shard_tokens (Thd       *thd,
   if (out == NULL)
     return NULL;
   for (int c = 0; c < thd->num_chunks; c++)
-    copy_chunk_runs (thd, c, tensor, out, (gsize) (c * local) * step, step);
+    if (!copy_chunk_runs (thd, c, tensor, out, (gsize) (c * local) * step, step, error))
+      return NULL;
   return g_steal_pointer (&out);
 }
 
@@ -1265,14 +1269,15 @@ pad_collect (Pad           *pad,
  * move and padding is filled through the memory of @dest; position ids,
  * which count on from their document's last one, are computed in place,
  * so for them @source and @dest are host tensors. */
-static void
+static gboolean
 pad_row (Pad       *pad,
          gint64     row,
          CpTensor  *source,
          CpTensor  *dest,
          gsize      step,
          double     fill,
-         gboolean   positions)
+         gboolean   positions,
+         GError   **error)
 {
   CpDType dtype = cp_tensor_get_dtype (dest);
   gint64 n = cp_tensor_get_dim (pad->seq_lens, 1);
@@ -1293,9 +1298,10 @@ pad_row (Pad       *pad,
 
       if (real == pad->sentinel)
         continue;
-      if (source != NULL)
-        _cp_memory_copy (dest, dest_row + (gsize) written * step, source,
-                         source_row + (gsize) read * step, (gsize) real * step, FALSE);
+      if (source != NULL &&
+          !_cp_memory_copy (dest, dest_row + (gsize) written * step, source,
+                            source_row + (gsize) read * step, (gsize) real * step, FALSE, error))
+        return FALSE;
       if (positions)
         next = source != NULL && real > 0
           ? _cp_dtype_read (dtype, cp_tensor_get_data (source),
@@ -1304,12 +1310,14 @@ pad_row (Pad       *pad,
       for (gint64 p = source != NULL ? real : 0; positions && p < end - written; p++)
         _cp_dtype_write (dtype, cp_tensor_get_data (dest), first + (gsize) (written + p),
                          source != NULL ? next++ : (double) p);
-      if (!positions)
-        _cp_memory_fill (dest, dest_row + (gsize) (written + real) * step,
-                         (gsize) (end - written - real) * per_token, fill);
+      if (!positions &&
+          !_cp_memory_fill (dest, dest_row + (gsize) (written + real) * step,
+                            (gsize) (end - written - real) * per_token, fill, error))
+        return FALSE;
       read += real;
       written = end;
     }
+  return TRUE;
 }
 
 static CpTensor *
@@ -1340,7 +1348,8 @@ pad_buffer (Pad       *pad,
   if (out == NULL)
     return NULL;
   for (gint64 row = 0; row < pad->rows; row++)
-    pad_row (pad, row, positions ? host_source : source, out, step, fill, positions);
+    if (!pad_row (pad, row, positions ? host_source : source, out, step, fill, positions, error))
+      return NULL;
   return positions ? cp_tensor_to_device (out, device, error) : g_steal_pointer (&out);
 }
 

@@ -75,7 +75,8 @@ typedef struct
 /* Arms @fault, replacing any armed one, and restarts every rank's count
  * of collectives. */
 void        _cp_fault_arm               (const CpFault *fault);
-/* Disarms the fault, and the allocation failure of the calling thread. */
+/* Disarms the fault, and the allocation and device failures of the
+ * calling thread. */
 void        _cp_fault_disarm            (void);
 
 /* Called by a backend as rank @rank starts a collective: its index since
@@ -98,6 +99,17 @@ void        _cp_fault_fail_allocation   (guint          skip);
 
 /* Called by the host allocator: whether this allocation must fail. */
 gboolean    _cp_fault_allocation_fails  (void);
+
+/* Makes the test-memory copy or fill after the next @skip ones issued by
+ * the calling thread fail, as a device whose copy engine fails would. */
+void        _cp_fault_fail_device       (guint          skip);
+
+/* Called by test memory's copies and fills: whether this one must fail. */
+gboolean    _cp_fault_device_fails      (void);
+
+/* Whether the calling thread's device failure is armed and has not
+ * struck yet. */
+gboolean    _cp_fault_device_pending    (void);
 
 /* A rank told to die: the process ends at once, as SIGKILL ends it. */
 G_NORETURN void _cp_fault_kill_process  (void);
@@ -129,6 +141,12 @@ _cp_fault_strike (const char  *backend,
 
 static inline gboolean
 _cp_fault_allocation_fails (void)
+{
+  return FALSE;
+}
+
+static inline gboolean
+_cp_fault_device_fails (void)
 {
   return FALSE;
 }

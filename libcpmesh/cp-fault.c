@@ -22,6 +22,7 @@ static char armed_backend[16];
 static guint operations[2][MAX_RANKS];
 
 static __thread gint allocations_left = -1;
+static __thread gint device_operations_left = -1;
 static guint32 sequence_origin;
 
 static int
@@ -48,6 +49,7 @@ _cp_fault_disarm (void)
   armed.kind = CP_FAULT_NONE;
   _cp_mutex_unlock (&fault_lock);
   allocations_left = -1;
+  device_operations_left = -1;
 }
 
 guint
@@ -97,6 +99,26 @@ _cp_fault_allocation_fails (void)
   if (allocations_left < 0)
     return FALSE;
   return allocations_left-- == 0;
+}
+
+void
+_cp_fault_fail_device (guint skip)
+{
+  device_operations_left = (gint) skip;
+}
+
+gboolean
+_cp_fault_device_pending (void)
+{
+  return device_operations_left >= 0;
+}
+
+gboolean
+_cp_fault_device_fails (void)
+{
+  if (device_operations_left < 0)
+    return FALSE;
+  return device_operations_left-- == 0;
 }
 
 void

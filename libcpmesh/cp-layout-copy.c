@@ -16,25 +16,27 @@
 #include "cp-memory-private.h"
 #include "cp-tensor-private.h"
 
-void
-_cp_layout_transfer_runs (CpLayout *self,
-                          int       rank,
-                          CpTensor *full,
-                          CpTensor *local,
-                          gsize     outer,
-                          gsize     step,
-                          gint64    local_row,
-                          gint64    local_first,
-                          gboolean  to_local)
+gboolean
+_cp_layout_transfer_runs (CpLayout  *self,
+                          int        rank,
+                          CpTensor  *full,
+                          CpTensor  *local,
+                          gsize      outer,
+                          gsize      step,
+                          gint64     local_row,
+                          gint64     local_first,
+                          gboolean   to_local,
+                          GError   **error)
 {
   guint n_runs;
   const cp_index_run *runs = _cp_layout_get_runs (self, rank, &n_runs);
   gsize local_bytes = (gsize) cp_layout_get_local_len (self, rank) * step;
 
-  _cp_memory_copy_runs (full, 0, (gsize) cp_layout_get_seq_len (self) * step,
-                        _cp_layout_get_first_position (self), local, (gsize) local_first * step,
-                        (gsize) local_row * step, runs, n_runs, step, outer, to_local,
-                        _cp_copy_wants_streaming (outer * local_bytes));
+  return _cp_memory_copy_runs (full, 0, (gsize) cp_layout_get_seq_len (self) * step,
+                               _cp_layout_get_first_position (self), local,
+                               (gsize) local_first * step, (gsize) local_row * step, runs, n_runs,
+                               step, outer, to_local, _cp_copy_wants_streaming (outer * local_bytes),
+                               error);
 }
 
 static gboolean
@@ -120,20 +122,21 @@ shard_validate (CpLayout  *self,
          check_seq_len (tensor, "shard", *dim, cp_layout_get_seq_len (self), error);
 }
 
-static void
-shard_copy (CpLayout *self,
-            CpTensor *tensor,
-            guint     dim,
-            int       rank,
-            CpTensor *out)
+static gboolean
+shard_copy (CpLayout  *self,
+            CpTensor  *tensor,
+            guint      dim,
+            int        rank,
+            CpTensor  *out,
+            GError   **error)
 {
   gsize outer;
   gint64 length;
   gsize step;
 
   _cp_tensor_split_at (tensor, dim, &outer, &length, &step);
-  _cp_layout_transfer_runs (self, rank, tensor, out, outer, step,
-                            cp_layout_get_local_len (self, rank), 0, TRUE);
+  return _cp_layout_transfer_runs (self, rank, tensor, out, outer, step,
+                                   cp_layout_get_local_len (self, rank), 0, TRUE, error);
 }
 
 /* The shape of @tensor with @length along @dim. */
@@ -188,8 +191,8 @@ cp_layout_shard (CpLayout  *self,
   shape_with (tensor, dim, cp_layout_get_local_len (self, rank), shape);
   out = _cp_tensor_new_on_device (cp_tensor_get_device (tensor), cp_tensor_get_dtype (tensor),
                                   shape, cp_tensor_get_n_dims (tensor), FALSE, error);
-  if (out != NULL)
-    shard_copy (self, tensor, dim, rank, out);
+  if (out != NULL && !shard_copy (self, tensor, dim, rank, out, error))
+    g_clear_object (&out);
   return out;
 }
 
@@ -228,8 +231,7 @@ cp_layout_shard_into (CpLayout  *self,
   if (!shard_validate (self, tensor, seq_dim, rank, &dim, error) ||
       !check_output (out, tensor, "shard", dim, cp_layout_get_local_len (self, rank), error))
     return FALSE;
-  shard_copy (self, tensor, dim, rank, out);
-  return TRUE;
+  return shard_copy (self, tensor, dim, rank, out, error);
 }
 
 /**
@@ -281,7 +283,8 @@ cp_layout_shard_backward (CpLayout  *self,
   if (out == NULL)
     return NULL;
   _cp_tensor_split_at (grad_local, dim, &outer, &length, &step);
-  _cp_layout_transfer_runs (self, rank, out, grad_local, outer, step, length, 0, FALSE);
+  if (!_cp_layout_transfer_runs (self, rank, out, grad_local, outer, step, length, 0, FALSE, error))
+    g_clear_object (&out);
   return out;
 }
 
@@ -320,11 +323,12 @@ check_pieces (CpLayout   *self,
   return TRUE;
 }
 
-static void
-unshard_copy (CpLayout  *self,
-              CpTensor **pieces,
-              guint      dim,
-              CpTensor  *out)
+static gboolean
+unshard_copy (CpLayout   *self,
+              CpTensor  **pieces,
+              guint       dim,
+              CpTensor   *out,
+              GError    **error)
 {
   for (int r = 0; r < cp_layout_get_cp_size (self); r++)
     {
@@ -333,8 +337,10 @@ unshard_copy (CpLayout  *self,
       gsize step;
 
       _cp_tensor_split_at (pieces[r], dim, &outer, &length, &step);
-      _cp_layout_transfer_runs (self, r, out, pieces[r], outer, step, length, 0, FALSE);
+      if (!_cp_layout_transfer_runs (self, r, out, pieces[r], outer, step, length, 0, FALSE, error))
+        return FALSE;
     }
+  return TRUE;
 }
 
 /**
@@ -375,8 +381,8 @@ cp_layout_unshard_pieces (CpLayout   *self,
   shape_with (pieces[0], dim, cp_layout_get_seq_len (self), shape);
   out = _cp_tensor_new_on_device (cp_tensor_get_device (pieces[0]), cp_tensor_get_dtype (pieces[0]),
                                   shape, cp_tensor_get_n_dims (pieces[0]), FALSE, error);
-  if (out != NULL)
-    unshard_copy (self, pieces, dim, out);
+  if (out != NULL && !unshard_copy (self, pieces, dim, out, error))
+    g_clear_object (&out);
   return out;
 }
 
@@ -416,8 +422,7 @@ cp_layout_unshard_pieces_into (CpLayout   *self,
   if (!check_pieces (self, pieces, n_pieces, seq_dim, &dim, error) ||
       !check_output (out, pieces[0], "unshard_pieces", dim, cp_layout_get_seq_len (self), error))
     return FALSE;
-  unshard_copy (self, pieces, dim, out);
-  return TRUE;
+  return unshard_copy (self, pieces, dim, out, error);
 }
 
 CpTensor *
@@ -438,7 +443,11 @@ _cp_layout_restore_gathered (CpLayout  *self,
     return NULL;
   _cp_tensor_split_at (gathered, dim, &outer, &length, &step);
   for (int r = 0; r < cp_layout_get_cp_size (self); r++)
-    _cp_layout_transfer_runs (self, r, out, gathered, outer, step, length,
-                              _cp_layout_get_rank_offset (self, r), FALSE);
+    if (!_cp_layout_transfer_runs (self, r, out, gathered, outer, step, length,
+                                   _cp_layout_get_rank_offset (self, r), FALSE, error))
+      {
+        g_clear_object (&out);
+        break;
+      }
   return out;
 }

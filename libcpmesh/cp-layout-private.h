@@ -40,10 +40,11 @@ gint64       _cp_layout_get_first_position (CpLayout  *self);
  * [outer][seq_len][step] and a local one laid out [outer][local_row][step],
  * whose piece starts at position @local_first of each row.  @to_local
  * selects the direction: sharding (full to local) or restoring (local to
- * full).  Every copy is one strided copy of a whole run over the @outer
- * rows, through the memory interface, so either tensor may be in any
- * memory it reaches. */
-void         _cp_layout_transfer_runs   (CpLayout      *self,
+ * full).  The copy is one _cp_memory_copy_runs, so either tensor may be in
+ * any memory it reaches: one kernel launch on CUDA memory, one strided
+ * copy of a whole run over the @outer rows elsewhere.  FALSE with an error
+ * when the memory fails. */
+gboolean     _cp_layout_transfer_runs   (CpLayout      *self,
                                          int            rank,
                                          CpTensor      *full,
                                          CpTensor      *local,
@@ -51,7 +52,8 @@ void         _cp_layout_transfer_runs   (CpLayout      *self,
                                          gsize          step,
                                          gint64         local_row,
                                          gint64         local_first,
-                                         gboolean       to_local);
+                                         gboolean       to_local,
+                                         GError       **error);
 
 /* The full tensor from @gathered, every rank's piece along @dim in rank
  * order (what an all-gather of the pieces gives), in @gathered's memory. */

@@ -327,15 +327,17 @@ _cp_copy (gpointer      dst,
   memcpy (dst, src, n);
 }
 
-static void
-host_copy_2d (gpointer           dst,
+static gboolean
+host_copy_2d (int                device_id,
+              gpointer           dst,
               gsize              dst_pitch,
               gconstpointer      src,
               gsize              src_pitch,
               gsize              width,
               gsize              height,
               CpMemoryDirection  direction,
-              gboolean           streaming)
+              gboolean           streaming,
+              GError           **error)
 {
   /* Rows that follow each other without a gap are one copy. */
   if (height > 1 && dst_pitch == width && src_pitch == width)
@@ -346,37 +348,62 @@ host_copy_2d (gpointer           dst,
   for (gsize row = 0; row < height; row++)
     _cp_copy ((guint8 *) dst + row * dst_pitch, (const guint8 *) src + row * src_pitch, width,
               streaming);
+  return TRUE;
 }
 
 /* Writes the pattern once, then doubles the filled prefix with memcpy:
- * log2(count) calls instead of one per element. */
-static void
-host_fill (gpointer      dst,
-           gconstpointer pattern,
-           gsize         pattern_size,
-           gsize         count)
+ * log2(count) calls instead of one per element.  memcpy needs no
+ * alignment. */
+static gboolean
+host_fill (int            device_id,
+           gpointer       dst,
+           gconstpointer  pattern,
+           gsize          pattern_size,
+           gsize          count,
+           GError       **error)
 {
   guint8 *bytes = dst;
   gsize total = pattern_size * count;
   gsize filled;
 
   if (total == 0)
-    return;
+    return TRUE;
   memcpy (bytes, pattern, pattern_size);
   for (filled = pattern_size; filled < total; filled *= 2)
     memcpy (bytes + filled, bytes, MIN (filled, total - filled));
+  return TRUE;
+}
+
+static gboolean
+host_synchronize (int      device_id,
+                  GError **error)
+{
+  return TRUE;
+}
+
+static gpointer
+host_alloc (gsize     size,
+            gboolean  zeroed,
+            int      *device_id,
+            GError  **error)
+{
+  *device_id = 0;
+  return _cp_host_alloc (size, zeroed, error);
 }
 
 static void
-host_synchronize (void)
+host_free (int      device_id,
+           gpointer address,
+           gsize    size)
 {
+  _cp_host_free (address, size);
 }
 
 const CpMemoryOps _cp_memory_host_ops = {
   .kind = CP_DEVICE_KIND_HOST,
   .name = "host",
-  .alloc = _cp_host_alloc,
-  .free = _cp_host_free,
+  .alloc = host_alloc,
+  .free = host_free,
   .copy_2d = host_copy_2d,
   .fill = host_fill,
   .synchronize = host_synchronize,

@@ -30,35 +30,92 @@ typedef enum
   CP_MEMORY_DEVICE_TO_DEVICE,
 } CpMemoryDirection;
 
+/* One shard-style copy of whole runs of positions between a full tensor
+ * and a shard, in device addresses: position p of row o of the full
+ * tensor starts at @full + o·@full_pitch + (p − @first)·@step, and the
+ * runs follow each other in the shard from @local + o·@local_pitch, over
+ * @outer rows; gathered into the shard when @to_local, scattered back
+ * otherwise. */
+typedef struct
+{
+  guint8             *full;
+  gsize               full_pitch;
+  gint64              first;
+  guint8             *local;
+  gsize               local_pitch;
+  const cp_index_run *runs;
+  guint               n_runs;
+  gsize               step;
+  gsize               outer;
+  gboolean            to_local;
+  CpMemoryDirection   direction;
+  gboolean            streaming;
+} CpRunsCopy;
+
+/* Every operation gets the index of the device (of its kind) that holds
+ * the memory, as the allocation recorded it; host and test memory have
+ * only device 0.  Copies, fills and copy_runs may return before their
+ * bytes are in place: the _cp_memory_*() calls below wait with
+ * synchronize before they return, once per call, so the layer above
+ * always sees finished bytes.  A failure is a GError, never only a log
+ * line: the call above reports it. */
 typedef struct
 {
   CpDeviceKind kind;
   const char *name;
 
-  /* Zero-filled when @zeroed; CP_TENSOR_ERROR_OUT_OF_MEMORY otherwise. */
+  /* Zero-filled when @zeroed; CP_TENSOR_ERROR_OUT_OF_MEMORY otherwise.
+   * Writes the device the memory is on to @device_id. */
   gpointer (*alloc)          (gsize              size,
                               gboolean           zeroed,
+                              int               *device_id,
                               GError           **error);
-  void     (*free)           (gpointer           address,
+  void     (*free)           (int                device_id,
+                              gpointer           address,
                               gsize              size);
+  /* Which device holds @address: for buffers known only by their
+   * address (a collective's).  NULL: device 0. */
+  int      (*device_of)      (gconstpointer      address);
+  /* Whether @size bytes at @address, which another framework says are on
+   * device @device_id, are device memory there; NULL: nothing to check. */
+  gboolean (*check_import)   (int                device_id,
+                              gconstpointer      address,
+                              gsize              size,
+                              GError           **error);
+  /* The widest pitch copy_2d takes for more than one row; 0: any.
+   * _cp_memory_plan_2d decides, from it, how a 2-D copy is issued. */
+  gsize    (*max_pitch)      (int                device_id);
   /* @height rows of @width bytes, each @dst_pitch / @src_pitch bytes after
-   * the one before; @streaming asks for stores that bypass the cache
-   * (see _cp_copy_wants_streaming). */
-  void     (*copy_2d)        (gpointer           dst,
+   * the one before; when @height > 1 both pitches are at least @width
+   * and at most max_pitch.  @streaming asks for stores that bypass the
+   * cache (see _cp_copy_wants_streaming). */
+  gboolean (*copy_2d)        (int                device_id,
+                              gpointer           dst,
                               gsize              dst_pitch,
                               gconstpointer      src,
                               gsize              src_pitch,
                               gsize              width,
                               gsize              height,
                               CpMemoryDirection  direction,
-                              gboolean           streaming);
-  /* @count copies of the @pattern_size bytes at @pattern (host memory). */
-  void     (*fill)           (gpointer           dst,
+                              gboolean           streaming,
+                              GError           **error);
+  /* All of @copy at once (a kernel); NULL: one copy_2d per run.  Only
+   * for device-to-device copies. */
+  gboolean (*copy_runs)      (int                device_id,
+                              const CpRunsCopy  *copy,
+                              GError           **error);
+  /* @count copies of the @pattern_size bytes at @pattern (host memory);
+   * @dst need not be aligned to @pattern_size. */
+  gboolean (*fill)           (int                device_id,
+                              gpointer           dst,
                               gconstpointer      pattern,
                               gsize              pattern_size,
-                              gsize              count);
-  /* Waits until every copy and fill issued so far is complete. */
-  void     (*synchronize)    (void);
+                              gsize              count,
+                              GError           **error);
+  /* Waits until every copy and fill issued so far on @device_id is
+   * complete, and reports what failed. */
+  gboolean (*synchronize)    (int                device_id,
+                              GError           **error);
   /* The address this device's kernels use for the byte at @address;
    * NULL when they use @address itself (host memory, CUDA). */
   gpointer (*kernel_address) (gpointer           address);
@@ -71,12 +128,39 @@ extern const CpMemoryOps _cp_memory_host_ops;
 extern const CpMemoryOps _cp_memory_test_ops;
 #if CP_HAS_CUDA
 extern const CpMemoryOps _cp_memory_cuda_ops;
+/* The pool CUDA memory on @device_id comes from (a cudaMemPool_t), or
+ * NULL before the first allocation there: for tests. */
+gpointer _cp_memory_cuda_pool (int device_id);
 #endif
+
+/* The widest pitch test memory's 2-D copies take: test memory refuses
+ * what a CUDA device refuses (a pitch below the width, or above its
+ * cudaDevAttrMaxPitch), at a limit small enough for tests to reach. */
+#define CP_MEMORY_TEST_MAX_PITCH ((gsize) 1 << 18)
+
+/* How a 2-D copy is issued to memory whose copy_2d takes pitches up to
+ * @max_pitch (0: any). */
+typedef enum
+{
+  CP_MEMORY_PLAN_NOTHING,  /* no bytes */
+  CP_MEMORY_PLAN_ONE_ROW,  /* one contiguous copy of width · height bytes */
+  CP_MEMORY_PLAN_2D,       /* one 2-D copy */
+  CP_MEMORY_PLAN_ROWS,     /* one copy per row: a pitch is below the width
+                            * (a repeated source row) or above @max_pitch */
+} CpMemoryPlan;
+
+CpMemoryPlan _cp_memory_plan_2d (gsize width,
+                                 gsize height,
+                                 gsize dst_pitch,
+                                 gsize src_pitch,
+                                 gsize max_pitch);
 
 /* Tensor-level moves.  Offsets and pitches are in bytes from the first
  * byte of the tensor they belong to; the tensors must be reachable
- * (_cp_tensor_require_device).  Regions must not overlap. */
-void      _cp_memory_copy_2d        (CpTensor      *dst,
+ * (_cp_tensor_require_device).  Regions must not overlap.  Each returns
+ * FALSE with an error (CP_TENSOR_ERROR_DEVICE) when the memory failed;
+ * the bytes are complete when it returns TRUE. */
+gboolean  _cp_memory_copy_2d        (CpTensor      *dst,
                                      gsize          dst_offset,
                                      gsize          dst_pitch,
                                      CpTensor      *src,
@@ -84,14 +168,16 @@ void      _cp_memory_copy_2d        (CpTensor      *dst,
                                      gsize          src_pitch,
                                      gsize          width,
                                      gsize          height,
-                                     gboolean       streaming);
+                                     gboolean       streaming,
+                                     GError       **error);
 /* Copies @n_runs runs of positions between @full, where position p of
  * row o starts at byte @full_offset + o·@full_pitch + (p − @first)·@step,
  * and @local, where the runs follow each other from byte @local_offset +
  * o·@local_pitch, over @outer rows: gathering them into @local when
- * @to_local, scattering them back otherwise.  Each run is one 2-D copy;
- * the memory is resolved once for all of them, since runs can be short. */
-void      _cp_memory_copy_runs      (CpTensor           *full,
+ * @to_local, scattering them back otherwise.  Memory with a copy_runs
+ * operation moves them all at once; other memory takes one 2-D copy a
+ * run.  Either way there is one synchronisation. */
+gboolean  _cp_memory_copy_runs      (CpTensor           *full,
                                      gsize               full_offset,
                                      gsize               full_pitch,
                                      gint64              first,
@@ -103,45 +189,75 @@ void      _cp_memory_copy_runs      (CpTensor           *full,
                                      gsize               step,
                                      gsize               outer,
                                      gboolean            to_local,
-                                     gboolean            streaming);
-void      _cp_memory_copy           (CpTensor      *dst,
+                                     gboolean            streaming,
+                                     GError            **error);
+gboolean  _cp_memory_copy           (CpTensor      *dst,
                                      gsize          dst_offset,
                                      CpTensor      *src,
                                      gsize          src_offset,
                                      gsize          n,
-                                     gboolean       streaming);
+                                     gboolean       streaming,
+                                     GError       **error);
 /* Brings @n bytes of @src at @src_offset to @host, and back. */
-void      _cp_memory_download       (gpointer       host,
+gboolean  _cp_memory_download       (gpointer       host,
                                      CpTensor      *src,
                                      gsize          src_offset,
-                                     gsize          n);
-void      _cp_memory_upload         (CpTensor      *dst,
+                                     gsize          n,
+                                     GError       **error);
+gboolean  _cp_memory_upload         (CpTensor      *dst,
                                      gsize          dst_offset,
                                      gconstpointer  host,
-                                     gsize          n);
+                                     gsize          n,
+                                     GError       **error);
 /* The same at a device address of memory @device, for buffers that are
  * no longer tensors (a collective's send and receive buffers). */
-void      _cp_memory_download_address (CpDeviceKind  device,
+gboolean  _cp_memory_download_address (CpDeviceKind  device,
                                        gpointer      host,
                                        gconstpointer address,
-                                       gsize         n);
-void      _cp_memory_upload_address   (CpDeviceKind  device,
+                                       gsize         n,
+                                       GError      **error);
+gboolean  _cp_memory_upload_address   (CpDeviceKind  device,
                                        gpointer      address,
                                        gconstpointer host,
-                                       gsize         n);
+                                       gsize         n,
+                                       GError      **error);
+/* A 2-D copy between addresses of memory @dst_kind and @src_kind, one of
+ * them host memory or both the same kind: what the transports move. */
+gboolean  _cp_memory_copy_2d_address  (gpointer      dst,
+                                       CpDeviceKind  dst_kind,
+                                       gsize         dst_pitch,
+                                       gconstpointer src,
+                                       CpDeviceKind  src_kind,
+                                       gsize         src_pitch,
+                                       gsize         width,
+                                       gsize         height,
+                                       gboolean      streaming,
+                                       GError      **error);
 /* Sets @count elements of @dst from @offset on to @value, converted to
  * @dst's dtype as cp_tensor_new_full() does. */
-void      _cp_memory_fill           (CpTensor      *dst,
+gboolean  _cp_memory_fill           (CpTensor      *dst,
                                      gsize          offset,
                                      gsize          count,
-                                     double         value);
-/* Whether the first @n bytes of @a and @b are the same. */
+                                     double         value,
+                                     GError       **error);
+/* Whether the first @n bytes of @a and @b are the same; FALSE with
+ * @error when they could not be read. */
 gboolean  _cp_memory_equal          (CpTensor      *a,
                                      CpTensor      *b,
-                                     gsize          n);
-void      _cp_memory_synchronize    (CpTensor      *tensor);
+                                     gsize          n,
+                                     GError       **error);
+gboolean  _cp_memory_synchronize    (CpTensor      *tensor,
+                                     GError       **error);
 /* Where @tensor's first byte is for the kernels of its device. */
 gpointer  _cp_memory_kernel_address (CpTensor      *tensor);
+/* Whether memory another framework exported through DLPack as @size
+ * bytes at @address on device @device_id of @kind is there; TRUE for
+ * memory this build cannot reach (nothing here reads it). */
+gboolean  _cp_memory_check_import   (CpDeviceKind   kind,
+                                     int            device_id,
+                                     guintptr       address,
+                                     gsize          size,
+                                     GError       **error);
 
 /* Host memory, which the transports also use directly for their own
  * buffers. */

@@ -90,11 +90,13 @@ remember (const Mapping *mapping)
 static gpointer
 test_alloc (gsize     size,
             gboolean  zeroed,
+            int      *device_id,
             GError  **error)
 {
   Mapping mapping = { NULL, NULL, page_rounded (size) };
   int fd;
 
+  *device_id = 0;
   if (_cp_fault_allocation_fails ())
     {
       set_alloc_error (error, size, "an injected fault");
@@ -159,7 +161,8 @@ find_mapping (gconstpointer address,
 }
 
 static void
-test_free (gpointer address,
+test_free (int      device_id,
+           gpointer address,
            gsize    size)
 {
   _cp_mutex_lock (&mappings_lock);
@@ -196,39 +199,94 @@ extent_2d (gsize pitch,
   return (height - 1) * pitch + width;
 }
 
-static void
-test_copy_2d (gpointer           dst,
+/* The rules of cudaMemcpy2DAsync, so that code above the memory
+ * interface that would pass a CUDA device a pitch it refuses fails here
+ * too, on machines without one. */
+static gboolean
+check_pitches (gsize     dst_pitch,
+               gsize     src_pitch,
+               gsize     width,
+               gsize     height,
+               GError  **error)
+{
+  if (height <= 1 ||
+      (dst_pitch >= width && src_pitch >= width &&
+       dst_pitch <= CP_MEMORY_TEST_MAX_PITCH && src_pitch <= CP_MEMORY_TEST_MAX_PITCH))
+    return TRUE;
+  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
+               "a 2-D copy of %" G_GSIZE_FORMAT " rows of %" G_GSIZE_FORMAT " bytes in test "
+               "memory with destination pitch %" G_GSIZE_FORMAT " and source pitch %"
+               G_GSIZE_FORMAT ": pitches must lie in [width, %" G_GSIZE_FORMAT "], as a "
+               "CUDA device's do", height, width, dst_pitch, src_pitch, CP_MEMORY_TEST_MAX_PITCH);
+  return FALSE;
+}
+
+/* An injected fault: the copy or fill that a failing device would have
+ * refused. */
+static gboolean
+device_works (const char  *what,
+              GError     **error)
+{
+  if (!_cp_fault_device_fails ())
+    return TRUE;
+  g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE,
+               "%s in test memory failed: an injected device fault", what);
+  return FALSE;
+}
+
+static gboolean
+test_copy_2d (int                device_id,
+              gpointer           dst,
               gsize              dst_pitch,
               gconstpointer      src,
               gsize              src_pitch,
               gsize              width,
               gsize              height,
               CpMemoryDirection  direction,
-              gboolean           streaming)
+              gboolean           streaming,
+              GError           **error)
 {
   if (width == 0 || height == 0)
-    return;
+    return TRUE;
+  if (!check_pitches (dst_pitch, src_pitch, width, height, error) ||
+      !device_works ("a copy", error))
+    return FALSE;
   if (direction != CP_MEMORY_DEVICE_TO_HOST)
     dst = shadow_of (dst, extent_2d (dst_pitch, width, height));
   if (direction != CP_MEMORY_HOST_TO_DEVICE)
     src = shadow_of (src, extent_2d (src_pitch, width, height));
-  _cp_memory_host_ops.copy_2d (dst, dst_pitch, src, src_pitch, width, height, direction, streaming);
+  return _cp_memory_host_ops.copy_2d (device_id, dst, dst_pitch, src, src_pitch, width, height,
+                                      direction, streaming, error);
 }
 
-static void
-test_fill (gpointer      dst,
-           gconstpointer pattern,
-           gsize         pattern_size,
-           gsize         count)
+static gboolean
+test_fill (int            device_id,
+           gpointer       dst,
+           gconstpointer  pattern,
+           gsize          pattern_size,
+           gsize          count,
+           GError       **error)
 {
-  if (count > 0)
-    _cp_memory_host_ops.fill (shadow_of (dst, pattern_size * count), pattern, pattern_size, count);
+  if (count == 0)
+    return TRUE;
+  if (!device_works ("a fill", error))
+    return FALSE;
+  return _cp_memory_host_ops.fill (device_id, shadow_of (dst, pattern_size * count), pattern,
+                                   pattern_size, count, error);
 }
 
 /* Copies complete before they return. */
-static void
-test_synchronize (void)
+static gboolean
+test_synchronize (int      device_id,
+                  GError **error)
 {
+  return TRUE;
+}
+
+static gsize
+test_max_pitch (int device_id)
+{
+  return CP_MEMORY_TEST_MAX_PITCH;
 }
 
 /* The CPU kernels compute on test memory through its writable twin. */
@@ -243,6 +301,7 @@ const CpMemoryOps _cp_memory_test_ops = {
   .name = "test",
   .alloc = test_alloc,
   .free = test_free,
+  .max_pitch = test_max_pitch,
   .copy_2d = test_copy_2d,
   .fill = test_fill,
   .synchronize = test_synchronize,

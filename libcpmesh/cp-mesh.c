@@ -1068,6 +1068,7 @@ run_staged (CpMesh        *self,
   gboolean in_place, ok;
   g_autofree guint8 *send = NULL;
   g_autofree guint8 *recv = NULL;
+  GError *failed = NULL;
 
   staged.device = CP_DEVICE_KIND_HOST;
   /* Bad arguments move nothing: the rendezvous only reports them. */
@@ -1077,17 +1078,19 @@ run_staged (CpMesh        *self,
   if (coll->send != NULL)
     {
       staged.send = send = g_malloc (MAX (send_bytes, 1));
-      _cp_memory_download_address (coll->device, send, coll->send, send_bytes);
+      _cp_memory_download_address (coll->device, send, coll->send, send_bytes, &failed);
     }
   if (coll->recv != NULL)
     {
       staged.recv = recv = g_malloc (MAX (recv_bytes, 1));
-      if (in_place)
-        _cp_memory_download_address (coll->device, recv, coll->recv, recv_bytes);
+      if (in_place && failed == NULL)
+        _cp_memory_download_address (coll->device, recv, coll->recv, recv_bytes, &failed);
     }
-  ok = run_routed (self, &staged, NULL, error);
+  /* A download that failed fails the collective on every rank, as bad
+   * arguments do; an upload that fails after it is this rank's alone. */
+  ok = run_routed (self, &staged, failed, error);
   if (ok && coll->recv != NULL)
-    _cp_memory_upload_address (coll->device, coll->recv, recv, recv_bytes);
+    ok = _cp_memory_upload_address (coll->device, coll->recv, recv, recv_bytes, error);
   return ok;
 }
 
@@ -1696,7 +1699,8 @@ exchange (CpMesh    *self,
   if (!exchange_routed (self, sent, dst, received, src, tag, error))
     return FALSE;
   if (received != recv_tensor && received != NULL)
-    _cp_memory_copy (recv_tensor, 0, received, 0, cp_tensor_get_nbytes (recv_tensor), FALSE);
+    return _cp_memory_copy (recv_tensor, 0, received, 0, cp_tensor_get_nbytes (recv_tensor), FALSE,
+                            error);
   return TRUE;
 }
 

@@ -28,8 +28,9 @@ CpStorage *_cp_storage_new_dlpack    (CpDeviceKind   device,
                                       CpReleaseFunc  release,
                                       gpointer       user_data);
 
-/* Which device of its kind holds the bytes: 0 for host memory and for
- * every storage the library allocated itself. */
+/* Which device of its kind holds the bytes: 0 for host and test memory,
+ * the device current at allocation for CUDA memory the library allocated
+ * (the allocation records it), what DLPack said for imported memory. */
 int        _cp_storage_get_device_id (CpStorage     *self);
 
 /* The operations of the memory holding @self's bytes, or NULL when this

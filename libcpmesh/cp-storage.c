@@ -78,7 +78,7 @@ G_DEFINE_BOXED_TYPE (CpStorage, cp_storage, cp_storage_ref, cp_storage_unref)
 static void
 release_owned (CpStorage *self)
 {
-  self->memory->free (self->data, self->size);
+  self->memory->free (self->device_id, self->data, self->size);
 }
 
 static void
@@ -142,14 +142,16 @@ _cp_storage_new_on_device (CpDeviceKind   device,
 {
   const CpMemoryOps *memory = _cp_memory_ops_for_kind (device);
   gpointer data;
+  int device_id = 0;
   CpStorage *self;
 
   g_assert (memory != NULL);
-  data = memory->alloc (size, zeroed, error);
+  data = memory->alloc (size, zeroed, &device_id, error);
   if (data == NULL)
     return NULL;
   self = storage_alloc (CP_STORAGE_KIND_OWNED, &owned_ops, data, size);
   self->device = device;
+  self->device_id = device_id;
   self->memory = memory;
   return self;
 }

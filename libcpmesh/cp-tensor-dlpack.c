@@ -308,7 +308,8 @@ call_deleter (gpointer dlpack)
  * uint8, int32, int64, float16, bfloat16, float32 or float64, on the CPU
  * (or a CUDA device in builds with [const@Cp.HAS_CUDA]), starting at an
  * address aligned to the element size. A device id that names no device
- * (not 0 for the CPU, negative for CUDA) is refused.
+ * (not 0 for the CPU, negative for CUDA) is refused. CUDA memory must be
+ * device memory of the device the tensor names, as the CUDA runtime sees it.
  *
  * DLPack's contract is that the memory stays where it is until the
  * deleter runs. PyTorch breaks it: `resize_()` or `set_()` on the
@@ -343,7 +344,9 @@ cp_tensor_new_from_dlpack (gpointer   dlpack,
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
   tensor = &managed->dl_tensor;
-  if (!plan_import (tensor, &plan, error))
+  if (!plan_import (tensor, &plan, error) ||
+      !_cp_memory_check_import (plan.device, tensor->device.device_id, plan.address, plan.nbytes,
+                                error))
     {
       call_deleter (managed);
       return NULL;
@@ -533,7 +536,8 @@ cp_tensor_get_dlpack_device (CpTensor  *self,
  *
  * Returns: %TRUE when the consumer may use the export on @stream; %FALSE
  *   with %CP_TENSOR_ERROR_OUT_OF_RANGE for 0 or a value below -1, or
- *   %CP_TENSOR_ERROR_DEVICE for a stream on memory that has none
+ *   %CP_TENSOR_ERROR_DEVICE for a stream on memory that has none, or
+ *   when the device fails the work pending on the memory
  *
  * Since: 1.0
  */
@@ -565,6 +569,7 @@ cp_tensor_prepare_dlpack_stream (CpTensor  *self,
                    "streams: it takes -1 (no stream) alone", stream, _cp_device_kind_get_name (kind));
       return FALSE;
     }
-  _cp_memory_synchronize (self);
-  return TRUE;
+  /* The library's own pending work on the memory; a failure there is the
+   * device's, and the consumer must not read the memory. */
+  return _cp_memory_synchronize (self, error);
 }

@@ -5,6 +5,7 @@
 
 #include "config.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "cp-dtype-private.h"
@@ -732,8 +733,8 @@ cp_tensor_new_full (CpDType        dtype,
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
   self = _cp_tensor_new_uninit (dtype, shape, n_dims, error);
-  if (self != NULL)
-    _cp_memory_fill (self, 0, (gsize) self->numel, value);
+  if (self != NULL && !_cp_memory_fill (self, 0, (gsize) self->numel, value, error))
+    g_clear_object (&self);
   return self;
 }
 
@@ -1070,7 +1071,8 @@ cp_tensor_describe (CpTensor *self)
  *
  * Reads one element as a double, for tests and small scripts (integers
  * above 2^53 lose precision). Use numpy or the data address for bulk
- * access.
+ * access. Device memory that fails to give the element back is reported
+ * as a critical warning, since there is no error to return, and gives NaN.
  *
  * Returns: the element
  *
@@ -1082,12 +1084,19 @@ cp_tensor_get_value (CpTensor *self,
 {
   gsize elsize = cp_dtype_get_size (self->dtype);
   guint64 element = 0;
+  g_autoptr(GError) error = NULL;
 
   g_return_val_if_fail (CP_IS_TENSOR (self), 0.0);
   g_return_val_if_fail (index >= 0 && index < self->numel, 0.0);
   g_return_val_if_fail (_cp_storage_get_memory (self->storage) != NULL, 0.0);
 
-  _cp_memory_download (&element, self, (gsize) index * elsize, elsize);
+  /* No error to return: a device that fails here is reported as the
+   * broken state it is, and the value is NaN. */
+  if (!_cp_memory_download (&element, self, (gsize) index * elsize, elsize, &error))
+    {
+      g_critical ("cp_tensor_get_value: %s", error->message);
+      return NAN;
+    }
   return _cp_dtype_read (self->dtype, &element, 0);
 }
 
@@ -1099,7 +1108,8 @@ cp_tensor_get_value (CpTensor *self,
  *
  * Writes one element, for tests and small scripts. Writing into a tensor
  * over read-only memory ([method@Cp.Storage.get_read_only]) is a
- * programmer error: it is refused with a critical.
+ * programmer error: it is refused with a critical. Device memory that
+ * fails to take the value is reported as a critical warning.
  *
  * Since: 1.0
  */
@@ -1109,6 +1119,7 @@ cp_tensor_set_value (CpTensor *self,
                      double    value)
 {
   guint64 element = 0;
+  g_autoptr(GError) error = NULL;
 
   g_return_if_fail (CP_IS_TENSOR (self));
   g_return_if_fail (index >= 0 && index < self->numel);
@@ -1116,8 +1127,9 @@ cp_tensor_set_value (CpTensor *self,
   g_return_if_fail (!cp_storage_get_read_only (self->storage));
 
   _cp_dtype_write (self->dtype, &element, 0, value);
-  _cp_memory_upload (self, (gsize) index * cp_dtype_get_size (self->dtype), &element,
-                     cp_dtype_get_size (self->dtype));
+  if (!_cp_memory_upload (self, (gsize) index * cp_dtype_get_size (self->dtype), &element,
+                          cp_dtype_get_size (self->dtype), &error))
+    g_critical ("cp_tensor_set_value: %s", error->message);
 }
 
 /**
@@ -1148,7 +1160,11 @@ cp_tensor_copy (CpTensor  *self,
                                    self->n_dims, FALSE, error);
   if (copy == NULL)
     return NULL;
-  _cp_memory_copy (copy, 0, self, 0, cp_tensor_get_nbytes (self), FALSE);
+  if (!_cp_memory_copy (copy, 0, self, 0, cp_tensor_get_nbytes (self), FALSE, error))
+    {
+      g_object_unref (copy);
+      return NULL;
+    }
   copy->requires_grad = self->requires_grad;
   return copy;
 }
@@ -1168,7 +1184,8 @@ _cp_tensor_same_shape (CpTensor *a,
  *
  * Compares two tensors bit for bit: same element type, same shape, same
  * bytes. Floating-point values compare by representation, so a NaN equals
- * the same NaN and 0.0 differs from -0.0.
+ * the same NaN and 0.0 differs from -0.0. Device memory that cannot be
+ * read is reported as a critical warning and compares unequal.
  *
  * Returns: %TRUE when the tensors are identical
  *
@@ -1178,13 +1195,20 @@ gboolean
 cp_tensor_equal (CpTensor *self,
                  CpTensor *other)
 {
+  g_autoptr(GError) error = NULL;
+  gboolean equal;
+
   g_return_val_if_fail (CP_IS_TENSOR (self), FALSE);
   g_return_val_if_fail (CP_IS_TENSOR (other), FALSE);
 
-  return self->dtype == other->dtype &&
-         _cp_tensor_same_shape (self, other) &&
-         cp_tensor_get_device (self) == cp_tensor_get_device (other) &&
-         _cp_memory_equal (self, other, cp_tensor_get_nbytes (self));
+  if (self->dtype != other->dtype || !_cp_tensor_same_shape (self, other) ||
+      cp_tensor_get_device (self) != cp_tensor_get_device (other))
+    return FALSE;
+  equal = _cp_memory_equal (self, other, cp_tensor_get_nbytes (self), &error);
+  /* No error to return: bytes that cannot be read are not equal. */
+  if (error != NULL)
+    g_critical ("cp_tensor_equal: %s", error->message);
+  return equal;
 }
 
 gboolean
@@ -1245,11 +1269,12 @@ narrow_is_contiguous (CpTensor *self,
   return TRUE;
 }
 
-static void
-copy_narrowed (CpTensor *self,
-               guint     dim,
-               gint64    start,
-               CpTensor *out)
+static gboolean
+copy_narrowed (CpTensor  *self,
+               guint      dim,
+               gint64     start,
+               CpTensor  *out,
+               GError   **error)
 {
   gsize outer;
   gint64 length;
@@ -1258,8 +1283,8 @@ copy_narrowed (CpTensor *self,
 
   _cp_tensor_split_at (self, dim, &outer, &length, &step);
   run = (gsize) out->shape[dim] * step;
-  _cp_memory_copy_2d (out, 0, run, self, (gsize) start * step, (gsize) length * step, run, outer,
-                      FALSE);
+  return _cp_memory_copy_2d (out, 0, run, self, (gsize) start * step, (gsize) length * step, run,
+                             outer, FALSE, error);
 }
 
 /* The message names the range as [start, end) when that end exists;
@@ -1340,8 +1365,8 @@ cp_tensor_narrow (CpTensor  *self,
     return NULL;
   out = _cp_tensor_new_on_device (cp_tensor_get_device (self), self->dtype, shape, self->n_dims,
                                   FALSE, error);
-  if (out != NULL)
-    copy_narrowed (self, d, start, out);
+  if (out != NULL && !copy_narrowed (self, d, start, out, error))
+    g_clear_object (&out);
   return out;
 }
 
@@ -1521,8 +1546,11 @@ cp_tensor_to_device (CpTensor      *self,
   out = _cp_tensor_new_on_device (device, self->dtype, self->shape, self->n_dims, FALSE, error);
   if (out == NULL)
     return NULL;
-  _cp_memory_copy (out, 0, self, 0, cp_tensor_get_nbytes (self), FALSE);
-  _cp_memory_synchronize (out);
+  if (!_cp_memory_copy (out, 0, self, 0, cp_tensor_get_nbytes (self), FALSE, error))
+    {
+      g_object_unref (out);
+      return NULL;
+    }
   out->requires_grad = self->requires_grad;
   return out;
 }

@@ -752,7 +752,10 @@ test_device_mapping (void)
   g_assert_cmpuint (released, ==, 1);
 }
 
-/* A build with the GPU path takes CUDA tensors as they are; without it,
+/* A build with the GPU path takes CUDA tensors only where the CUDA
+ * runtime says the memory is on the device named: host memory claiming
+ * to be on CUDA device 1 is refused, with or without a device (without
+ * one, the runtime cannot vouch for any).  Without the GPU path,
  * test_import_refused_devices checks the refusal. */
 static void
 test_import_cuda (void)
@@ -771,9 +774,10 @@ test_import_cuda (void)
   foreign = foreign_float32 (shape, 1, &deleted);
   foreign->managed.dl_tensor.device = (DLDevice) { kDLCUDA, 1 };
   tensor = cp_tensor_new_from_dlpack (&foreign->managed, &error);
-  g_assert_no_error (error);
-  g_assert_cmpint (cp_tensor_get_device (tensor), ==, CP_DEVICE_KIND_CUDA);
-  g_clear_object (&tensor);
+  g_assert_null (tensor);
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE, "CpTensor",
+                       "cp_tensor_new_from_dlpack of host memory that says it is on CUDA device 1");
+  g_assert_nonnull (strstr (error->message, "CUDA device 1"));
   g_assert_cmpuint (deleted, ==, 1);
 }
 

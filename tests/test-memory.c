@@ -131,8 +131,8 @@ test_fill (gconstpointer data)
                   "leaving the bytes around it alone");
 
   g_assert_no_error (error);
-  _cp_memory_fill (tensor, 2 * 2, 29, 1.5);
-  _cp_memory_synchronize (tensor);
+  g_assert_true (_cp_memory_fill (tensor, 2 * 2, 29, 1.5, &error));
+  g_assert_true (_cp_memory_synchronize (tensor, &error));
   host = to_host (tensor);
   for (gint64 i = 0; i < 33; i++)
     g_assert_cmpfloat (cp_tensor_get_value (host, i), ==, i >= 2 && i < 31 ? 1.5 : 0);
@@ -161,13 +161,14 @@ test_copy_2d (gconstpointer data)
   g_autoptr(CpTensor) dst = numbered_tensor (pair->dst, 5000);
   g_autoptr(CpTensor) result = NULL;
   const gsize elsize = sizeof (float), pitch = COLS * elsize;
+  g_autoptr(GError) error = NULL;
 
   g_test_summary ("A strided 2-D copy moves a block between host and test memory in every "
                   "direction and touches nothing outside it");
 
-  _cp_memory_copy_2d (dst, 0 * pitch + 3 * elsize, pitch, src, 1 * pitch + 2 * elsize, pitch,
-                      5 * elsize, 4, FALSE);
-  _cp_memory_synchronize (dst);
+  g_assert_true (_cp_memory_copy_2d (dst, 0 * pitch + 3 * elsize, pitch, src,
+                                     1 * pitch + 2 * elsize, pitch, 5 * elsize, 4, FALSE, &error));
+  g_assert_no_error (error);
   result = to_host (dst);
   for (gint64 r = 0; r < ROWS; r++)
     for (gint64 c = 0; c < COLS; c++)
@@ -184,14 +185,160 @@ test_download_upload (void)
 {
   g_autoptr(CpTensor) test = numbered_tensor (CP_DEVICE_KIND_TEST, 0);
   float row[COLS];
+  g_autoptr(GError) error = NULL;
 
-  _cp_memory_download (row, test, 2 * COLS * sizeof (float), sizeof row);
+  g_assert_true (_cp_memory_download (row, test, 2 * COLS * sizeof (float), sizeof row, &error));
   for (guint c = 0; c < COLS; c++)
     g_assert_cmpfloat (row[c], ==, 200 + c);
   row[0] = -7;
-  _cp_memory_upload (test, 5 * COLS * sizeof (float), row, sizeof row);
+  g_assert_true (_cp_memory_upload (test, 5 * COLS * sizeof (float), row, sizeof row, &error));
+  g_assert_no_error (error);
   g_assert_cmpfloat (cp_tensor_get_value (test, 5 * COLS), ==, -7);
   g_assert_cmpfloat (cp_tensor_get_value (test, 5 * COLS + 1), ==, 201);
+}
+
+/* How a 2-D copy is issued: one contiguous copy where the rows follow
+ * each other, one 2-D copy where the memory's copy takes the pitches, one
+ * copy a row where it does not (a repeated source row, pitch 0, or a
+ * pitch above the limit). */
+static void
+test_plan_2d (void)
+{
+  const gsize max = CP_MEMORY_TEST_MAX_PITCH;
+
+  g_test_summary ("The 2-D copy planner issues a copy a row where a device's 2-D copy would "
+                  "refuse the pitches, and one copy otherwise");
+
+  g_assert_cmpint (_cp_memory_plan_2d (0, 4, 64, 64, max), ==, CP_MEMORY_PLAN_NOTHING);
+  g_assert_cmpint (_cp_memory_plan_2d (64, 0, 64, 64, max), ==, CP_MEMORY_PLAN_NOTHING);
+  g_assert_cmpint (_cp_memory_plan_2d (64, 1, 0, 0, max), ==, CP_MEMORY_PLAN_ONE_ROW);
+  g_assert_cmpint (_cp_memory_plan_2d (64, 4, 64, 64, max), ==, CP_MEMORY_PLAN_ONE_ROW);
+  g_assert_cmpint (_cp_memory_plan_2d (64, 4, 128, 64, max), ==, CP_MEMORY_PLAN_2D);
+  g_assert_cmpint (_cp_memory_plan_2d (64, 4, max, max, max), ==, CP_MEMORY_PLAN_2D);
+  g_assert_cmpint (_cp_memory_plan_2d (64, 4, 128, 0, max), ==, CP_MEMORY_PLAN_ROWS);
+  g_assert_cmpint (_cp_memory_plan_2d (64, 4, 0, 128, max), ==, CP_MEMORY_PLAN_ROWS);
+  g_assert_cmpint (_cp_memory_plan_2d (64, 4, 128, 32, max), ==, CP_MEMORY_PLAN_ROWS);
+  g_assert_cmpint (_cp_memory_plan_2d (64, 4, max + 1, 64, max), ==, CP_MEMORY_PLAN_ROWS);
+  g_assert_cmpint (_cp_memory_plan_2d (64, 4, 64, max + 1, max), ==, CP_MEMORY_PLAN_ROWS);
+  g_assert_cmpint (_cp_memory_plan_2d (64, 4, G_MAXSIZE, 64, 0), ==, CP_MEMORY_PLAN_2D);
+}
+
+/* Test memory's own 2-D copy refuses what cudaMemcpy2DAsync refuses. */
+static void
+test_pitch_rules (void)
+{
+  g_autoptr(CpTensor) test = numbered_tensor (CP_DEVICE_KIND_TEST, 0);
+  guint8 *address = cp_tensor_get_data (test);
+  g_autoptr(GError) error = NULL;
+
+  g_test_summary ("Test memory's 2-D copy, like a CUDA device's, refuses a pitch below the "
+                  "width or above its limit, with an error");
+
+  g_assert_false (_cp_memory_test_ops.copy_2d (0, address, 40, address + 120, 0, 40, 2,
+                                               CP_MEMORY_DEVICE_TO_DEVICE, FALSE, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE, "CpMemory",
+                       "a 2-D copy with a source pitch of 0 in test memory");
+  g_assert_nonnull (strstr (error->message, "source pitch 0"));
+  g_clear_error (&error);
+  g_assert_false (_cp_memory_test_ops.copy_2d (0, address, CP_MEMORY_TEST_MAX_PITCH + 1,
+                                               address, 40, 40, 2, CP_MEMORY_DEVICE_TO_DEVICE,
+                                               FALSE, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE, "CpMemory",
+                       "a 2-D copy with a pitch above the limit in test memory");
+  g_clear_error (&error);
+  g_assert_true (_cp_memory_test_ops.copy_2d (0, address, 0, address + 120, 0, 40, 1,
+                                              CP_MEMORY_DEVICE_TO_DEVICE, FALSE, &error));
+  g_assert_no_error (error);
+}
+
+/* A source pitch of 0 repeats one row, as batch preparation expands
+ * [1, S] position ids, in every memory. */
+static void
+test_repeated_row (gconstpointer data)
+{
+  CpDeviceKind device = GPOINTER_TO_INT (data);
+  const gint64 shape[] = { 4, 12 };
+  g_autoptr(CpTensor) row = numbered_tensor (device, 0);
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) out = _cp_tensor_new_on_device (device, CP_DTYPE_FLOAT32, shape, 2, TRUE,
+                                                      &error);
+  g_autoptr(CpTensor) host = NULL;
+
+  g_test_summary ("A 2-D copy whose source rows do not advance repeats the row in host and "
+                  "test memory");
+
+  g_assert_no_error (error);
+  g_assert_true (_cp_memory_copy_2d (out, sizeof (float), 12 * sizeof (float), row,
+                                     COLS * sizeof (float), 0, COLS * sizeof (float), 4, FALSE,
+                                     &error));
+  g_assert_no_error (error);
+  host = to_host (out);
+  for (gint64 r = 0; r < 4; r++)
+    for (gint64 c = 0; c < 12; c++)
+      g_assert_cmpfloat (cp_tensor_get_value (host, r * 12 + c), ==,
+                         c >= 1 && c <= COLS ? 100 + c - 1 : 0);
+}
+
+/* Narrowing a [3, W] tensor whose rows are further apart than test
+ * memory's 2-D copy takes: one copy a row. */
+static void
+test_wide_pitch (void)
+{
+  const gsize width = CP_MEMORY_TEST_MAX_PITCH + 64;
+  const gint64 shape[] = { 3, (gint64) width };
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) host = cp_tensor_new (CP_DTYPE_UINT8, shape, 2, &error);
+  g_autoptr(CpTensor) test = NULL;
+  g_autoptr(CpTensor) narrow = NULL;
+  g_autoptr(CpTensor) back = NULL;
+
+  g_test_summary ("A copy whose pitch is above the memory's limit still copies every row");
+
+  g_assert_no_error (error);
+  for (gint64 r = 0; r < 3; r++)
+    for (gint64 c = 0; c < 16; c++)
+      cp_tensor_set_value (host, r * (gint64) width + 100 + c, (double) (r * 16 + c + 1));
+  test = cp_tensor_to_device (host, CP_DEVICE_KIND_TEST, &error);
+  g_assert_no_error (error);
+  narrow = cp_tensor_narrow (test, 1, 100, 16, &error);
+  g_assert_no_error (error);
+  back = to_host (narrow);
+  for (gint64 i = 0; i < 3 * 16; i++)
+    g_assert_cmpfloat (cp_tensor_get_value (back, i), ==, (double) (i + 1));
+}
+
+/* A layout copies runs through copy_runs between host and test memory
+ * whose rows are further apart than test memory's 2-D copy takes. */
+static void
+test_wide_pitch_shard (void)
+{
+  const gint64 seq_len = (gint64) CP_MEMORY_TEST_MAX_PITCH / 2 + 8;
+  const gint64 shape[] = { 2, seq_len, 4 };
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) host = cp_tensor_new_arange (CP_DTYPE_INT32, 0, 2 * seq_len * 4, 1, &error);
+  g_autoptr(CpTensor) full = NULL;
+  g_autoptr(CpTensor) test = NULL;
+  g_autoptr(CpLayout) layout = cp_layout_new (CP_LOAD_BALANCE_HEAD_TAIL, seq_len, 2, &error);
+
+  g_test_summary ("Sharding along a sequence whose rows are further apart than a device's "
+                  "2-D copy takes gives the host's shard");
+
+  g_assert_no_error (error);
+  full = cp_tensor_new_from_storage (CP_DTYPE_INT32, shape, 3, cp_tensor_get_storage (host), 0,
+                                     &error);
+  g_assert_no_error (error);
+  test = cp_tensor_to_device (full, CP_DEVICE_KIND_TEST, &error);
+  g_assert_no_error (error);
+  for (int rank = 0; rank < 2; rank++)
+    {
+      g_autoptr(CpTensor) want = cp_layout_shard (layout, full, 1, rank, &error);
+      g_autoptr(CpTensor) got = cp_layout_shard (layout, test, 1, rank, &error);
+      g_autoptr(CpTensor) got_host = NULL;
+
+      g_assert_no_error (error);
+      got_host = to_host (got);
+      g_assert_true (cp_tensor_equal (got_host, want));
+    }
 }
 
 #define N_NEIGHBOURS 32
@@ -476,6 +623,14 @@ main (int    argc,
   g_test_add_data_func ("/Cp/Memory/copy-2d/test-to-host", &pairs[2], test_copy_2d);
   g_test_add_data_func ("/Cp/Memory/copy-2d/test-to-test", &pairs[3], test_copy_2d);
   g_test_add_func ("/Cp/Memory/transfer/download-upload", test_download_upload);
+  g_test_add_func ("/Cp/Memory/copy-2d/plan", test_plan_2d);
+  g_test_add_func ("/Cp/Memory/copy-2d/test-pitch-rules", test_pitch_rules);
+  g_test_add_data_func ("/Cp/Memory/copy-2d/repeated-row/host",
+                        GINT_TO_POINTER (CP_DEVICE_KIND_HOST), test_repeated_row);
+  g_test_add_data_func ("/Cp/Memory/copy-2d/repeated-row/test",
+                        GINT_TO_POINTER (CP_DEVICE_KIND_TEST), test_repeated_row);
+  g_test_add_func ("/Cp/Memory/copy-2d/wide-pitch", test_wide_pitch);
+  g_test_add_func ("/Cp/Memory/layout/wide-pitch", test_wide_pitch_shard);
   g_test_add_func ("/Cp/Memory/kernel-address/neighbours", test_kernel_address_neighbours);
   g_test_add_func ("/Cp/Memory/require-device/message", test_require_device);
   g_test_add_func ("/Cp/Memory/to-device/no-dlpack", test_no_dlpack);

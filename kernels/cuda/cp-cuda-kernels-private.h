@@ -39,9 +39,31 @@ typedef struct
   int64_t  inner;
 } CpCudaShardView;
 
+/* The same two tensors by their pitches, for a memory-interface
+ * copy_runs: position p of outer row o of the full tensor starts at byte
+ * o·@full_pitch + (p − @first)·@inner of @full, and the shard's rows at
+ * o·@local_pitch of @local; @inner bytes a position. */
+typedef struct
+{
+  void    *full;
+  int64_t  full_pitch;
+  int64_t  first;
+  void    *local;
+  int64_t  local_pitch;
+  int64_t  outer;
+  int64_t  inner;
+} CpCudaRunsCopy;
+
 /* Copies the positions of @runs (in local order: the shard is their
  * concatenation) from the full tensor into the shard, or back when
- * @unshard. */
+ * @unshard, in one launch per CP_RUNS_PER_LAUNCH runs. */
+cudaError_t _cp_cuda_copy_runs (const CpCudaRunsCopy  *copy,
+                                const cp_index_run    *runs,
+                                size_t                 n_runs,
+                                bool                   unshard,
+                                cudaStream_t           stream);
+
+/* _cp_cuda_copy_runs for a whole tensor and its shard. */
 cudaError_t _cp_cuda_gather_runs (const CpCudaShardView *view,
                                   const cp_index_run    *runs,
                                   size_t                 n_runs,
@@ -61,7 +83,7 @@ cudaError_t _cp_cuda_shard (const CpCudaShardView *view,
                             cudaStream_t           stream);
 
 /* Writes @pattern (@pattern_size bytes: 1, 2, 4, 8 or 16) @n times from
- * @dst on. */
+ * @dst on; @dst need not be aligned to @pattern_size. */
 cudaError_t _cp_cuda_fill (void         *dst,
                            size_t        n,
                            const void   *pattern,
@@ -71,7 +93,8 @@ cudaError_t _cp_cuda_fill (void         *dst,
 /* Position ids of a rank's shard, [@rows][local length] int64: the
  * global position of every local position of @runs, or its position in
  * its document (documents @bounds[0..@n_documents], host memory) when
- * @per_document. */
+ * @per_document; cudaErrorInvalidValue, before any launch, when a run
+ * reaches outside the documents. */
 cudaError_t _cp_cuda_position_ids (int64_t            *out,
                                    int64_t             rows,
                                    const cp_index_run *runs,

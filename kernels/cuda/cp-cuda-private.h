@@ -88,4 +88,9 @@ gboolean _cp_cuda_check (int          status,
                          const char  *what,
                          GError     **error);
 
+/* Whether @status says the runtime is being unloaded (at process exit,
+ * after its own atexit handler ran): every call fails so then, and
+ * whatever was still to be freed goes with the process. */
+gboolean _cp_cuda_status_is_unloading (int status);
+
 G_END_DECLS

@@ -28,6 +28,12 @@ _cp_cuda_check (int          status,
   return FALSE;
 }
 
+gboolean
+_cp_cuda_status_is_unloading (int status)
+{
+  return status == cudaErrorCudartUnloading;
+}
+
 int
 _cp_cuda_device_count (GError **error)
 {

@@ -50,6 +50,13 @@ typedef int (*NvrtcVersion) (int *major, int *minor);
 /* NCCL since 2.9 and cuDNN since 9 spell a version 10000 · major +
  * 100 · minor + patch; their older releases 1000 · major + 100 · minor +
  * patch. */
+/* The libraries stay mapped once opened, even when the last handle is
+ * closed: they keep state of their own for the life of the process
+ * (NVRTC's bundled C++ runtime allocates its exception pool when it is
+ * loaded, NCCL and cuDNN register with the CUDA runtime), and unmapping
+ * them under it would leave that state pointing into nothing. */
+#define GPU_LIBRARY_DLOPEN_FLAGS (RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)
+
 static char *
 three_part_version (int code)
 {
@@ -217,7 +224,7 @@ load_from_directories (const Library    *library,
       file = g_build_filename (*dir, library->soname, NULL);
       if (!g_file_test (file, G_FILE_TEST_EXISTS))
         continue;
-      handle = dlopen (file, RTLD_NOW | RTLD_LOCAL);
+      handle = dlopen (file, GPU_LIBRARY_DLOPEN_FLAGS);
       if (handle == NULL)
         {
           /* The first that exists and fails says most (a missing
@@ -245,7 +252,7 @@ static gboolean
 load_from_loader_path (const Library    *library,
                        CpGpuLibraryInfo *info)
 {
-  gpointer handle = dlopen (library->soname, RTLD_NOW | RTLD_LOCAL);
+  gpointer handle = dlopen (library->soname, GPU_LIBRARY_DLOPEN_FLAGS);
 
   if (handle == NULL)
     {
@@ -305,7 +312,7 @@ load_already_loaded (CpGpuLibrary      library,
   info->library = library;
   if (library == CP_GPU_LIBRARY_NCCL && !CP_HAS_NCCL)
     return FALSE;
-  handle = dlopen (libraries[library].soname, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  handle = dlopen (libraries[library].soname, GPU_LIBRARY_DLOPEN_FLAGS | RTLD_NOLOAD);
   return handle != NULL && accept_handle (&libraries[library], handle, info);
 }
 

@@ -12,9 +12,12 @@
  * CP_RUNS_PER_LAUNCH at a time (cp-run-batch-private.h, which also holds
  * what each thread computes, so a CPU test runs it): no device allocation and no extra copy per
  * call.  A layout with more runs (THD with many documents) takes one
- * launch per batch of runs.
+ * launch per batch of runs.  The memory interface's copy_runs for CUDA
+ * memory (libcpmesh/cp-memory-cuda.c) is _cp_cuda_copy_runs: every shard,
+ * unshard and THD chunk copy of a CUDA tensor runs here.
  */
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,13 +27,16 @@
 #define THREADS_PER_BLOCK 256
 #define MAX_BLOCKS 65536
 
+/* Pitches and @inner are in units of the access width, @full_first is
+ * the global position at @full. */
 template <typename Unit>
 __global__ static void
 gather_runs_kernel (Unit                               *full,
                     Unit                               *local,
                     int64_t                             outer,
-                    int64_t                             full_length,
-                    int64_t                             local_length,
+                    int64_t                             full_pitch,
+                    int64_t                             full_first,
+                    int64_t                             local_pitch,
                     int64_t                             inner,
                     const __grid_constant__ CpRunBatch  batch,
                     bool                                unshard)
@@ -40,13 +46,29 @@ gather_runs_kernel (Unit                               *full,
   for (int64_t i = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; i < n;
        i += (int64_t) gridDim.x * blockDim.x)
     {
-      CpGatherIndex at = cp_run_batch_gather_index (batch, i, full_length, local_length, inner);
+      CpGatherIndex at = cp_run_batch_gather_index (batch, i, full_pitch, full_first, local_pitch,
+                                                    inner);
 
       if (unshard)
         full[at.full] = local[at.local];
       else
         local[at.local] = full[at.full];
     }
+}
+
+/* A pattern of up to 16 bytes written byte by byte from a destination
+ * not aligned to it. */
+__global__ static void
+fill_bytes_kernel (uint8_t  *dst,
+                   size_t    n,
+                   uint4     pattern,
+                   unsigned  pattern_size)
+{
+  const uint8_t *bytes = (const uint8_t *) &pattern;
+
+  for (size_t i = blockIdx.x * (size_t) blockDim.x + threadIdx.x; i < n;
+       i += (size_t) gridDim.x * blockDim.x)
+    dst[i] = bytes[i % pattern_size];
 }
 
 template <typename Unit>
@@ -88,33 +110,62 @@ blocks_for (int64_t n)
 
 template <typename Unit>
 static cudaError_t
-launch_gather (const CpCudaShardView *view,
-               const CpRunBatch        &batch,
-               bool                   unshard,
-               cudaStream_t           stream)
+launch_gather (const CpCudaRunsCopy *copy,
+               const CpRunBatch     &batch,
+               bool                  unshard,
+               cudaStream_t          stream)
 {
-  int64_t inner = view->inner / (int64_t) sizeof (Unit);
+  int64_t unit = (int64_t) sizeof (Unit);
+  int64_t inner = copy->inner / unit;
 
-  gather_runs_kernel<Unit><<<blocks_for (view->outer * batch.total * inner), THREADS_PER_BLOCK, 0, stream>>> (
-    (Unit *) view->full, (Unit *) view->local, view->outer, view->full_length, view->local_length,
-    inner, batch, unshard);
+  gather_runs_kernel<Unit><<<blocks_for (copy->outer * batch.total * inner), THREADS_PER_BLOCK, 0, stream>>> (
+    (Unit *) copy->full, (Unit *) copy->local, copy->outer, copy->full_pitch / unit,
+    copy->first, copy->local_pitch / unit, inner, batch, unshard);
   return cudaGetLastError ();
 }
 
 static cudaError_t
-launch_gather_batch (const CpCudaShardView *view,
-                     const CpRunBatch        &batch,
-                     bool                   unshard,
-                     cudaStream_t           stream)
+launch_gather_batch (const CpCudaRunsCopy *copy,
+                     const CpRunBatch     &batch,
+                     bool                  unshard,
+                     cudaStream_t          stream)
 {
-  switch (cp_run_batch_unit (view->full, view->local, view->inner))
+  switch (cp_run_batch_unit (copy->full, copy->local, copy->inner, copy->full_pitch,
+                             copy->local_pitch))
     {
-    case 16: return launch_gather<uint4> (view, batch, unshard, stream);
-    case 8: return launch_gather<uint2> (view, batch, unshard, stream);
-    case 4: return launch_gather<uint32_t> (view, batch, unshard, stream);
-    case 2: return launch_gather<uint16_t> (view, batch, unshard, stream);
-    default: return launch_gather<uint8_t> (view, batch, unshard, stream);
+    case 16: return launch_gather<uint4> (copy, batch, unshard, stream);
+    case 8: return launch_gather<uint2> (copy, batch, unshard, stream);
+    case 4: return launch_gather<uint32_t> (copy, batch, unshard, stream);
+    case 2: return launch_gather<uint16_t> (copy, batch, unshard, stream);
+    default: return launch_gather<uint8_t> (copy, batch, unshard, stream);
     }
+}
+
+extern "C" cudaError_t
+_cp_cuda_copy_runs (const CpCudaRunsCopy *copy,
+                    const cp_index_run   *runs,
+                    size_t                n_runs,
+                    bool                  unshard,
+                    cudaStream_t          stream)
+{
+  CpRunBatch batch;
+  int64_t first = 0;
+
+  if (copy->outer == 0 || copy->inner == 0)
+    return cudaSuccess;
+  for (size_t next = 0; next < n_runs;)
+    {
+      cudaError_t status;
+
+      next = cp_run_batch_take (&batch, runs, NULL, n_runs, next, first);
+      if (batch.total == 0)
+        continue;
+      status = launch_gather_batch (copy, batch, unshard, stream);
+      if (status != cudaSuccess)
+        return status;
+      first += batch.total;
+    }
+  return cudaSuccess;
 }
 
 extern "C" cudaError_t
@@ -124,22 +175,12 @@ _cp_cuda_gather_runs (const CpCudaShardView *view,
                       bool                   unshard,
                       cudaStream_t           stream)
 {
-  CpRunBatch batch;
-  int64_t first = 0;
+  CpCudaRunsCopy copy = {
+    view->full, view->full_length * view->inner, 0,
+    view->local, view->local_length * view->inner, view->outer, view->inner,
+  };
 
-  for (size_t next = 0; next < n_runs;)
-    {
-      cudaError_t status;
-
-      next = cp_run_batch_take (&batch, runs, NULL, n_runs, next, first);
-      if (batch.total == 0)
-        continue;
-      status = launch_gather_batch (view, batch, unshard, stream);
-      if (status != cudaSuccess)
-        return status;
-      first += batch.total;
-    }
-  return cudaSuccess;
+  return _cp_cuda_copy_runs (&copy, runs, n_runs, unshard, stream);
 }
 
 extern "C" cudaError_t
@@ -185,16 +226,27 @@ _cp_cuda_fill (void         *dst,
                size_t        pattern_size,
                cudaStream_t  stream)
 {
+  if (pattern_size != 1 && pattern_size != 2 && pattern_size != 4 && pattern_size != 8 &&
+      pattern_size != 16)
+    return cudaErrorInvalidValue;
   if (n == 0)
     return cudaSuccess;
+  if (cp_fill_unit (dst, pattern_size) != pattern_size)
+    {
+      uint4 bytes;
+
+      memcpy (&bytes, pattern, pattern_size);
+      fill_bytes_kernel<<<blocks_for ((int64_t) (n * pattern_size)), THREADS_PER_BLOCK, 0, stream>>> (
+        (uint8_t *) dst, n * pattern_size, bytes, (unsigned) pattern_size);
+      return cudaGetLastError ();
+    }
   switch (pattern_size)
     {
     case 16: return launch_fill<uint4> (dst, n, pattern, stream);
     case 8: return launch_fill<uint64_t> (dst, n, pattern, stream);
     case 4: return launch_fill<uint32_t> (dst, n, pattern, stream);
     case 2: return launch_fill<uint16_t> (dst, n, pattern, stream);
-    case 1: return launch_fill<uint8_t> (dst, n, pattern, stream);
-    default: return cudaErrorInvalidValue;
+    default: return launch_fill<uint8_t> (dst, n, pattern, stream);
     }
 }
 
@@ -224,14 +276,18 @@ _cp_cuda_position_ids (int64_t            *out,
       return cudaErrorMemoryAllocation;
     }
   if (per_document)
-    n_pieces = cp_run_batch_split_at_documents (runs, n_runs, bounds, n_documents, pieces, bases);
+    {
+      n_pieces = cp_run_batch_split_at_documents (runs, n_runs, bounds, n_documents, pieces, bases);
+      if (n_pieces == SIZE_MAX)
+        status = cudaErrorInvalidValue;
+    }
   else
     {
       memcpy (pieces, runs, n_runs * sizeof *runs);
       memset (bases, 0, n_runs * sizeof *bases);
       n_pieces = n_runs;
     }
-  for (size_t next = 0; next < n_pieces && status == cudaSuccess;)
+  for (size_t next = 0; status == cudaSuccess && next < n_pieces;)
     {
       next = cp_run_batch_take (&batch, pieces, bases, n_pieces, next, first);
       if (batch.total == 0 || rows == 0)

@@ -16,6 +16,7 @@
 #error "cp-run-batch-private.h is CUDA C++"
 #endif
 
+#include <stdint.h>
 #include <string.h>
 
 #include "kernels/cp-index-math.h"
@@ -69,13 +70,17 @@ cp_run_batch_take (CpRunBatch         *batch,
 }
 
 /* The widest access (16, 8, 4, 2 or 1 bytes) that divides the bytes of a
- * position and both base addresses, so every access is aligned. */
+ * position, both pitches and both base addresses, so every access is
+ * aligned. */
 static inline size_t
 cp_run_batch_unit (const void *full,
                    const void *local,
-                   int64_t     inner)
+                   int64_t     inner,
+                   int64_t     full_pitch,
+                   int64_t     local_pitch)
 {
-  uintptr_t bits = (uintptr_t) full | (uintptr_t) local | (uintptr_t) inner;
+  uintptr_t bits = (uintptr_t) full | (uintptr_t) local | (uintptr_t) inner |
+                   (uintptr_t) full_pitch | (uintptr_t) local_pitch;
   size_t unit = 16;
 
   while (unit > 1 && (bits & (unit - 1)) != 0)
@@ -83,9 +88,23 @@ cp_run_batch_unit (const void *full,
   return unit;
 }
 
+/* The widest store a fill of @pattern_size-byte elements from @dst can
+ * make: the pattern's own width when @dst is aligned to it, else single
+ * bytes (a view may start anywhere its element type allows, and a
+ * foreign address anywhere at all). */
+static inline size_t
+cp_fill_unit (const void *dst,
+              size_t      pattern_size)
+{
+  return ((uintptr_t) dst % pattern_size) == 0 ? pattern_size : 1;
+}
+
 /* Splits @runs where documents end, so that each piece has one document
  * start to subtract; returns the number of pieces written to @pieces and
- * their document starts to @bases (room for @n_runs + @n_documents). */
+ * their document starts to @bases (room for @n_runs + @n_documents), or
+ * SIZE_MAX when a run reaches outside [@bounds[0], @bounds[@n_documents]):
+ * such positions belong to no document, and leaving them out would leave
+ * their ids unwritten. */
 static inline size_t
 cp_run_batch_split_at_documents (const cp_index_run *runs,
                                  size_t              n_runs,
@@ -100,12 +119,18 @@ cp_run_batch_split_at_documents (const cp_index_run *runs,
     {
       int64_t end = runs[i].start + runs[i].length;
 
+      if (runs[i].length == 0)
+        continue;
+      if (n_documents == 0 || runs[i].start < bounds[0] || end > bounds[n_documents])
+        return SIZE_MAX;
       for (size_t d = cp_index_first_document_after (bounds, n_documents, runs[i].start);
            d < n_documents && bounds[d] < end; d++)
         {
           int64_t lo = runs[i].start > bounds[d] ? runs[i].start : bounds[d];
           int64_t hi = end < bounds[d + 1] ? end : bounds[d + 1];
 
+          if (hi <= lo)
+            continue;
           pieces[n] = (cp_index_run) { lo, hi - lo };
           bases[n++] = bounds[d];
         }
@@ -141,12 +166,16 @@ cp_run_batch_global_of (const CpRunBatch &batch,
   return batch.start[r] + l - (r == 0 ? 0 : batch.end[r - 1]);
 }
 
-/* Element @i of a gather over [@outer][batch positions][@inner units]. */
+/* Element @i of a gather over [@outer][batch positions][@inner units],
+ * between a full tensor whose outer rows are @full_pitch units apart and
+ * whose first position is global position @full_first, and a shard
+ * whose rows are @local_pitch units apart. */
 __host__ __device__ static inline CpGatherIndex
 cp_run_batch_gather_index (const CpRunBatch &batch,
                            int64_t           i,
-                           int64_t           full_length,
-                           int64_t           local_length,
+                           int64_t           full_pitch,
+                           int64_t           full_first,
+                           int64_t           local_pitch,
                            int64_t           inner)
 {
   int64_t per_outer = batch.total * inner;
@@ -157,8 +186,8 @@ cp_run_batch_gather_index (const CpRunBatch &batch,
   int64_t g = cp_run_batch_global_of (batch, cp_run_batch_run_of (batch, l), l);
   CpGatherIndex index;
 
-  index.local = (o * local_length + batch.first + l) * inner + k;
-  index.full = (o * full_length + g) * inner + k;
+  index.local = o * local_pitch + (batch.first + l) * inner + k;
+  index.full = o * full_pitch + (g - full_first) * inner + k;
   return index;
 }
 

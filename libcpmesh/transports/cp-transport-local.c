@@ -412,46 +412,57 @@ exchange_wants_streaming (LocalComm          *self,
   return _cp_copy_wants_streaming (coll->outer * (gsize) self->parent.size * coll->block);
 }
 
-static void
-run_all_gather (LocalComm    *self,
-                CpCollective *coll)
+/* A copy that fails (device memory) fails this rank's collective only:
+ * the bytes of the others are in place. */
+static gboolean
+run_all_gather (LocalComm     *self,
+                CpCollective  *coll,
+                GError       **error)
 {
   int n = self->parent.size;
   gboolean streaming = exchange_wants_streaming (self, coll);
 
   for (int r = 0; r < n; r++)
-    _cp_transport_copy_2d ((guint8 *) coll->recv + (gsize) r * coll->block, coll->device,
-                           (gsize) n * coll->block, self->shared->posted[r]->send, coll->device,
-                           coll->block, coll->block, coll->outer, streaming);
+    if (!_cp_transport_copy_2d ((guint8 *) coll->recv + (gsize) r * coll->block, coll->device,
+                                (gsize) n * coll->block, self->shared->posted[r]->send,
+                                coll->device, coll->block, coll->block, coll->outer, streaming,
+                                error))
+      return FALSE;
+  return TRUE;
 }
 
-static void
-run_all_to_all (LocalComm    *self,
-                CpCollective *coll)
+static gboolean
+run_all_to_all (LocalComm     *self,
+                CpCollective  *coll,
+                GError       **error)
 {
   int n = self->parent.size;
   gsize me = (gsize) self->parent.index;
   gboolean streaming = exchange_wants_streaming (self, coll);
 
   for (int r = 0; r < n; r++)
-    _cp_transport_copy_2d ((guint8 *) coll->recv + (gsize) r * coll->block, coll->device,
-                           (gsize) n * coll->block,
-                           (const guint8 *) self->shared->posted[r]->send + me * coll->block,
-                           coll->device, (gsize) n * coll->block, coll->block, coll->outer,
-                           streaming);
+    if (!_cp_transport_copy_2d ((guint8 *) coll->recv + (gsize) r * coll->block, coll->device,
+                                (gsize) n * coll->block,
+                                (const guint8 *) self->shared->posted[r]->send + me * coll->block,
+                                coll->device, (gsize) n * coll->block, coll->block, coll->outer,
+                                streaming, error))
+      return FALSE;
+  return TRUE;
 }
 
-static void
-run_broadcast (LocalComm    *self,
-               CpCollective *coll)
+static gboolean
+run_broadcast (LocalComm     *self,
+               CpCollective  *coll,
+               GError       **error)
 {
   const CpCollective *root = self->shared->posted[coll->root];
 
   gsize nbytes = coll->count * cp_dtype_get_size (coll->dtype);
 
-  if (self->parent.index != coll->root)
-    _cp_transport_copy_2d (coll->recv, coll->device, nbytes, root->recv, coll->device, nbytes,
-                           nbytes, 1, _cp_copy_wants_streaming (nbytes));
+  if (self->parent.index == coll->root)
+    return TRUE;
+  return _cp_transport_copy_2d (coll->recv, coll->device, nbytes, root->recv, coll->device, nbytes,
+                                nbytes, 1, _cp_copy_wants_streaming (nbytes), error);
 }
 
 /* Rank i reduces slice i of every buffer into scratch, then every rank
@@ -494,12 +505,13 @@ alloc_scratch (LocalComm    *self,
 
 /* Device memory the host cannot read: every rank's slice [@lo, @hi) is
  * brought to the host first, then reduced there. */
-static void
-reduce_staged (LocalComm    *self,
-               CpCollective *coll,
-               Scratch      *scratch,
-               gsize         lo,
-               gsize         hi)
+static gboolean
+reduce_staged (LocalComm     *self,
+               CpCollective  *coll,
+               Scratch       *scratch,
+               gsize          lo,
+               gsize          hi,
+               GError       **error)
 {
   int n = self->parent.size;
   gsize elsize = cp_dtype_get_size (coll->dtype);
@@ -509,18 +521,23 @@ reduce_staged (LocalComm    *self,
 
   for (int r = 0; r < n; r++)
     {
-      _cp_transport_copy_2d (staging + (gsize) r * width, CP_DEVICE_KIND_HOST, 0,
-                             (const guint8 *) self->shared->posted[r]->recv + lo * elsize,
-                             coll->device, 0, width, 1, FALSE);
+      if (!_cp_transport_copy_2d (staging + (gsize) r * width, CP_DEVICE_KIND_HOST, 0,
+                                  (const guint8 *) self->shared->posted[r]->recv + lo * elsize,
+                                  coll->device, 0, width, 1, FALSE, error))
+        return FALSE;
       srcs[r] = staging + (gsize) r * width;
     }
   _cp_reduce_many (coll->dtype, coll->op, scratch->data, srcs, n, 0, hi - lo);
+  return TRUE;
 }
 
-static void
-run_all_reduce (LocalComm    *self,
-                CpCollective *coll,
-                Scratch      *scratch)
+/* Every rank passes both sync points, also when one of its copies
+ * failed: its peers read its scratch in between. */
+static gboolean
+run_all_reduce (LocalComm     *self,
+                CpCollective  *coll,
+                Scratch       *scratch,
+                GError       **error)
 {
   SharedComm *shared = self->shared;
   int n = self->parent.size;
@@ -528,6 +545,7 @@ run_all_reduce (LocalComm    *self,
   gsize elsize = cp_dtype_get_size (coll->dtype);
   gsize lo, hi;
   g_autofree gconstpointer *srcs = g_new (gconstpointer, n);
+  gboolean ok = TRUE;
 
   slice_bounds (self, coll, me, &lo, &hi);
   if (coll->device == CP_DEVICE_KIND_HOST)
@@ -537,44 +555,42 @@ run_all_reduce (LocalComm    *self,
       _cp_reduce_many (coll->dtype, coll->op, scratch->data, srcs, n, lo, hi - lo);
     }
   else
-    reduce_staged (self, coll, scratch, lo, hi);
+    ok = reduce_staged (self, coll, scratch, lo, hi, error);
   shared->scratch[me] = scratch->data;
 
   locked_sync (self, "all_reduce", 0, NULL);
-  for (int r = 0; r < n; r++)
+  for (int r = 0; ok && r < n; r++)
     {
       gsize rlo, rhi;
 
       slice_bounds (self, coll, r, &rlo, &rhi);
-      _cp_transport_copy_2d ((guint8 *) coll->recv + rlo * elsize, coll->device, 0,
-                             shared->scratch[r], CP_DEVICE_KIND_HOST, 0, (rhi - rlo) * elsize, 1,
-                             FALSE);
+      ok = _cp_transport_copy_2d ((guint8 *) coll->recv + rlo * elsize, coll->device, 0,
+                                  shared->scratch[r], CP_DEVICE_KIND_HOST, 0, (rhi - rlo) * elsize,
+                                  1, FALSE, error);
     }
   locked_sync (self, "all_reduce", 0, NULL);
   shared->scratch[me] = NULL;
+  return ok;
 }
 
-static void
-run_agreed (LocalComm    *self,
-            CpCollective *coll,
-            Scratch      *scratch)
+static gboolean
+run_agreed (LocalComm     *self,
+            CpCollective  *coll,
+            Scratch       *scratch,
+            GError       **error)
 {
   switch (coll->kind)
     {
     case CP_COLL_BARRIER:
-      break;
+      return TRUE;
     case CP_COLL_ALL_GATHER:
-      run_all_gather (self, coll);
-      break;
+      return run_all_gather (self, coll, error);
     case CP_COLL_ALL_TO_ALL:
-      run_all_to_all (self, coll);
-      break;
+      return run_all_to_all (self, coll, error);
     case CP_COLL_ALL_REDUCE:
-      run_all_reduce (self, coll, scratch);
-      break;
+      return run_all_reduce (self, coll, scratch, error);
     case CP_COLL_BROADCAST:
-      run_broadcast (self, coll);
-      break;
+      return run_broadcast (self, coll, error);
     default:
       g_assert_not_reached ();
     }
@@ -763,7 +779,7 @@ local_collective (CpComm        *comm,
            && check_buffers_apart (self->shared->posted, comm->size, error);
   strike (self, self->fault_operation, CP_FAULT_STEP_DATA);
   if (agreed)
-    run_agreed (self, coll, &scratch);
+    agreed = run_agreed (self, coll, &scratch, error);
   /* Nobody leaves while a peer may still read its buffers. */
   locked_sync (self, what, 0, NULL);
   _cp_host_free (scratch.data, scratch.size);
@@ -995,10 +1011,10 @@ wait_recv (LocalComm  *self,
   /* Late with the copy: the sender waits, as it does for any copy. */
   strike (self, request->fault_operation, CP_FAULT_STEP_DATA);
   if (_cp_message_matches (envelope->message, request->message))
-    _cp_transport_copy_2d (request->message->data, request->message->device, 0,
-                           envelope->message->data, envelope->message->device, 0,
-                           envelope->message->nbytes, 1,
-                           _cp_copy_wants_streaming (envelope->message->nbytes));
+    ok = _cp_transport_copy_2d (request->message->data, request->message->device, 0,
+                                envelope->message->data, envelope->message->device, 0,
+                                envelope->message->nbytes, 1,
+                                _cp_copy_wants_streaming (envelope->message->nbytes), error);
   else
     {
       set_mismatch (&envelope->error, envelope, request->message);

@@ -277,8 +277,8 @@ gboolean     _cp_comm_wait             (CpComm           *comm,
  * @src_kind, to @dst, in memory of kind @dst_kind, through the memory
  * interface, as backends whose ranks share an address space move bytes:
  * host memory with the streaming copy when @streaming, device memory as
- * its device copies it. */
-void         _cp_transport_copy_2d     (gpointer          dst,
+ * its device copies it.  FALSE with an error when the device failed. */
+gboolean     _cp_transport_copy_2d     (gpointer          dst,
                                         CpDeviceKind      dst_kind,
                                         gsize             dst_pitch,
                                         gconstpointer     src,
@@ -286,7 +286,8 @@ void         _cp_transport_copy_2d     (gpointer          dst,
                                         gsize             src_pitch,
                                         gsize             width,
                                         gsize             height,
-                                        gboolean          streaming);
+                                        gboolean          streaming,
+                                        GError          **error);
 
 /* Decides, identically on every rank, whether the descriptors of one
  * collective agree.  @descs holds every rank's descriptor in communicator

@@ -224,7 +224,7 @@ _cp_comm_wait (CpComm     *comm,
   return comm->transport->ops->wait (comm, request, deadline, error);
 }
 
-void
+gboolean
 _cp_transport_copy_2d (gpointer       dst,
                        CpDeviceKind   dst_kind,
                        gsize          dst_pitch,
@@ -233,24 +233,11 @@ _cp_transport_copy_2d (gpointer       dst,
                        gsize          src_pitch,
                        gsize          width,
                        gsize          height,
-                       gboolean       streaming)
+                       gboolean       streaming,
+                       GError       **error)
 {
-  const CpMemoryOps *ops;
-  CpMemoryDirection direction;
-
-  if (width == 0 || height == 0)
-    return;
-  if (dst_kind == src_kind)
-    ops = _cp_memory_ops_for_kind (dst_kind), direction = CP_MEMORY_DEVICE_TO_DEVICE;
-  else if (src_kind == CP_DEVICE_KIND_HOST)
-    ops = _cp_memory_ops_for_kind (dst_kind), direction = CP_MEMORY_HOST_TO_DEVICE;
-  else
-    {
-      g_assert (dst_kind == CP_DEVICE_KIND_HOST);
-      ops = _cp_memory_ops_for_kind (src_kind), direction = CP_MEMORY_DEVICE_TO_HOST;
-    }
-  g_assert (ops != NULL);
-  ops->copy_2d (dst, dst_pitch, src, src_pitch, width, height, direction, streaming);
+  return _cp_memory_copy_2d_address (dst, dst_kind, dst_pitch, src, src_kind, src_pitch, width,
+                                     height, streaming, error);
 }
 
 const char *

@@ -214,6 +214,53 @@ test_position_ids (void)
         }
 }
 
+/* copy_runs as the memory interface calls it for a THD chunk: the full
+ * tensor's rows wider than the chunk, whose first position is global
+ * position 1000, and the shard written at an offset into wider rows. */
+static void
+test_copy_runs_offsets (void)
+{
+  const gint64 first = 1000, length = 48, full_row = length + 7, cp_size = 3;
+  const gint64 bounds[] = { first, first + 12, first + length };
+  const gint64 local_offset = 2;
+
+  for (gint64 inner = 1; inner <= 4096; inner *= 8)
+    for (gint64 outer = 1; outer <= 3; outer += 2)
+      for (gint64 rank = 0; rank < cp_size; rank++)
+        {
+          gsize full_size = (gsize) (outer * full_row * inner);
+          g_autofree guint8 *full = g_malloc (full_size);
+          cp_index_run runs[8];
+          gsize n_runs = cp_index_rank_runs (TRUE, cp_size, rank, bounds, 2, runs);
+          gint64 local_length = cp_index_runs_length (runs, n_runs);
+          gint64 local_row = local_length + 5;
+          gsize local_size = (gsize) (outer * local_row * inner);
+          g_autofree guint8 *want = g_malloc0 (local_size);
+          g_autofree guint8 *got = NULL;
+          gint64 positions[64];
+          void *d_full, *d_local;
+          CpCudaRunsCopy copy;
+
+          for (gsize i = 0; i < full_size; i++)
+            full[i] = (guint8) (i * 13 + 1);
+          cp_index_runs_positions (runs, n_runs, positions);
+          for (gint64 o = 0; o < outer; o++)
+            for (gint64 l = 0; l < local_length; l++)
+              memcpy (want + (o * local_row + local_offset + l) * inner,
+                      full + (o * full_row + positions[l] - first) * inner, (gsize) inner);
+          d_full = device_copy_of (full, full_size);
+          d_local = device_copy_of (NULL, local_size);
+          copy = (CpCudaRunsCopy) { d_full, full_row * inner, first,
+                                    (guint8 *) d_local + local_offset * inner, local_row * inner,
+                                    outer, inner };
+          CHECK_CUDA (_cp_cuda_copy_runs (&copy, runs, n_runs, FALSE, NULL));
+          got = host_copy_of (d_local, local_size);
+          g_assert_cmpmem (got, local_size, want, local_size);
+          CHECK_CUDA (cudaFree (d_full));
+          CHECK_CUDA (cudaFree (d_local));
+        }
+}
+
 int
 main (int   argc,
       char *argv[])
@@ -225,6 +272,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Cuda/kernels/shard/documents", test_shard_documents);
   g_test_add_func ("/Cp/Cuda/kernels/fill", test_fill);
   g_test_add_func ("/Cp/Cuda/kernels/position-ids", test_position_ids);
+  g_test_add_func ("/Cp/Cuda/kernels/copy-runs/offsets", test_copy_runs_offsets);
 
   return g_test_run ();
 }

@@ -15,6 +15,7 @@
 
 #include <libcpmesh.h>
 
+#include "kernels/cuda/cp-cuda-kernels-private.h"
 #include "kernels/cuda/cp-cuda-private.h"
 #include "cp-test-util.h"
 
@@ -270,6 +271,22 @@ test_process_copy_follows_variable (void)
                              CP_GPU_LIBRARY_PATH_VARIABLE " names (/nonexistent)\n*");
 }
 
+/* Position ids of runs that reach outside the documents are refused
+ * before anything is launched (so this needs no device), never left
+ * unwritten; a fill of a width no dtype has is refused as well. */
+static void
+test_launchers_refuse (void)
+{
+  const gint64 bounds[] = { 0, 8, 16 };
+  const cp_index_run outside[] = { { 12, 8 } };
+  const guint8 pattern[16] = { 0 };
+
+  g_assert_cmpint (_cp_cuda_position_ids (NULL, 1, outside, 1, bounds, 2, true, NULL), ==,
+                   cudaErrorInvalidValue);
+  g_assert_cmpint (_cp_cuda_fill (NULL, 4, pattern, 3, NULL), ==, cudaErrorInvalidValue);
+  g_assert_cmpint (_cp_cuda_fill (NULL, 0, pattern, 8, NULL), ==, cudaSuccess);
+}
+
 int
 main (int   argc,
       char *argv[])
@@ -289,6 +306,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Cuda/libraries/not-found/broken-file", test_load_broken_file);
   cp_test_add_func_in_process ("/Cp/Cuda/libraries/process-copy/variable",
                                test_process_copy_follows_variable);
+  g_test_add_func ("/Cp/Cuda/launchers/refuse", test_launchers_refuse);
 
   return g_test_run ();
 }

@@ -20,7 +20,46 @@
 
 #define MAX_DOCS 80
 
-/* What one launch per batch of runs does, thread after thread. */
+/* What _cp_cuda_copy_runs (the CUDA memory's copy_runs) launches, one
+ * launch per batch of runs, thread after thread: position p of row o of
+ * the full tensor at byte o·@full_pitch + (p − @full_first)·@inner of
+ * @full, the shard's rows @local_pitch bytes apart. */
+static void
+replay_copy_runs (unsigned char      *full,
+                  int64_t             full_pitch,
+                  int64_t             full_first,
+                  unsigned char      *local,
+                  int64_t             local_pitch,
+                  int64_t             outer,
+                  int64_t             inner,
+                  const cp_index_run *runs,
+                  size_t              n_runs,
+                  bool                unshard)
+{
+  size_t unit = cp_run_batch_unit (full, local, inner, full_pitch, local_pitch);
+  int64_t units = inner / (int64_t) unit;
+  CpRunBatch batch;
+  int64_t first = 0;
+
+  for (size_t next = 0; next < n_runs;)
+    {
+      next = cp_run_batch_take (&batch, runs, NULL, n_runs, next, first);
+      for (int64_t i = 0; i < outer * batch.total * units; i++)
+        {
+          CpGatherIndex at = cp_run_batch_gather_index (batch, i, full_pitch / (int64_t) unit,
+                                                        full_first, local_pitch / (int64_t) unit,
+                                                        units);
+
+          if (unshard)
+            memcpy (full + at.full * unit, local + at.local * unit, unit);
+          else
+            memcpy (local + at.local * unit, full + at.full * unit, unit);
+        }
+      first += batch.total;
+    }
+}
+
+/* _cp_cuda_gather_runs: a whole tensor and its shard. */
 static void
 replay_gather (unsigned char      *full,
                unsigned char      *local,
@@ -32,25 +71,8 @@ replay_gather (unsigned char      *full,
                size_t              n_runs,
                bool                unshard)
 {
-  size_t unit = cp_run_batch_unit (full, local, inner);
-  int64_t units = inner / (int64_t) unit;
-  CpRunBatch batch;
-  int64_t first = 0;
-
-  for (size_t next = 0; next < n_runs;)
-    {
-      next = cp_run_batch_take (&batch, runs, NULL, n_runs, next, first);
-      for (int64_t i = 0; i < outer * batch.total * units; i++)
-        {
-          CpGatherIndex at = cp_run_batch_gather_index (batch, i, full_length, local_length, units);
-
-          if (unshard)
-            memcpy (full + at.full * unit, local + at.local * unit, unit);
-          else
-            memcpy (local + at.local * unit, full + at.full * unit, unit);
-        }
-      first += batch.total;
-    }
+  replay_copy_runs (full, full_length * inner, 0, local, local_length * inner, outer, inner, runs,
+                    n_runs, unshard);
 }
 
 /* Shards every rank by replay and by direct copies of its positions, then
@@ -141,15 +163,104 @@ check_documents (void)
   check_layout (true, 3, bounds, MAX_DOCS, 3, 16, 0);
 }
 
+/* A chunk of a longer sequence (THD): the full tensor's rows are wider
+ * than the chunk, its first position is global position @first, and the
+ * shard is written at an offset into rows wider than it, as the memory
+ * interface's copy_runs is called for each chunk. */
+static void
+check_copy_runs_offsets (int64_t inner,
+                         int64_t outer)
+{
+  const int64_t first = 1000, length = 48, full_row = length + 7, cp_size = 3;
+  const int64_t bounds[] = { first, first + 12, first + length };
+  const int64_t local_offset = 2;
+  size_t full_size = (size_t) (outer * full_row * inner);
+  unsigned char *full = (unsigned char *) malloc (full_size);
+  unsigned char *rebuilt = (unsigned char *) calloc (full_size, 1);
+
+  for (size_t i = 0; i < full_size; i++)
+    full[i] = (unsigned char) (i * 13 + 1);
+  for (int64_t rank = 0; rank < cp_size; rank++)
+    {
+      cp_index_run runs[8];
+      size_t n_runs = cp_index_rank_runs (true, cp_size, rank, bounds, 2, runs);
+      int64_t local_length = cp_index_runs_length (runs, n_runs);
+      int64_t local_row = local_length + 5;
+      size_t local_size = (size_t) (outer * local_row * inner);
+      unsigned char *local = (unsigned char *) calloc (local_size, 1);
+      unsigned char *want = (unsigned char *) calloc (local_size, 1);
+      int64_t positions[64];
+
+      assert (local_length <= 64);
+      cp_index_runs_positions (runs, n_runs, positions);
+      for (int64_t o = 0; o < outer; o++)
+        for (int64_t l = 0; l < local_length; l++)
+          memcpy (want + (o * local_row + local_offset + l) * inner,
+                  full + (o * full_row + positions[l] - first) * inner, (size_t) inner);
+      replay_copy_runs (full, full_row * inner, first, local + local_offset * inner,
+                        local_row * inner, outer, inner, runs, n_runs, false);
+      assert (memcmp (local, want, local_size) == 0);
+      replay_copy_runs (rebuilt, full_row * inner, first, local + local_offset * inner,
+                        local_row * inner, outer, inner, runs, n_runs, true);
+      free (local);
+      free (want);
+    }
+  for (int64_t o = 0; o < outer; o++)
+    assert (memcmp (rebuilt + o * full_row * inner, full + o * full_row * inner,
+                    (size_t) (length * inner)) == 0);
+  free (full);
+  free (rebuilt);
+}
+
 static void
 check_unit (void)
 {
   alignas (16) static unsigned char buffer[64];
 
-  assert (cp_run_batch_unit (buffer, buffer + 32, 4096) == 16);
-  assert (cp_run_batch_unit (buffer, buffer + 8, 4096) == 8);
-  assert (cp_run_batch_unit (buffer, buffer + 32, 6) == 2);
-  assert (cp_run_batch_unit (buffer + 1, buffer, 16) == 1);
+  assert (cp_run_batch_unit (buffer, buffer + 32, 4096, 0, 0) == 16);
+  assert (cp_run_batch_unit (buffer, buffer + 8, 4096, 0, 0) == 8);
+  assert (cp_run_batch_unit (buffer, buffer + 32, 6, 0, 0) == 2);
+  assert (cp_run_batch_unit (buffer + 1, buffer, 16, 0, 0) == 1);
+  /* The pitches count: rows 4 bytes apart take 4-byte accesses. */
+  assert (cp_run_batch_unit (buffer, buffer + 32, 16, 4100, 4096) == 4);
+  assert (cp_run_batch_unit (buffer, buffer + 32, 16, 4096, 4098) == 2);
+}
+
+/* A fill stores whole elements only where the destination is aligned to
+ * them, single bytes elsewhere. */
+static void
+check_fill_unit (void)
+{
+  alignas (16) static unsigned char buffer[64];
+
+  assert (cp_fill_unit (buffer, 8) == 8);
+  assert (cp_fill_unit (buffer + 8, 8) == 8);
+  assert (cp_fill_unit (buffer + 4, 8) == 1);
+  assert (cp_fill_unit (buffer + 2, 4) == 1);
+  assert (cp_fill_unit (buffer + 2, 2) == 2);
+  assert (cp_fill_unit (buffer + 8, 16) == 1);
+  assert (cp_fill_unit (buffer + 3, 1) == 1);
+}
+
+/* Runs that reach outside the documents cannot be split into pieces
+ * with a document each: refused, never dropped. */
+static void
+check_split_outside (void)
+{
+  const int64_t bounds[] = { 4, 10, 20 };
+  cp_index_run pieces[8];
+  int64_t bases[8];
+  const cp_index_run inside[] = { { 4, 8 }, { 18, 2 } };
+  const cp_index_run before[] = { { 2, 4 } };
+  const cp_index_run after[] = { { 16, 6 } };
+
+  assert (cp_run_batch_split_at_documents (inside, 2, bounds, 2, pieces, bases) == 3);
+  assert (pieces[0].start == 4 && pieces[0].length == 6 && bases[0] == 4);
+  assert (pieces[1].start == 10 && pieces[1].length == 2 && bases[1] == 10);
+  assert (pieces[2].start == 18 && pieces[2].length == 2 && bases[2] == 10);
+  assert (cp_run_batch_split_at_documents (before, 1, bounds, 2, pieces, bases) == SIZE_MAX);
+  assert (cp_run_batch_split_at_documents (after, 1, bounds, 2, pieces, bases) == SIZE_MAX);
+  assert (cp_run_batch_split_at_documents (inside, 2, bounds, 0, pieces, bases) == SIZE_MAX);
 }
 
 /* The position ids launches, replayed: global, and within documents (at
@@ -174,7 +285,11 @@ check_position_ids (void)
           int64_t first = 0;
 
           if (per_document)
-            n_pieces = cp_run_batch_split_at_documents (runs, n_runs, bounds, n_docs, pieces, bases);
+            {
+              n_pieces = cp_run_batch_split_at_documents (runs, n_runs, bounds, n_docs, pieces,
+                                                          bases);
+              assert (n_pieces != SIZE_MAX);
+            }
           else
             memcpy (pieces, runs, n_runs * sizeof *runs);
           for (size_t next = 0; next < n_pieces;)
@@ -207,6 +322,14 @@ int
 main (void)
 {
   check_unit ();
+  check_fill_unit ();
+  check_split_outside ();
+  for (int64_t inner = 1; inner <= 16; inner *= 2)
+    {
+      check_copy_runs_offsets (inner, 1);
+      check_copy_runs_offsets (inner, 3);
+    }
+  check_copy_runs_offsets (6, 2);
   check_any_dimension ();
   check_documents ();
   check_position_ids ();
