@@ -1688,6 +1688,28 @@ keepalive_interval_ms (guint timeout_ms)
   return CLAMP (timeout_ms / 8, 100, 5000);
 }
 
+/* Every peer's address is checked against the layout of UCX 1.13
+ * (cp-ucx-address.c); a UCX whose own addresses do not follow it cannot
+ * tell good addresses from bad, and is refused at once. */
+static gboolean
+check_own_address (GBytes  *address,
+                   GError **error)
+{
+  g_autoptr(GError) parse_error = NULL;
+  g_autoptr(GArray) entries = _cp_ucx_address_parse (g_bytes_get_data (address, NULL),
+                                                     g_bytes_get_size (address), &parse_error);
+  unsigned major = 0, minor = 0, release = 0;
+
+  if (entries != NULL)
+    return TRUE;
+  ucp_get_version (&major, &minor, &release);
+  g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED,
+               "UCX %u.%u.%u packs worker addresses this library cannot check before UCX reads a "
+               "peer's (it knows the layout of UCX 1.13): its own is %s", major, minor, release,
+               parse_error->message);
+  return FALSE;
+}
+
 /* The worker, confined to what reaches the other ranks, and its address. */
 static CpUcxWorker *
 start_worker (const CpMeshConfig      *config,
@@ -1697,9 +1719,22 @@ start_worker (const CpMeshConfig      *config,
 {
   CpUcxWorker *worker = _cp_ucx_worker_new (keepalive_interval_ms (config->timeout_ms), route, error);
 
-  if (worker != NULL && (*address = _cp_ucx_worker_dup_address (worker, error)) == NULL)
-    g_clear_pointer (&worker, _cp_ucx_worker_free);
+  if (worker != NULL &&
+      ((*address = _cp_ucx_worker_dup_address (worker, error)) == NULL || !check_own_address (*address, error)))
+    {
+      g_clear_pointer (address, g_bytes_unref);
+      g_clear_pointer (&worker, _cp_ucx_worker_free);
+    }
   return worker;
+}
+
+/* The bootstrap's check of every other rank's worker address. */
+static gboolean
+check_peer_address (GBytes    *address,
+                    gpointer   own,
+                    GError   **error)
+{
+  return _cp_ucx_address_check (address, own, error);
 }
 
 /* Ranks meet through the transport-neutral bootstrap (cp-bootstrap.c),
@@ -1720,7 +1755,8 @@ _cp_transport_ucx_connect (const CpMeshConfig  *config,
   if (_cp_bootstrap_find_route (config, &route, error))
     worker = start_worker (config, &route, &address, error);
   if (worker != NULL)
-    addresses = _cp_bootstrap_exchange (config, &route, "ucx", address, deadline, cancellable, error);
+    addresses = _cp_bootstrap_exchange (config, &route, "ucx", address, check_peer_address, address, deadline,
+                                        cancellable, error);
   _cp_bootstrap_route_clear (&route);
   if (addresses == NULL)
     {

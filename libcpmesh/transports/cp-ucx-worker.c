@@ -73,6 +73,23 @@ confine (ucp_config_t            *config,
   return FALSE;
 }
 
+/* In unified mode UCX packs only resource indices and takes the rest of
+ * a peer's address from its own resources, so a peer's address cannot be
+ * checked before UCX reads it (cp-ucx-address.c). */
+static gboolean
+refuse_unified_mode (GError **error)
+{
+  const char *value = g_getenv ("UCX_UNIFIED_MODE");
+
+  if (value == NULL || g_ascii_strcasecmp (value, "n") == 0 || g_ascii_strcasecmp (value, "no") == 0 ||
+      g_ascii_strcasecmp (value, "off") == 0 || g_str_equal (value, "0"))
+    return FALSE;
+  g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED,
+               "UCX_UNIFIED_MODE=%s: in unified mode UCX reads peers' worker addresses against its "
+               "own resources, and this library cannot check them first; unset it", value);
+  return TRUE;
+}
+
 static gboolean
 check_status (ucs_status_t   status,
               const char    *what,
@@ -99,7 +116,8 @@ create_context (CpUcxWorker             *self,
   ucp_config_t *config = NULL;
   ucs_status_t status;
 
-  if (!check_status (ucp_config_read (NULL, NULL, &config), "read its configuration", error))
+  if (refuse_unified_mode (error) ||
+      !check_status (ucp_config_read (NULL, NULL, &config), "read its configuration", error))
     return FALSE;
   tune_config (config, keepalive_ms);
   if (!confine (config, route, error))
