@@ -788,6 +788,28 @@ test_no_token (void)
   g_assert_cmpuint (unexpected, ==, 0);
 }
 
+/* MASTER_ADDR=0.0.0.0 or :: has rank 0 listen on every interface, though
+ * its ranks meet over loopback: the gate is as open as on any other
+ * address, and without a token that is said. */
+static void
+test_no_token_any (gconstpointer data)
+{
+  const char *host = data;
+  g_autofree char *master = g_strdup_printf ("MASTER_ADDR=%s", host);
+  g_autofree char *port = g_strdup_printf ("CPMESH_PORT=%u", cp_test_free_port ());
+  g_autoptr(GError) error = NULL;
+
+  g_test_summary ("A mesh whose rank 0 listens on the unspecified address, without CPMESH_TOKEN, "
+                  "says that every interface is open");
+  g_test_expect_message ("Cp", G_LOG_LEVEL_MESSAGE, "CPMESH_TOKEN is not set: rank 0 listens at *, on every "
+                         "interface of its host, and any process that reaches it can join*");
+  error = fail_to_connect (SETTINGS ("RANK=0", "WORLD_SIZE=2", master, port, "CPMESH_TIMEOUT_MS=200"));
+  g_test_assert_expected_messages ();
+  /* Without IPv6, "::" cannot be listened on, which says so too. */
+  g_assert_true (g_error_matches (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT) ||
+                 (g_str_equal (host, "::") && g_error_matches (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT)));
+}
+
 int
 main (int   argc,
       char *argv[])
@@ -807,6 +829,8 @@ main (int   argc,
   g_test_add_func ("/Cp/Ucx/exposure/interface", test_interface);
   g_test_add_func ("/Cp/Ucx/exposure/impostor", test_impostor);
   g_test_add_func ("/Cp/Ucx/exposure/no-token", test_no_token);
+  g_test_add_data_func ("/Cp/Ucx/exposure/no-token-any/ipv4", "0.0.0.0", test_no_token_any);
+  g_test_add_data_func ("/Cp/Ucx/exposure/no-token-any/ipv6", "::", test_no_token_any);
 
   return g_test_run ();
 }

@@ -510,6 +510,75 @@ test_bad_environment (void)
                          "WORLD_SIZE above the 1024 ranks a UCX mesh holds");
 }
 
+/* Numbers and addresses as launchers write them, and nothing else: the
+ * C library's readers take more than that. */
+static void
+test_strict_environment (void)
+{
+  g_test_summary ("A sign, a leading zero or an old numeric address form is refused, naming the "
+                  "variable and its value");
+  check_bad_environment (SETTINGS ("MASTER_PORT=+29500"), "MASTER_PORT=\"+29500\": expected a whole number "
+                         "in [1, 65535], in decimal digits alone (no sign, spaces or leading zeros)",
+                         "MASTER_PORT with a plus sign (+29500)");
+  check_bad_environment (SETTINGS ("RANK=-0", "WORLD_SIZE=2"), "RANK=\"-0\": expected a whole number",
+                         "RANK=-0");
+  check_bad_environment (SETTINGS ("RANK=01", "WORLD_SIZE=2"), "RANK=\"01\": expected a whole number",
+                         "RANK with a leading zero (01)");
+  check_bad_environment (SETTINGS ("RANK=0", "WORLD_SIZE= 2"), "WORLD_SIZE=\" 2\": expected a whole number",
+                         "WORLD_SIZE with a leading space");
+  check_bad_environment (SETTINGS ("RANK=0", "WORLD_SIZE=4", "CPMESH_MESH_DIMS=dp=+2,cp=2"),
+                         "CPMESH_MESH_DIMS=\"dp=+2,cp=2\": expected comma-separated NAME=SIZE pairs",
+                         "CPMESH_MESH_DIMS with a signed size");
+  check_bad_environment (SETTINGS ("MASTER_ADDR=0x7f000001"), "MASTER_ADDR=\"0x7f000001\": a numeric form of "
+                         "127.0.0.1 that only some programs read; write 127.0.0.1",
+                         "MASTER_ADDR in hexadecimal (0x7f000001)");
+  check_bad_environment (SETTINGS ("MASTER_ADDR=127.1"), "MASTER_ADDR=\"127.1\": a numeric form of 127.0.0.1",
+                         "MASTER_ADDR in shorthand (127.1)");
+  check_bad_environment (SETTINGS ("MASTER_ADDR=2130706433"), "MASTER_ADDR=\"2130706433\": a numeric form of "
+                         "127.0.0.1", "MASTER_ADDR as one decimal number");
+  check_bad_environment (SETTINGS ("MASTER_ADDR=0177.0.0.1"), "MASTER_ADDR=\"0177.0.0.1\": a numeric form of "
+                         "127.0.0.1", "MASTER_ADDR with an octal part");
+}
+
+/* Values that are not UTF-8, or carry control characters, reach the
+ * message escaped: a binding must be able to convert it, and a terminal
+ * must show it as it is. */
+static void
+check_escaped (const char * const *environment,
+               const char         *text,
+               int                 code,
+               const char         *what)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = cp_test_connect (environment, NULL, &error);
+
+  g_assert_null (mesh);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, code, "CpMesh (ucx)", what);
+  g_assert_true (g_utf8_validate (error->message, -1, NULL));
+  g_assert_null (strchr (error->message, '\033'));
+  g_assert_null (strchr (error->message, '\n'));
+  if (strstr (error->message, text) == NULL)
+    g_error ("expected \"%s\" in \"%s\"", text, error->message);
+}
+
+static void
+test_environment_not_utf8 (void)
+{
+  g_test_summary ("Environment values that are not UTF-8 or hold control characters are escaped in "
+                  "messages");
+  check_escaped (SETTINGS ("MASTER_ADDR=host\xff\xfe"), "MASTER_ADDR=\"host\\xff\\xfe\": expected a host name",
+                 CP_MESH_ERROR_INVALID_TOPOLOGY, "MASTER_ADDR that is not UTF-8");
+  check_escaped (SETTINGS ("CPMESH_TRANSPORT=u\xe9" "cx"), "transport \"u\\xe9cx\" is not built into",
+                 CP_MESH_ERROR_UNSUPPORTED, "CPMESH_TRANSPORT that is not UTF-8");
+  check_escaped (SETTINGS ("CPMESH_TRANSPORT=\033[31mred\n"), "transport \"\\x1b[31mred\\x0a\" is not",
+                 CP_MESH_ERROR_UNSUPPORTED, "CPMESH_TRANSPORT with an ANSI escape and a newline");
+  check_escaped (SETTINGS ("RANK=\xc3", "WORLD_SIZE=2"), "RANK=\"\\xc3\": expected a whole number",
+                 CP_MESH_ERROR_INVALID_TOPOLOGY, "RANK that is not UTF-8");
+  check_escaped (SETTINGS ("RANK=0", "WORLD_SIZE=2", "CPMESH_MESH_DIMS=c\xffp=2"),
+                 "CPMESH_MESH_DIMS=\"c\\xffp=2\": expected comma-separated", CP_MESH_ERROR_INVALID_TOPOLOGY,
+                 "CPMESH_MESH_DIMS whose name is not UTF-8");
+}
+
 /* torchrun's variables describe this process even when a surrounding
  * mpirun or srun left theirs. */
 static void
@@ -761,6 +830,8 @@ main (int   argc,
   g_test_init (&argc, &argv, NULL);
 
   g_test_add_func ("/Cp/Ucx/settings/bad-environment", test_bad_environment);
+  g_test_add_func ("/Cp/Ucx/settings/strict-environment", test_strict_environment);
+  g_test_add_func ("/Cp/Ucx/settings/environment-not-utf8", test_environment_not_utf8);
   g_test_add_func ("/Cp/Ucx/settings/launcher-precedence", test_launcher_precedence);
   g_test_add_func ("/Cp/Ucx/settings/explicit", test_explicit);
   g_test_add_func ("/Cp/Ucx/settings/no-launcher", test_no_launcher);

@@ -65,6 +65,8 @@ typedef struct
   GSocketAddress *address;  /* MASTER_ADDR resolved, with the rendezvous port */
   char *interface;          /* the network interface that reaches it */
   gboolean is_loopback;     /* that interface is the loopback one */
+  gboolean is_any;          /* MASTER_ADDR is 0.0.0.0 or ::: rank 0 listens on every
+                             * interface, though joiners reach it over loopback */
 } CpBootstrapRoute;
 
 /* Resolves the rendezvous address of @config and finds the interface

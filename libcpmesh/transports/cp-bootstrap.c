@@ -155,6 +155,8 @@ _cp_bootstrap_find_route (const CpMeshConfig  *config,
   route->address = resolve (config, error);
   if (route->address == NULL)
     return FALSE;
+  route->is_any = g_inet_address_get_is_any (g_inet_socket_address_get_address (
+                                               G_INET_SOCKET_ADDRESS (route->address)));
   local = local_address_towards (route->address, &route_error);
   if (local == NULL)
     {
@@ -191,7 +193,9 @@ describe_address (GSocketAddress *address)
 
 /* Anyone who reaches the gate of a mesh without a token joins it as a
  * rank and receives its data: say so once per process, as a message and
- * not a warning, so that programs (and tests) that chose it go on. */
+ * not a warning, so that programs (and tests) that chose it go on.  A
+ * gate on the unspecified address (0.0.0.0, ::) is reached over
+ * loopback from this host, and from every other host too. */
 static void
 warn_without_token (const CpMeshConfig     *config,
                     const CpBootstrapRoute *route,
@@ -199,10 +203,15 @@ warn_without_token (const CpMeshConfig     *config,
 {
   static gsize warned = 0;
 
-  if (config->token != NULL || route->is_loopback || !g_once_init_enter (&warned))
+  if (config->token != NULL || (route->is_loopback && !route->is_any) || !g_once_init_enter (&warned))
     return;
-  g_message ("CPMESH_TOKEN is not set: any process that reaches %s can join this mesh as a rank "
-             "and receive its data. Give every rank the same secret in CPMESH_TOKEN.", where);
+  if (route->is_any)
+    g_message ("CPMESH_TOKEN is not set: rank 0 listens at %s, on every interface of its host, and "
+               "any process that reaches it can join this mesh as a rank and receive its data. Give "
+               "every rank the same secret in CPMESH_TOKEN.", where);
+  else
+    g_message ("CPMESH_TOKEN is not set: any process that reaches %s can join this mesh as a rank "
+               "and receive its data. Give every rank the same secret in CPMESH_TOKEN.", where);
   g_once_init_leave (&warned, 1);
 }
 
