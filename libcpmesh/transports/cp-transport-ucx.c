@@ -382,12 +382,13 @@ break_mesh (UcxTransport    *self,
                 op->comm, op->call);
 }
 
-/* Whatever a peer sent, a CpMeshError code and a message in UTF-8. */
+/* Whatever a peer sent, a CpMeshError code and a message in UTF-8
+ * without control characters. */
 static GError *
 read_failure (const Notice *notice)
 {
   guint32 code = GUINT32_FROM_LE (notice->code);
-  g_autofree char *text = g_utf8_make_valid (notice->text, strnlen (notice->text, sizeof notice->text));
+  g_autofree char *text = _cp_mesh_escape_text (notice->text, strnlen (notice->text, sizeof notice->text));
 
   if (code > CP_MESH_ERROR_CANCELLED)
     code = CP_MESH_ERROR_FAILED;
