@@ -492,6 +492,31 @@ recv_timeout_rank (CpMesh   *mesh,
                        "send to a peer that never receives, within the timeout");
 }
 
+/* A timeout of 0 has no meaning a caller could count on: it is refused
+ * loudly, and the mesh keeps the timeout it had. */
+static void
+test_timeout_zero (void)
+{
+  GList *meshes = cp_test_local_group ("cp", 1);
+  CpMesh *mesh = meshes->data;
+
+  g_test_summary ("set_timeout_ms (0) is a critical naming the value and the timeout kept");
+  cp_mesh_set_timeout_ms (mesh, 250);
+  g_test_expect_message ("Cp", G_LOG_LEVEL_CRITICAL, "cp_mesh_set_timeout_ms: a timeout of 0 ms is out of "
+                         "[1, 2147483647]; the mesh keeps its timeout of 250 ms");
+  cp_mesh_set_timeout_ms (mesh, 0);
+  g_test_assert_expected_messages ();
+  g_assert_cmpuint (cp_mesh_get_timeout_ms (mesh), ==, 250);
+  cp_test_record_outcome ("CpMesh", "set_timeout_ms (0)", "critical, timeout kept",
+                          "cp_mesh_set_timeout_ms: a timeout of 0 ms is out of [1, 2147483647]; the mesh "
+                          "keeps its timeout of 250 ms");
+  g_test_expect_message ("Cp", G_LOG_LEVEL_CRITICAL, "*a timeout of 2147483648 ms is out of*");
+  cp_mesh_set_timeout_ms (mesh, (guint) G_MAXINT + 1);
+  g_test_assert_expected_messages ();
+  g_assert_cmpuint (cp_mesh_get_timeout_ms (mesh), ==, 250);
+  cp_test_free_group (meshes);
+}
+
 static void
 test_p2p_timeout (void)
 {
@@ -806,6 +831,7 @@ main (int   argc,
 
   g_test_add_func ("/Cp/Mesh/local-group/properties", test_properties);
   g_test_add_func ("/Cp/Mesh/local-group/bad-dims", test_bad_dims);
+  g_test_add_func ("/Cp/Mesh/timeout/zero", test_timeout_zero);
   g_test_add_func ("/Cp/Mesh/all-gather/every-dim", test_all_gather);
   g_test_add_func ("/Cp/Mesh/all-gather/into", test_all_gather_into);
   g_test_add_func ("/Cp/Mesh/all-to-all/values", test_all_to_all);
