@@ -359,6 +359,67 @@ test_all_reduce (void)
         }
 }
 
+/* Element i of rank r: negative for odd i, and past 2^32 in magnitude
+ * for 64-bit integers, so that a reduction computed in 32 bits, or one
+ * that drops the sign, shows; the sums stay exact in a double. */
+static gint64
+wide_value (CpDType dtype,
+            int     r,
+            gint64  i)
+{
+  gint64 magnitude = dtype == CP_DTYPE_INT64 ? (G_GINT64_CONSTANT (1) << 33) * (r + 1) + 7 * i + r
+                                             : 1000 * (r + 1) + 7 * i + r;
+
+  return (i % 2 != 0 ? -magnitude : magnitude) + (i % 3 == 0 ? 3 * r : -5 * r);
+}
+
+static void
+wide_reduce_rank (CpMesh   *mesh,
+                  gpointer  user_data)
+{
+  const ReduceCase *c = user_data;
+  const gint64 shape[] = { 12 };
+  int n = cp_mesh_get_world_size (mesh), me = cp_mesh_get_rank (mesh);
+  g_autoptr(CpTensor) host = cp_tensor_new (c->dtype, shape, 1, NULL);
+  g_autoptr(CpTensor) t = NULL;
+  g_autoptr(GError) error = NULL;
+
+  for (gint64 i = 0; i < shape[0]; i++)
+    cp_tensor_set_value (host, i, (double) wide_value (c->dtype, me, i));
+  t = cp_test_on_device (g_steal_pointer (&host));
+  g_assert_true (cp_mesh_all_reduce (mesh, t, c->op, &error));
+  g_assert_no_error (error);
+  for (gint64 i = 0; i < shape[0]; i++)
+    {
+      gint64 want = wide_value (c->dtype, 0, i);
+
+      for (int r = 1; r < n; r++)
+        {
+          gint64 v = wide_value (c->dtype, r, i);
+
+          want = c->op == CP_REDUCE_OP_SUM ? want + v : c->op == CP_REDUCE_OP_MAX ? MAX (want, v) : MIN (want, v);
+        }
+      g_assert_cmpint ((gint64) cp_tensor_get_value (t, i), ==, want);
+    }
+}
+
+static void
+test_all_reduce_wide (void)
+{
+  g_test_summary ("all_reduce of signed integers, negative and, for int64, past 2^32, is exact for "
+                  "sum, max and min");
+  for (int n = 2; n <= 3; n++)
+    for (guint d = 0; d < 2; d++)
+      for (int op = CP_REDUCE_OP_SUM; op <= CP_REDUCE_OP_MIN; op++)
+        {
+          GList *meshes = cp_test_local_group ("cp", n);
+          ReduceCase c = { d == 0 ? CP_DTYPE_INT64 : CP_DTYPE_INT32, op };
+
+          cp_test_run_ranks (meshes, wide_reduce_rank, &c);
+          cp_test_free_group (meshes);
+        }
+}
+
 static void
 broadcast_rank (CpMesh   *mesh,
                 gpointer  user_data)
@@ -837,6 +898,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Mesh/all-to-all/values", test_all_to_all);
   g_test_add_func ("/Cp/Mesh/all-to-all/indivisible", test_all_to_all_indivisible);
   g_test_add_func ("/Cp/Mesh/all-reduce/every-dtype-op", test_all_reduce);
+  g_test_add_func ("/Cp/Mesh/all-reduce/wide-integers", test_all_reduce_wide);
   g_test_add_func ("/Cp/Mesh/in-place/shared-buffer", test_shared_buffer);
   g_test_add_func ("/Cp/Mesh/broadcast/root", test_broadcast);
   g_test_add_func ("/Cp/Mesh/send-recv/ring", test_send_recv_ring);
