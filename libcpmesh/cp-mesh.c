@@ -1005,7 +1005,7 @@ agree_on_host (CpMesh        *self,
       unpack_descriptor (table + (gsize) r * DESCRIPTOR_WORDS, &descs[r]);
       order[r] = &descs[r];
     }
-  return _cp_collective_check_agreement (order, n, error);
+  return _cp_collective_check_agreement (order, n, self->comm->transport->rank, error);
 }
 
 /* The communicator that moves memory of kind @device, or NULL. */

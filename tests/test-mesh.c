@@ -677,6 +677,14 @@ disagree_rank (CpMesh   *mesh,
       CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpMesh",
                            "a collective whose ranks pass different local arguments (dimension)");
       g_assert_nonnull (strstr (error->message, "communicator rank 1: all_gather: dimension 3"));
+      {
+        /* Every rank says who it is first: the mistake is rank 1's. */
+        g_autofree char *speaker = g_strdup_printf ("mesh rank %d: communicator rank 1: all_gather: ",
+                                                    cp_mesh_get_rank (mesh));
+
+        if (!g_str_has_prefix (error->message, speaker))
+          g_error ("expected \"%s...\", got \"%s\"", speaker, error->message);
+      }
       break;
     }
 }

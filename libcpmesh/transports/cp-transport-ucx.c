@@ -1346,7 +1346,8 @@ ucx_collective (CpComm        *parent,
   alloc_scratch (comm, coll, &scratch);
   descs = exchange_descriptors (&call, deadline, error);
   ok = descs != NULL &&
-       _cp_collective_check_agreement ((const CpCollective * const *) descs, parent->size, error);
+       _cp_collective_check_agreement ((const CpCollective * const *) descs, parent->size,
+                                       parent->transport->rank, error);
   if (descs != NULL)
     descriptors_free (descs, parent->size, parent->index);
   ok = ok && run_data_phase (&call, &scratch, deadline, error);
