@@ -32,8 +32,9 @@
  *   collectives:     sequence (32 bits) | phase (3) | sender's index (10)
  *   point-to-point:  kind (2) | user tag (33) | sender's index (10)
  *
- * The sequence numbers a communicator's collectives in its tags.  It
- * wraps after 2^32 calls, and that aliases nothing: a rank cannot finish
+ * The sequence numbers a communicator's collectives in its tags, from 1
+ * as messages number them ("all_gather #4" has sequence 4).  It wraps
+ * after 2^32 calls, and that aliases nothing: a rank cannot finish
  * a collective before every member has sent it everything, so the
  * messages in flight on a communicator belong to two consecutive calls
  * at most — and after a failure, which could leave older messages
@@ -119,7 +120,7 @@ typedef struct
   char *key;
   guint32 id;
   guint64 key_hash;        /* names it in notices */
-  guint32 sequence;        /* of the next collective, in tags */
+  guint32 sequence;        /* of the last collective, in tags: its number, mod 2^32 */
   guint64 calls;           /* collectives started, as errors number them */
   guint operation;         /* the running collective, as fault injection counts */
 } UcxComm;
@@ -1331,7 +1332,8 @@ ucx_collective (CpComm        *parent,
                 GError       **error)
 {
   UcxComm *comm = (UcxComm *) parent;
-  Call call = { comm, coll, comm->sequence++ };
+  /* The Nth collective is "#N" in messages and N in its tags. */
+  Call call = { comm, coll, ++comm->sequence };
   Scratch scratch = { NULL, 0, NULL, 0 };
   CpCollective **descs;
   gboolean ok;
