@@ -1,4 +1,4 @@
-/* test-ucx-address.c: a rank that holds the token offers a malformed UCX worker address
+/* test-ucx-address.c: what UCX itself reads from peers: worker addresses, and its TCP port
  *
  * A worker address is the one blob of a peer that UCX parses itself, and
  * UCX 1.13 trusts it: a version it does not know is an assertion that
@@ -8,10 +8,17 @@
  * rank 0 and as rank 0 to the joiners: every real rank must fail with
  * CP_MESH_ERROR_TRANSPORT naming the address, and none may abort.
  *
+ * UCX's TCP transport listens for anyone, and UCX 1.13 aborts on a
+ * stranger's bytes there; a rank whose UCX uses TCP on an interface
+ * other hosts reach says so.
+ *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <ifaddrs.h>
 #include <math.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <string.h>
 
 #include "cp-bootstrap-private.h"
@@ -367,6 +374,88 @@ test_from_rank_0 (void)
   cp_test_group_clear (&group);
 }
 
+/* ---- UCX's TCP port ---- */
+
+/* An interface other hosts may reach (up, with an IPv4 address, not
+ * loopback), or NULL. */
+static char *
+outside_interface (void)
+{
+  struct ifaddrs *list = NULL;
+  char *name = NULL;
+
+  if (getifaddrs (&list) != 0)
+    return NULL;
+  for (struct ifaddrs *ifa = list; ifa != NULL && name == NULL; ifa = ifa->ifa_next)
+    if (ifa->ifa_addr != NULL && ifa->ifa_addr->sa_family == AF_INET && (ifa->ifa_flags & IFF_UP) &&
+        !(ifa->ifa_flags & IFF_LOOPBACK))
+      name = g_strdup (ifa->ifa_name);
+  freeifaddrs (list);
+  return name;
+}
+
+static void
+count_tcp_message (const char     *domain,
+                   GLogLevelFlags  level,
+                   const char     *message,
+                   gpointer        user_data)
+{
+  if (strstr (message, "UCX uses TCP") != NULL)
+    (*(guint *) user_data)++;
+}
+
+static void
+start_worker (CpBootstrapRoute *route)
+{
+  g_autoptr(GError) error = NULL;
+  CpUcxWorker *worker = _cp_ucx_worker_new (1000, route, &error);
+
+  g_assert_no_error (error);
+  _cp_ucx_worker_free (worker);
+}
+
+static void
+test_tcp_reachable (void)
+{
+  g_autofree char *device = outside_interface ();
+  CpBootstrapRoute route = { NULL, device, FALSE };
+  g_autofree char *pattern = g_strdup_printf ("UCX uses TCP on %s: any process that reaches that network "
+                                              "can connect to this rank's UCX port*", device);
+  guint seen = 0;
+  guint handler;
+
+  g_test_summary ("A rank whose UCX uses TCP on an interface other hosts reach says so, once");
+  if (device == NULL)
+    {
+      g_test_skip ("this host has no interface but loopback");
+      return;
+    }
+  g_test_expect_message ("Cp", G_LOG_LEVEL_MESSAGE, pattern);
+  start_worker (&route);
+  g_test_assert_expected_messages ();
+  handler = g_log_set_handler ("Cp", G_LOG_LEVEL_MESSAGE, count_tcp_message, &seen);
+  start_worker (&route);
+  g_log_remove_handler ("Cp", handler);
+  g_assert_cmpuint (seen, ==, 0);
+}
+
+static void
+test_tcp_loopback (void)
+{
+  CpBootstrapRoute route = { NULL, NULL, TRUE };
+  guint seen = 0;
+  guint handler = g_log_set_handler ("Cp", G_LOG_LEVEL_MESSAGE, count_tcp_message, &seen);
+
+  g_test_summary ("Ranks that meet over loopback (shared memory), or whose TCP keeps to loopback, "
+                  "say nothing of TCP");
+  start_worker (&route);
+  g_setenv ("UCX_TLS", "tcp,self", TRUE);
+  g_setenv ("UCX_NET_DEVICES", "lo", TRUE);
+  start_worker (&route);
+  g_log_remove_handler ("Cp", handler);
+  g_assert_cmpuint (seen, ==, 0);
+}
+
 int
 main (int    argc,
       char **argv)
@@ -379,5 +468,7 @@ main (int    argc,
   g_test_add_func ("/Cp/Ucx/address/real", test_real_address);
   g_test_add_func ("/Cp/Ucx/address/insider/joiner", test_from_joiner);
   g_test_add_func ("/Cp/Ucx/address/insider/rank-0", test_from_rank_0);
+  g_test_add_func ("/Cp/Ucx/tcp/reachable", test_tcp_reachable);
+  g_test_add_func ("/Cp/Ucx/tcp/loopback", test_tcp_loopback);
   return g_test_run ();
 }
