@@ -426,8 +426,9 @@ drain (UcxTransport *self)
 }
 
 /* With the lock held, after progress: adopts the failure a notice that
- * arrived names.  One is enough; anything else is ignored and the rank
- * listens again. */
+ * arrived names.  One is enough, but the rank listens on: every other
+ * rank that fails sends one too, and a notice nobody receives stays
+ * queued in UCX until the worker goes. */
 static void
 read_notices (UcxTransport *self)
 {
@@ -435,11 +436,8 @@ read_notices (UcxTransport *self)
   if (!_cp_ucx_op_poll (&self->notice_recv) || self->notice_recv.status == UCS_ERR_CANCELED)
     return;
   if (self->notice_recv.status == UCS_OK && GUINT32_FROM_LE (self->inbox.magic) == NOTICE_MAGIC)
-    {
-      set_broken (self, read_failure (&self->inbox), GUINT64_FROM_LE (self->inbox.comm),
-                  GUINT64_FROM_LE (self->inbox.call));
-      return;
-    }
+    set_broken (self, read_failure (&self->inbox), GUINT64_FROM_LE (self->inbox.comm),
+                GUINT64_FROM_LE (self->inbox.call));
   self->listening = FALSE;
   listen_for_notices (self);
 }
@@ -1544,18 +1542,75 @@ ucx_wait (CpComm     *parent,
 
 /* ---- the transport ---- */
 
+/* Receives into @buffer the message @message of @length bytes, until
+ * @deadline at most; FALSE if it was still arriving then, and UCX may
+ * still write @buffer. */
+static gboolean
+take_message (UcxTransport      *self,
+              ucp_tag_message_h  message,
+              void              *buffer,
+              gsize              length,
+              gint64             deadline)
+{
+  ucp_request_param_t param = { 0 };
+  CpUcxOp op = { .is_recv = TRUE, .peer = -1 };
+  guint idle = 0;
+
+  _cp_ucx_op_begin (&op, ucp_tag_msg_recv_nbx (self->worker->worker, buffer, length, message, &param));
+  while (!_cp_ucx_op_poll (&op) && g_get_monotonic_time () < deadline)
+    if (ucp_worker_progress (self->worker->worker) == 0)
+      _cp_ucx_idle (&idle);
+  if (op.request == NULL)
+    return TRUE;
+  _cp_ucx_op_clear (&op);
+  return FALSE;
+}
+
+/* With the lock held, before the worker goes: receives and drops every
+ * tagged message still queued — what a failure left in flight (the mesh
+ * posts nothing more once broken), or a notice that came as the rank
+ * left.  UCX would warn of each one left unmatched when the worker is
+ * destroyed, on standard output, in the middle of the program's own
+ * output. */
+static void
+discard_unexpected (UcxTransport *self,
+                    gint64        deadline)
+{
+  for (;;)
+    {
+      ucp_tag_recv_info_t info;
+      ucp_tag_message_h message;
+      void *buffer;
+
+      drain (self);
+      message = ucp_tag_probe_nb (self->worker->worker, 0, 0, 1, &info);
+      if (message == NULL)
+        return;
+      buffer = g_malloc (MAX (info.length, 1));
+      if (take_message (self, message, buffer, info.length, deadline))
+        g_free (buffer);
+      else
+        _cp_ucx_worker_retain (self->worker, buffer, g_free);
+    }
+}
+
 static void
 ucx_transport_free (CpTransport *transport)
 {
   UcxTransport *self = (UcxTransport *) transport;
   gboolean graceful;
 
-  stop_listening (self);
   lock (self);
   graceful = self->broken == NULL;
   unlock (self);
+  /* Still listening for notices while the endpoints close: one may be on
+   * its way. */
   _cp_ucx_close_endpoints (self->worker, self->peers, (guint) transport->world_size, graceful,
                            g_get_monotonic_time () + CLOSE_GRACE_US);
+  stop_listening (self);
+  lock (self);
+  discard_unexpected (self, g_get_monotonic_time () + NOTICE_GRACE_US);
+  unlock (self);
   _cp_ucx_worker_free (self->worker);
   g_free (self->peers);
   g_ptr_array_unref (self->comms);
