@@ -1542,36 +1542,33 @@ ucx_wait (CpComm     *parent,
 
 /* ---- the transport ---- */
 
-/* Receives into @buffer the message @message of @length bytes, until
- * @deadline at most; FALSE if it was still arriving then, and UCX may
- * still write @buffer. */
-static gboolean
-take_message (UcxTransport      *self,
+/* Receives @message into nothing, until @deadline at most: UCX drops
+ * the bytes of a short message, and answers a long one's sender (which
+ * sent only its announcement) that it is done, so that its request
+ * completes too. */
+static void
+drop_message (UcxTransport      *self,
               ucp_tag_message_h  message,
-              void              *buffer,
-              gsize              length,
               gint64             deadline)
 {
   ucp_request_param_t param = { 0 };
   CpUcxOp op = { .is_recv = TRUE, .peer = -1 };
   guint idle = 0;
 
-  _cp_ucx_op_begin (&op, ucp_tag_msg_recv_nbx (self->worker->worker, buffer, length, message, &param));
+  _cp_ucx_op_begin (&op, ucp_tag_msg_recv_nbx (self->worker->worker, NULL, 0, message, &param));
   while (!_cp_ucx_op_poll (&op) && g_get_monotonic_time () < deadline)
     if (ucp_worker_progress (self->worker->worker) == 0)
       _cp_ucx_idle (&idle);
-  if (op.request == NULL)
-    return TRUE;
   _cp_ucx_op_clear (&op);
-  return FALSE;
 }
 
-/* With the lock held, before the worker goes: receives and drops every
- * tagged message still queued — what a failure left in flight (the mesh
- * posts nothing more once broken), or a notice that came as the rank
- * left.  UCX would warn of each one left unmatched when the worker is
- * destroyed, on standard output, in the middle of the program's own
- * output. */
+/* With the lock held, before the worker goes: receives into nothing
+ * every tagged message still queued — what a failure left in flight
+ * (the mesh posts nothing more once broken), or a notice that came as
+ * the rank left.  UCX would warn of each one left unmatched when the
+ * worker is destroyed, on standard output, amid the program's own
+ * output; and the sender of a long one would wait for an answer until
+ * its own teardown. */
 static void
 discard_unexpected (UcxTransport *self,
                     gint64        deadline)
@@ -1580,17 +1577,12 @@ discard_unexpected (UcxTransport *self,
     {
       ucp_tag_recv_info_t info;
       ucp_tag_message_h message;
-      void *buffer;
 
       drain (self);
       message = ucp_tag_probe_nb (self->worker->worker, 0, 0, 1, &info);
       if (message == NULL)
         return;
-      buffer = g_malloc (MAX (info.length, 1));
-      if (take_message (self, message, buffer, info.length, deadline))
-        g_free (buffer);
-      else
-        _cp_ucx_worker_retain (self->worker, buffer, g_free);
+      drop_message (self, message, deadline);
     }
 }
 
@@ -1600,11 +1592,13 @@ ucx_transport_free (CpTransport *transport)
   UcxTransport *self = (UcxTransport *) transport;
   gboolean graceful;
 
+  /* Leftovers first, while their senders' endpoints are open to hear
+   * that they are done with; then, still listening for notices while the
+   * endpoints close (one may be on its way), whatever came meanwhile. */
   lock (self);
   graceful = self->broken == NULL;
+  discard_unexpected (self, g_get_monotonic_time () + NOTICE_GRACE_US);
   unlock (self);
-  /* Still listening for notices while the endpoints close: one may be on
-   * its way. */
   _cp_ucx_close_endpoints (self->worker, self->peers, (guint) transport->world_size, graceful,
                            g_get_monotonic_time () + CLOSE_GRACE_US);
   stop_listening (self);
