@@ -818,6 +818,13 @@ test_no_token_any (gconstpointer data)
 
   g_test_summary ("A mesh whose rank 0 listens on the unspecified address, without CPMESH_TOKEN, "
                   "says that every interface is open");
+  /* The message comes once per process: with every subtest in one
+   * process, /Cp/Ucx/exposure/no-token has had it. */
+  if (g_getenv ("CP_TEST_IN_PROCESS") != NULL)
+    {
+      g_test_skip ("the message is said once per process, and every subtest runs in one");
+      return;
+    }
   g_test_expect_message ("Cp", G_LOG_LEVEL_MESSAGE, "CPMESH_TOKEN is not set: rank 0 listens at *, on every "
                          "interface of its host, and any process that reaches it can join*");
   error = fail_to_connect (SETTINGS ("RANK=0", "WORLD_SIZE=2", master, port, "CPMESH_TIMEOUT_MS=200"));
