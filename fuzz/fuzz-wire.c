@@ -2,7 +2,8 @@
  *
  * Input: byte 0 picks the message (the rendezvous greeting, a frame's
  * head, a joiner's hello, rank 0's verdict or address table, a
- * collective's descriptor, a point-to-point header), byte 1 carries
+ * collective's descriptor, a point-to-point header, a peer's UCX worker
+ * address), byte 1 carries
  * options (bit 0: give the message a valid proof of the token, so that
  * the checks past the proof run; the other bits: the table's world size),
  * and the rest is the message, fed to its parser in cp-bootstrap-wire.c
@@ -23,7 +24,9 @@
  *     judgement of a hello is an acceptance only with a valid proof, else
  *     a CpMeshError code with a reason;
  *   - descriptors and headers can be described and compared (the
- *     messages that name them read every field) without error.
+ *     messages that name them read every field) without error;
+ *   - a worker address that parses has at most 128 transports and is
+ *     accepted when checked against itself.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -45,6 +48,7 @@ enum
   TABLE,
   DESCRIPTOR,
   HEADER,
+  ADDRESS,
   N_MESSAGES,
 };
 
@@ -246,7 +250,7 @@ check_agreement (const CpCollective *peer)
   const CpCollective *descs[] = { &mine, peer };
   g_autoptr(GError) error = NULL;
 
-  if (!_cp_collective_check_agreement (descs, 2, &error))
+  if (!_cp_collective_check_agreement (descs, 2, 0, &error))
     fuzz_assert_rejected (error);
   else
     g_assert_null (peer->invalid);
@@ -300,6 +304,23 @@ fuzz_header (const guint8 *data,
     }
 }
 
+static void
+fuzz_address (GBytes *address)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GArray) entries = _cp_ucx_address_parse (g_bytes_get_data (address, NULL),
+                                                     g_bytes_get_size (address), &error);
+
+  if (entries == NULL)
+    {
+      assert_mesh_error (error);
+      return;
+    }
+  g_assert_cmpuint (entries->len, <=, 128);
+  g_assert_true (_cp_ucx_address_check (address, address, &error));
+  g_assert_no_error (error);
+}
+
 int LLVMFuzzerTestOneInput (const uint8_t *data, size_t size);
 
 int
@@ -332,6 +353,9 @@ LLVMFuzzerTestOneInput (const uint8_t *data,
       break;
     case DESCRIPTOR:
       fuzz_descriptor (in.data, in.size);
+      break;
+    case ADDRESS:
+      fuzz_address (payload);
       break;
     default:
       fuzz_header (in.data, in.size);

@@ -1138,8 +1138,9 @@ cp_context_enter_finish (CpContext     *self,
 /**
  * cp_context_exit_async:
  * @self: an entered context
- * @cancellable: (nullable): cancels the call before it begins, which
- *   breaks the mesh on every rank ([Threading](threading.html))
+ * @cancellable: (nullable): cancels the call before it begins: it then
+ *   fails on this rank alone with %CP_MESH_ERROR_CANCELLED, the context
+ *   still entered, and the mesh is left whole
  * @callback: called in the thread-default main context of the caller
  *   when done
  * @user_data: data for @callback
@@ -1148,6 +1149,11 @@ cp_context_enter_finish (CpContext     *self,
  * for the other ranks; the pair lets a program that drives its ranks from
  * a main loop chain every step of a context the same way. The context
  * and its buffers belong to the call until @callback runs.
+ *
+ * Since no peer waits in an exit, its cancellation concerns this rank
+ * alone: the other ranks' exits succeed and their meshes work on, and
+ * this rank may exit again. (A cancelled call that communicates breaks
+ * the mesh on every rank instead, since peers may wait in it.)
  *
  * Since: 1.0
  */
@@ -1159,7 +1165,9 @@ cp_context_exit_async (CpContext           *self,
 {
   g_return_if_fail (CP_IS_CONTEXT (self));
 
-  _cp_task_start (self, self->mesh, "exit", cp_context_exit_async, _cp_task_run_plain,
+  /* No mesh: the call waits on no peer, so a cancellation before it
+   * begins has nothing to break (cp-task.c). */
+  _cp_task_start (self, NULL, "exit", cp_context_exit_async, _cp_task_run_plain,
                   &(CpTaskArgs) { .blocking = G_CALLBACK (cp_context_exit) },
                   cancellable, callback, user_data);
 }

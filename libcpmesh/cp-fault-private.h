@@ -7,7 +7,9 @@
  *
  * A test arms one fault at a time.  It strikes one rank (a world rank of
  * one backend, "local" or "ucx") at one of its collectives, counted from
- * 0 since the fault was armed, at one step of it:
+ * 1 since the fault was armed — the first call after arming is
+ * operation 1, as error messages number a communicator's calls from 1 —
+ * at one step of it:
  *
  *   descriptor  the rank's description of the call, which is also its
  *               arrival: the in-process backend's only message, since
@@ -17,7 +19,7 @@
  *   result      an all_reduce's second exchange, of the reduced slices
  *               (UCX only)
  *   hello       a joiner's HELLO to rank 0 during the rendezvous (UCX
- *               only; its operation is always 0)
+ *               only; its operation is always 0, before any call)
  *
  * Each point-to-point request (the send and the receive of a send_recv
  * are two) counts as an operation too.  A send's descriptor step is its
@@ -65,7 +67,7 @@ typedef struct
   CpFaultKind kind;
   const char *backend;  /* "local" or "ucx" */
   int rank;             /* the world rank it strikes */
-  guint operation;      /* which of the rank's collectives, from 0 */
+  guint operation;      /* which of the rank's collectives, from 1; 0: the rendezvous */
   CpFaultStep step;
   guint delay_ms;       /* CP_FAULT_DELAY */
 } CpFault;
@@ -79,8 +81,8 @@ void        _cp_fault_arm               (const CpFault *fault);
  * calling thread. */
 void        _cp_fault_disarm            (void);
 
-/* Called by a backend as rank @rank starts a collective: its index since
- * the fault was armed. */
+/* Called by a backend as rank @rank starts a collective: its number
+ * since the fault was armed, from 1. */
 guint       _cp_fault_begin_operation   (const char    *backend,
                                          int            rank);
 

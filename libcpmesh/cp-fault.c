@@ -61,7 +61,7 @@ _cp_fault_begin_operation (const char *backend,
   if (rank < 0 || rank >= MAX_RANKS)
     return G_MAXUINT;
   _cp_mutex_lock (&fault_lock);
-  operation = operations[backend_index (backend)][rank]++;
+  operation = ++operations[backend_index (backend)][rank];
   _cp_mutex_unlock (&fault_lock);
   return operation;
 }

@@ -769,10 +769,16 @@ cp_mesh_get_timeout_ms (CpMesh *self)
 /**
  * cp_mesh_set_timeout_ms:
  * @self: a mesh
- * @timeout_ms: the timeout in milliseconds, at least 1
+ * @timeout_ms: the timeout in milliseconds, in `[1, G_MAXINT]`
  *
  * Sets how long blocking calls wait for the other ranks. Submeshes made
  * afterwards inherit it.
+ *
+ * There is no timeout of 0: neither "wait forever" (a mesh never hangs)
+ * nor "do not wait" (ranks always wait for each other) would be what
+ * every caller meant. A value out of range is a programmer error: it is
+ * reported as a critical naming the value, and the mesh keeps the
+ * timeout it had.
  *
  * Since: 1.0
  */
@@ -781,7 +787,13 @@ cp_mesh_set_timeout_ms (CpMesh *self,
                         guint   timeout_ms)
 {
   g_return_if_fail (CP_IS_MESH (self));
-  g_return_if_fail (timeout_ms >= 1 && timeout_ms <= G_MAXINT);
+
+  if (timeout_ms < 1 || timeout_ms > G_MAXINT)
+    {
+      g_critical ("cp_mesh_set_timeout_ms: a timeout of %u ms is out of [1, %d]; the mesh keeps its "
+                  "timeout of %u ms", timeout_ms, G_MAXINT, self->timeout_ms);
+      return;
+    }
 
   if (self->timeout_ms == timeout_ms)
     return;
@@ -993,7 +1005,7 @@ agree_on_host (CpMesh        *self,
       unpack_descriptor (table + (gsize) r * DESCRIPTOR_WORDS, &descs[r]);
       order[r] = &descs[r];
     }
-  return _cp_collective_check_agreement (order, n, error);
+  return _cp_collective_check_agreement (order, n, self->comm->transport->rank, error);
 }
 
 /* The communicator that moves memory of kind @device, or NULL. */

@@ -14,7 +14,7 @@
  *
  * then joins the mesh the environment describes and plays SCENARIO:
  *
- *   all-reduce  a barrier (operation 0), then an all_reduce (operation 1)
+ *   all-reduce  a barrier (operation 1), then an all_reduce (operation 2)
  *               of a tensor of its own, timed: "RESULT DOMAIN CODE MS
  *               INTACT", DOMAIN "-" and CODE 0 for success (the sum
  *               checked), else the error's domain and code, with its

@@ -464,6 +464,56 @@ test_batch_calls (gconstpointer data)
   cp_test_loop_ranks_clear (&ranks);
 }
 
+/* An exit waits on no peer: cancelled before it begins, it fails on its
+ * rank alone, and every rank's mesh works on. */
+static void
+test_exit_cancelled_before (void)
+{
+  const int n = 2;
+  Ranks ranks;
+  Batches b;
+  g_autoptr(GCancellable) cancellable = g_cancellable_new ();
+
+  g_test_summary ("exit_async cancelled before it begins fails on that rank alone, with "
+                  "CP_MESH_ERROR_CANCELLED; the others exit, and the mesh works on for all");
+  cp_test_loop_ranks_init (&ranks, n, TIMEOUT_MS);
+  batches_init (&b, n);
+  prepare_all (&ranks, &b);
+  enter_all (&ranks, &b);
+  g_cancellable_cancel (cancellable);
+  cp_context_exit_async (b.contexts[0], cancellable, DONE (&ranks, 0));
+  cp_context_exit_async (b.contexts[1], NULL, DONE (&ranks, 1));
+  cp_test_loop_await_all (&ranks);
+  {
+    g_autoptr(GError) error = NULL;
+
+    g_assert_false (cp_context_exit_finish (b.contexts[0], ranks.results[0], &error));
+    CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED, "CpContext",
+                         "exit_async cancelled before it began (that rank alone fails; the mesh stays whole)");
+    g_assert_cmpstr (error->message, ==, "exit: cancelled before it began");
+    g_assert_true (cp_context_is_entered (b.contexts[0]));
+    g_clear_error (&error);
+    g_assert_true (cp_context_exit_finish (b.contexts[1], ranks.results[1], &error));
+    g_assert_no_error (error);
+  }
+  cp_test_loop_ranks_forget (&ranks);
+  /* The mesh is whole: a barrier of every rank succeeds, and the
+   * cancelled rank exits now. */
+  for (int r = 0; r < n; r++)
+    cp_mesh_barrier_async (ranks.meshes[r], NULL, DONE (&ranks, r));
+  cp_test_loop_await_all (&ranks);
+  for (int r = 0; r < n; r++)
+    {
+      g_autoptr(GError) error = NULL;
+
+      g_assert_true (cp_mesh_barrier_finish (ranks.meshes[r], ranks.results[r], &error));
+      g_assert_no_error (error);
+    }
+  cp_test_exit_ok (b.contexts[0]);
+  batches_clear (&b);
+  cp_test_loop_ranks_clear (&ranks);
+}
+
 /* ---- many ranks at once ---- */
 
 /* More ranks than a bounded pool of workers holds: each call waits for
@@ -726,6 +776,7 @@ main (int   argc,
   g_test_add_data_func ("/Cp/Async/mesh/4", GINT_TO_POINTER (4), test_mesh_calls);
   g_test_add_data_func ("/Cp/Async/batch/2", GINT_TO_POINTER (2), test_batch_calls);
   g_test_add_data_func ("/Cp/Async/batch/4", GINT_TO_POINTER (4), test_batch_calls);
+  g_test_add_func ("/Cp/Async/cancel/before/exit", test_exit_cancelled_before);
   g_test_add_func ("/Cp/Async/pool/many-ranks", test_many_ranks);
   for (gsize i = 0; i < G_N_ELEMENTS (cancel_cases); i++)
     g_test_add_data_func (cancel_cases[i].path, &cancel_cases[i], test_cancel);

@@ -129,7 +129,7 @@ static void
 test_kill (gconstpointer data)
 {
   const char *step = data;
-  g_autofree char *fault = g_strdup_printf ("kill %s 1 1", step);
+  g_autofree char *fault = g_strdup_printf ("kill %s 1 2", step);
   g_autofree char *what = g_strdup_printf ("fault: a rank dies at the %s step of an all_reduce (its peer)",
                                            step);
   CpTestGroup group = { 0 };
@@ -146,7 +146,7 @@ static void
 test_drop (gconstpointer data)
 {
   const char *step = data;
-  g_autofree char *fault = g_strdup_printf ("drop %s 1 1", step);
+  g_autofree char *fault = g_strdup_printf ("drop %s 1 2", step);
   g_autofree char *what = g_strdup_printf ("fault: a rank's %s message of an all_reduce is lost "
                                            "(both ranks)", step);
   CpTestGroup group = { 0 };
@@ -161,7 +161,7 @@ static void
 test_truncate (gconstpointer data)
 {
   const char *step = data;
-  g_autofree char *fault = g_strdup_printf ("truncate %s 1 1", step);
+  g_autofree char *fault = g_strdup_printf ("truncate %s 1 2", step);
   g_autofree char *receiver = g_strdup_printf ("fault: a rank's %s message of an all_reduce arrives "
                                                "cut short (the receiver)", step);
   g_autofree char *sender = g_strdup_printf ("fault: a rank's %s message of an all_reduce arrives "
@@ -183,7 +183,7 @@ test_delay_within (void)
 {
   CpTestGroup group = { 0 };
 
-  run_pair (&group, "delay descriptor 1 1 500", 0);
+  run_pair (&group, "delay descriptor 1 2 500", 0);
   assert_succeeded (group.ranks[0]);
   assert_succeeded (group.ranks[1]);
   cp_test_group_clear (&group);
@@ -195,7 +195,7 @@ test_delay_past (void)
   CpTestGroup group = { 0 };
 
   /* The peer stays until the late rank arrives. */
-  run_pair (&group, "delay descriptor 1 1 4000", 3000);
+  run_pair (&group, "delay descriptor 1 2 4000", 3000);
   assert_failed (group.ranks[0], CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT, TIMEOUT_MS + SLACK_MS,
                  "fault: a rank arrives at an all_reduce later than the timeout (its peer)");
   assert_failed (group.ranks[1], CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT, 2 * TIMEOUT_MS + SLACK_MS,

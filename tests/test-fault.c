@@ -43,7 +43,7 @@ typedef gboolean (*Step) (CpMesh    *mesh,
                           CpTensor  *tensor,
                           GError   **error);
 
-/* A warm-up barrier (the fault counts it as operation 0), then @step on
+/* A warm-up barrier (the fault counts it as operation 1), then @step on
  * a tensor of this rank's, timed, with the tensor compared to a copy
  * taken before. */
 static void
@@ -158,7 +158,7 @@ static CpFault
 fault_at_arrival (CpFaultKind kind,
                   guint       delay_ms)
 {
-  return (CpFault) { kind, "local", 1, 1, CP_FAULT_STEP_DESCRIPTOR, delay_ms };
+  return (CpFault) { kind, "local", 1, 2, CP_FAULT_STEP_DESCRIPTOR, delay_ms };
 }
 
 static void

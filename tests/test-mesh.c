@@ -359,6 +359,67 @@ test_all_reduce (void)
         }
 }
 
+/* Element i of rank r: negative for odd i, and past 2^32 in magnitude
+ * for 64-bit integers, so that a reduction computed in 32 bits, or one
+ * that drops the sign, shows; the sums stay exact in a double. */
+static gint64
+wide_value (CpDType dtype,
+            int     r,
+            gint64  i)
+{
+  gint64 magnitude = dtype == CP_DTYPE_INT64 ? (G_GINT64_CONSTANT (1) << 33) * (r + 1) + 7 * i + r
+                                             : 1000 * (r + 1) + 7 * i + r;
+
+  return (i % 2 != 0 ? -magnitude : magnitude) + (i % 3 == 0 ? 3 * r : -5 * r);
+}
+
+static void
+wide_reduce_rank (CpMesh   *mesh,
+                  gpointer  user_data)
+{
+  const ReduceCase *c = user_data;
+  const gint64 shape[] = { 12 };
+  int n = cp_mesh_get_world_size (mesh), me = cp_mesh_get_rank (mesh);
+  g_autoptr(CpTensor) host = cp_tensor_new (c->dtype, shape, 1, NULL);
+  g_autoptr(CpTensor) t = NULL;
+  g_autoptr(GError) error = NULL;
+
+  for (gint64 i = 0; i < shape[0]; i++)
+    cp_tensor_set_value (host, i, (double) wide_value (c->dtype, me, i));
+  t = cp_test_on_device (g_steal_pointer (&host));
+  g_assert_true (cp_mesh_all_reduce (mesh, t, c->op, &error));
+  g_assert_no_error (error);
+  for (gint64 i = 0; i < shape[0]; i++)
+    {
+      gint64 want = wide_value (c->dtype, 0, i);
+
+      for (int r = 1; r < n; r++)
+        {
+          gint64 v = wide_value (c->dtype, r, i);
+
+          want = c->op == CP_REDUCE_OP_SUM ? want + v : c->op == CP_REDUCE_OP_MAX ? MAX (want, v) : MIN (want, v);
+        }
+      g_assert_cmpint ((gint64) cp_tensor_get_value (t, i), ==, want);
+    }
+}
+
+static void
+test_all_reduce_wide (void)
+{
+  g_test_summary ("all_reduce of signed integers, negative and, for int64, past 2^32, is exact for "
+                  "sum, max and min");
+  for (int n = 2; n <= 3; n++)
+    for (guint d = 0; d < 2; d++)
+      for (int op = CP_REDUCE_OP_SUM; op <= CP_REDUCE_OP_MIN; op++)
+        {
+          GList *meshes = cp_test_local_group ("cp", n);
+          ReduceCase c = { d == 0 ? CP_DTYPE_INT64 : CP_DTYPE_INT32, op };
+
+          cp_test_run_ranks (meshes, wide_reduce_rank, &c);
+          cp_test_free_group (meshes);
+        }
+}
+
 static void
 broadcast_rank (CpMesh   *mesh,
                 gpointer  user_data)
@@ -492,6 +553,31 @@ recv_timeout_rank (CpMesh   *mesh,
                        "send to a peer that never receives, within the timeout");
 }
 
+/* A timeout of 0 has no meaning a caller could count on: it is refused
+ * loudly, and the mesh keeps the timeout it had. */
+static void
+test_timeout_zero (void)
+{
+  GList *meshes = cp_test_local_group ("cp", 1);
+  CpMesh *mesh = meshes->data;
+
+  g_test_summary ("set_timeout_ms (0) is a critical naming the value and the timeout kept");
+  cp_mesh_set_timeout_ms (mesh, 250);
+  g_test_expect_message ("Cp", G_LOG_LEVEL_CRITICAL, "cp_mesh_set_timeout_ms: a timeout of 0 ms is out of "
+                         "[1, 2147483647]; the mesh keeps its timeout of 250 ms");
+  cp_mesh_set_timeout_ms (mesh, 0);
+  g_test_assert_expected_messages ();
+  g_assert_cmpuint (cp_mesh_get_timeout_ms (mesh), ==, 250);
+  cp_test_record_outcome ("CpMesh", "set_timeout_ms (0)", "critical, timeout kept",
+                          "cp_mesh_set_timeout_ms: a timeout of 0 ms is out of [1, 2147483647]; the mesh "
+                          "keeps its timeout of 250 ms");
+  g_test_expect_message ("Cp", G_LOG_LEVEL_CRITICAL, "*a timeout of 2147483648 ms is out of*");
+  cp_mesh_set_timeout_ms (mesh, (guint) G_MAXINT + 1);
+  g_test_assert_expected_messages ();
+  g_assert_cmpuint (cp_mesh_get_timeout_ms (mesh), ==, 250);
+  cp_test_free_group (meshes);
+}
+
 static void
 test_p2p_timeout (void)
 {
@@ -591,6 +677,14 @@ disagree_rank (CpMesh   *mesh,
       CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpMesh",
                            "a collective whose ranks pass different local arguments (dimension)");
       g_assert_nonnull (strstr (error->message, "communicator rank 1: all_gather: dimension 3"));
+      {
+        /* Every rank says who it is first: the mistake is rank 1's. */
+        g_autofree char *speaker = g_strdup_printf ("mesh rank %d: communicator rank 1: all_gather: ",
+                                                    cp_mesh_get_rank (mesh));
+
+        if (!g_str_has_prefix (error->message, speaker))
+          g_error ("expected \"%s...\", got \"%s\"", speaker, error->message);
+      }
       break;
     }
 }
@@ -806,11 +900,13 @@ main (int   argc,
 
   g_test_add_func ("/Cp/Mesh/local-group/properties", test_properties);
   g_test_add_func ("/Cp/Mesh/local-group/bad-dims", test_bad_dims);
+  g_test_add_func ("/Cp/Mesh/timeout/zero", test_timeout_zero);
   g_test_add_func ("/Cp/Mesh/all-gather/every-dim", test_all_gather);
   g_test_add_func ("/Cp/Mesh/all-gather/into", test_all_gather_into);
   g_test_add_func ("/Cp/Mesh/all-to-all/values", test_all_to_all);
   g_test_add_func ("/Cp/Mesh/all-to-all/indivisible", test_all_to_all_indivisible);
   g_test_add_func ("/Cp/Mesh/all-reduce/every-dtype-op", test_all_reduce);
+  g_test_add_func ("/Cp/Mesh/all-reduce/wide-integers", test_all_reduce_wide);
   g_test_add_func ("/Cp/Mesh/in-place/shared-buffer", test_shared_buffer);
   g_test_add_func ("/Cp/Mesh/broadcast/root", test_broadcast);
   g_test_add_func ("/Cp/Mesh/send-recv/ring", test_send_recv_ring);

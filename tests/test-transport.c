@@ -113,10 +113,10 @@ test_agreement_device (void)
   const CpCollective *descs[] = { &host, &cuda };
   g_autoptr(GError) error = NULL;
 
-  g_assert_true (_cp_collective_check_agreement (descs, 2, &error));
+  g_assert_true (_cp_collective_check_agreement (descs, 2, 0, &error));
   g_assert_no_error (error);
   cuda.device = CP_DEVICE_KIND_CUDA;
-  g_assert_false (_cp_collective_check_agreement (descs, 2, &error));
+  g_assert_false (_cp_collective_check_agreement (descs, 2, 0, &error));
   CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_DEVICE, "collective agreement",
                        "ranks that pass different kinds of memory");
   g_assert_nonnull (strstr (error->message, "rank 0 passed host memory, rank 1 passed cuda memory"));

@@ -603,6 +603,7 @@ typedef enum
   IMPOSTOR_FOREIGN,
   IMPOSTOR_OLD,
   IMPOSTOR_UNPROVEN,
+  IMPOSTOR_LOUD,
 } ImpostorKind;
 
 typedef struct
@@ -622,13 +623,16 @@ write_greeting (GOutputStream *out,
   g_assert_true (g_output_stream_write_all (out, greeting, sizeof greeting, NULL, NULL, NULL));
 }
 
-/* Admits the joiner with a verdict that carries no proof of the token. */
+/* Answers the joiner's hello with a verdict of @code and @reason that
+ * carries no proof of the token: an admission (-1), or a refusal. */
 static void
-admit_without_proof (GSocketConnection *connection)
+send_verdict (GSocketConnection *connection,
+              int                code,
+              const char        *reason)
 {
   GInputStream *in = g_io_stream_get_input_stream (G_IO_STREAM (connection));
   GOutputStream *out = g_io_stream_get_output_stream (G_IO_STREAM (connection));
-  g_autoptr(GVariant) body = g_variant_ref_sink (g_variant_new ("(is)", -1, ""));
+  g_autoptr(GVariant) body = g_variant_ref_sink (g_variant_new ("(is)", code, reason));
   gsize size = g_variant_get_size (body);
   g_autofree guint8 *frame = g_malloc0 (4 + size + 32);
   guint8 head[4];
@@ -666,7 +670,12 @@ on_visitor (GSocketService     *service,
       write_greeting (out, "CPMESH\0\1", 8);
       break;
     case IMPOSTOR_UNPROVEN:
-      admit_without_proof (connection);
+      send_verdict (connection, -1, "");
+      break;
+    case IMPOSTOR_LOUD:
+      /* Clears the screen, paints it red and forges a second line. */
+      send_verdict (connection, CP_MESH_ERROR_INVALID_TOPOLOGY,
+                    "\033[2J\033[31mdenied\r\nrank 1: all is well\xc2\x85\xc2\x9b" "31m");
       break;
     case IMPOSTOR_SILENT:
     default:
@@ -708,6 +717,11 @@ check_impostor (ImpostorKind  kind,
                                      "CPMESH_TOKEN=impostor", "CPMESH_TIMEOUT_MS=2000"));
   g_test_message ("%s", error->message);
   CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, code, SUBJECT, what);
+  /* Whatever the process on the port says reaches the message escaped. */
+  for (const char *c = error->message; *c != '\0'; c++)
+    g_assert_cmpint ((guint8) *c, >=, 0x20);
+  g_assert_null (strstr (error->message, "\xc2\x85"));
+  g_assert_null (strstr (error->message, "\xc2\x9b"));
   if (strstr (error->message, text) == NULL)
     g_error ("expected \"%s\" in \"%s\"", text, error->message);
   g_assert_cmpint (g_get_monotonic_time () - started, <, 10 * G_TIME_SPAN_SECOND);
@@ -731,6 +745,9 @@ test_impostor (void)
                   "rank 0 speaks an older rendezvous protocol");
   check_impostor (IMPOSTOR_UNPROVEN, CP_MESH_ERROR_AUTH, "did not prove it holds the mesh token",
                   "a process on the rendezvous port admits the joiner without proving the token");
+  check_impostor (IMPOSTOR_LOUD, CP_MESH_ERROR_INVALID_TOPOLOGY,
+                  "refused this process: \\x1b[2J\\x1b[31mdenied\\x0d\\x0arank 1: all is well\\u0085\\u009b31m",
+                  "a process on the rendezvous port refuses the joiner with ANSI escapes and newlines");
 }
 
 /* ---- no token ---- */
@@ -788,6 +805,35 @@ test_no_token (void)
   g_assert_cmpuint (unexpected, ==, 0);
 }
 
+/* MASTER_ADDR=0.0.0.0 or :: has rank 0 listen on every interface, though
+ * its ranks meet over loopback: the gate is as open as on any other
+ * address, and without a token that is said. */
+static void
+test_no_token_any (gconstpointer data)
+{
+  const char *host = data;
+  g_autofree char *master = g_strdup_printf ("MASTER_ADDR=%s", host);
+  g_autofree char *port = g_strdup_printf ("CPMESH_PORT=%u", cp_test_free_port ());
+  g_autoptr(GError) error = NULL;
+
+  g_test_summary ("A mesh whose rank 0 listens on the unspecified address, without CPMESH_TOKEN, "
+                  "says that every interface is open");
+  /* The message comes once per process: with every subtest in one
+   * process, /Cp/Ucx/exposure/no-token has had it. */
+  if (g_getenv ("CP_TEST_IN_PROCESS") != NULL)
+    {
+      g_test_skip ("the message is said once per process, and every subtest runs in one");
+      return;
+    }
+  g_test_expect_message ("Cp", G_LOG_LEVEL_MESSAGE, "CPMESH_TOKEN is not set: rank 0 listens at *, on every "
+                         "interface of its host, and any process that reaches it can join*");
+  error = fail_to_connect (SETTINGS ("RANK=0", "WORLD_SIZE=2", master, port, "CPMESH_TIMEOUT_MS=200"));
+  g_test_assert_expected_messages ();
+  /* Without IPv6, "::" cannot be listened on, which says so too. */
+  g_assert_true (g_error_matches (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT) ||
+                 (g_str_equal (host, "::") && g_error_matches (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT)));
+}
+
 int
 main (int   argc,
       char *argv[])
@@ -807,6 +853,8 @@ main (int   argc,
   g_test_add_func ("/Cp/Ucx/exposure/interface", test_interface);
   g_test_add_func ("/Cp/Ucx/exposure/impostor", test_impostor);
   g_test_add_func ("/Cp/Ucx/exposure/no-token", test_no_token);
+  g_test_add_data_func ("/Cp/Ucx/exposure/no-token-any/ipv4", "0.0.0.0", test_no_token_any);
+  g_test_add_data_func ("/Cp/Ucx/exposure/no-token-any/ipv6", "::", test_no_token_any);
 
   return g_test_run ();
 }

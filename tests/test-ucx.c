@@ -290,6 +290,39 @@ test_sigkill (void)
   cp_test_group_clear (&group);
 }
 
+/* A rank that fails takes in every notice its peers send and drops what
+ * the failure left in flight before its worker goes, so UCX has no
+ * unmatched message to warn of (on standard output, amid the program's
+ * own, as a launcher shows it). */
+static void
+test_sigkill_quiet (void)
+{
+  guint16 port = cp_test_free_port ();
+  Group group = { 0 };
+
+  g_test_summary ("Survivors of a rank killed in the middle of all_gathers among four leave no "
+                  "message unmatched: UCX warns of none");
+  for (int r = 0; r < 4; r++)
+    cp_test_group_spawn (&group, "gather-loop", r, 4, port, NULL);
+  cp_test_run_until (group.ranks, group.n, cp_test_all_ready);
+  g_subprocess_send_signal (group.ranks[3]->process, SIGKILL);
+  cp_test_run_until (group.ranks, group.n, cp_test_all_done);
+  for (int r = 0; r < 3; r++)
+    {
+      Rank *rank = group.ranks[r];
+
+      g_assert_nonnull (cp_test_rank_find_line (rank, "CLOSED"));
+      for (guint i = 0; i < rank->lines->len; i++)
+        if (strstr (rank->lines->pdata[i], "was not matched") != NULL)
+          g_error ("rank %d: %s", r, (const char *) rank->lines->pdata[i]);
+      cp_test_assert_exit (rank, 0);
+    }
+  cp_test_group_clear (&group);
+  cp_test_record_outcome ("CpMesh (ucx)", "a rank of four killed during all_gathers: what UCX says as the "
+                          "survivors leave", "no warning",
+                          "every notice taken in, what the failure left in flight dropped before the worker went");
+}
+
 static gboolean
 all_reported (CpTestRank **ranks,
               guint        n)
@@ -508,6 +541,75 @@ test_bad_environment (void)
                          "MASTER_PORT=65535 with no CPMESH_PORT (no port above it)");
   check_bad_environment (SETTINGS ("RANK=0", "WORLD_SIZE=5000"), "WORLD_SIZE=\"5000\"",
                          "WORLD_SIZE above the 1024 ranks a UCX mesh holds");
+}
+
+/* Numbers and addresses as launchers write them, and nothing else: the
+ * C library's readers take more than that. */
+static void
+test_strict_environment (void)
+{
+  g_test_summary ("A sign, a leading zero or an old numeric address form is refused, naming the "
+                  "variable and its value");
+  check_bad_environment (SETTINGS ("MASTER_PORT=+29500"), "MASTER_PORT=\"+29500\": expected a whole number "
+                         "in [1, 65535], in decimal digits alone (no sign, spaces or leading zeros)",
+                         "MASTER_PORT with a plus sign (+29500)");
+  check_bad_environment (SETTINGS ("RANK=-0", "WORLD_SIZE=2"), "RANK=\"-0\": expected a whole number",
+                         "RANK=-0");
+  check_bad_environment (SETTINGS ("RANK=01", "WORLD_SIZE=2"), "RANK=\"01\": expected a whole number",
+                         "RANK with a leading zero (01)");
+  check_bad_environment (SETTINGS ("RANK=0", "WORLD_SIZE= 2"), "WORLD_SIZE=\" 2\": expected a whole number",
+                         "WORLD_SIZE with a leading space");
+  check_bad_environment (SETTINGS ("RANK=0", "WORLD_SIZE=4", "CPMESH_MESH_DIMS=dp=+2,cp=2"),
+                         "CPMESH_MESH_DIMS=\"dp=+2,cp=2\": expected comma-separated NAME=SIZE pairs",
+                         "CPMESH_MESH_DIMS with a signed size");
+  check_bad_environment (SETTINGS ("MASTER_ADDR=0x7f000001"), "MASTER_ADDR=\"0x7f000001\": a numeric form of "
+                         "127.0.0.1 that only some programs read; write 127.0.0.1",
+                         "MASTER_ADDR in hexadecimal (0x7f000001)");
+  check_bad_environment (SETTINGS ("MASTER_ADDR=127.1"), "MASTER_ADDR=\"127.1\": a numeric form of 127.0.0.1",
+                         "MASTER_ADDR in shorthand (127.1)");
+  check_bad_environment (SETTINGS ("MASTER_ADDR=2130706433"), "MASTER_ADDR=\"2130706433\": a numeric form of "
+                         "127.0.0.1", "MASTER_ADDR as one decimal number");
+  check_bad_environment (SETTINGS ("MASTER_ADDR=0177.0.0.1"), "MASTER_ADDR=\"0177.0.0.1\": a numeric form of "
+                         "127.0.0.1", "MASTER_ADDR with an octal part");
+}
+
+/* Values that are not UTF-8, or carry control characters, reach the
+ * message escaped: a binding must be able to convert it, and a terminal
+ * must show it as it is. */
+static void
+check_escaped (const char * const *environment,
+               const char         *text,
+               int                 code,
+               const char         *what)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = cp_test_connect (environment, NULL, &error);
+
+  g_assert_null (mesh);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, code, "CpMesh (ucx)", what);
+  g_assert_true (g_utf8_validate (error->message, -1, NULL));
+  g_assert_null (strchr (error->message, '\033'));
+  g_assert_null (strchr (error->message, '\n'));
+  if (strstr (error->message, text) == NULL)
+    g_error ("expected \"%s\" in \"%s\"", text, error->message);
+}
+
+static void
+test_environment_not_utf8 (void)
+{
+  g_test_summary ("Environment values that are not UTF-8 or hold control characters are escaped in "
+                  "messages");
+  check_escaped (SETTINGS ("MASTER_ADDR=host\xff\xfe"), "MASTER_ADDR=\"host\\xff\\xfe\": expected a host name",
+                 CP_MESH_ERROR_INVALID_TOPOLOGY, "MASTER_ADDR that is not UTF-8");
+  check_escaped (SETTINGS ("CPMESH_TRANSPORT=u\xe9" "cx"), "transport \"u\\xe9cx\" is not built into",
+                 CP_MESH_ERROR_UNSUPPORTED, "CPMESH_TRANSPORT that is not UTF-8");
+  check_escaped (SETTINGS ("CPMESH_TRANSPORT=\033[31mred\n"), "transport \"\\x1b[31mred\\x0a\" is not",
+                 CP_MESH_ERROR_UNSUPPORTED, "CPMESH_TRANSPORT with an ANSI escape and a newline");
+  check_escaped (SETTINGS ("RANK=\xc3", "WORLD_SIZE=2"), "RANK=\"\\xc3\": expected a whole number",
+                 CP_MESH_ERROR_INVALID_TOPOLOGY, "RANK that is not UTF-8");
+  check_escaped (SETTINGS ("RANK=0", "WORLD_SIZE=2", "CPMESH_MESH_DIMS=c\xffp=2"),
+                 "CPMESH_MESH_DIMS=\"c\\xffp=2\": expected comma-separated", CP_MESH_ERROR_INVALID_TOPOLOGY,
+                 "CPMESH_MESH_DIMS whose name is not UTF-8");
 }
 
 /* torchrun's variables describe this process even when a surrounding
@@ -761,6 +863,8 @@ main (int   argc,
   g_test_init (&argc, &argv, NULL);
 
   g_test_add_func ("/Cp/Ucx/settings/bad-environment", test_bad_environment);
+  g_test_add_func ("/Cp/Ucx/settings/strict-environment", test_strict_environment);
+  g_test_add_func ("/Cp/Ucx/settings/environment-not-utf8", test_environment_not_utf8);
   g_test_add_func ("/Cp/Ucx/settings/launcher-precedence", test_launcher_precedence);
   g_test_add_func ("/Cp/Ucx/settings/explicit", test_explicit);
   g_test_add_func ("/Cp/Ucx/settings/no-launcher", test_no_launcher);
@@ -777,6 +881,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Ucx/rendezvous/rejoin", test_rejoin);
   g_test_add_func ("/Cp/Ucx/rendezvous/nobody-listens", test_nobody_listens);
   g_test_add_func ("/Cp/Ucx/failure/sigkill", test_sigkill);
+  g_test_add_func ("/Cp/Ucx/failure/sigkill-quiet", test_sigkill_quiet);
   g_test_add_func ("/Cp/Ucx/failure/rank-lost", test_rank_lost);
   g_test_add_func ("/Cp/Ucx/failure/sigstop", test_sigstop);
   g_test_add_func ("/Cp/Ucx/async/connect-barrier", test_async);

@@ -65,6 +65,8 @@ typedef struct
   GSocketAddress *address;  /* MASTER_ADDR resolved, with the rendezvous port */
   char *interface;          /* the network interface that reaches it */
   gboolean is_loopback;     /* that interface is the loopback one */
+  gboolean is_any;          /* MASTER_ADDR is 0.0.0.0 or ::: rank 0 listens on every
+                             * interface, though joiners reach it over loopback */
 } CpBootstrapRoute;
 
 /* Resolves the rendezvous address of @config and finds the interface
@@ -75,14 +77,29 @@ gboolean    _cp_bootstrap_find_route   (const CpMeshConfig *config,
                                         GError            **error);
 void        _cp_bootstrap_route_clear  (CpBootstrapRoute   *route);
 
+/* Whether the blob another rank offers is one this rank's transport can
+ * take; FALSE with a CpMeshError saying what is wrong with it. */
+typedef gboolean (*CpBootstrapCheckFunc) (GBytes    *blob,
+                                          gpointer   user_data,
+                                          GError   **error);
+
 /* Joins the mesh @config describes, offering @blob as this rank's, and
  * returns the blob of every rank in rank order (GBytes*), once all have
  * joined, or an error with a CpMeshError code (or G_IO_ERROR_CANCELLED).
- * @backend names the transport in messages and fault injection. */
+ * @backend names the transport in messages and fault injection.
+ *
+ * @check (nullable) judges every other rank's blob before the caller
+ * sees it: rank 0 checks each hello's, a joiner the table's.  A bad blob
+ * fails the rendezvous on every rank alike: rank 0 goes on admitting
+ * ranks and, once all are in, or at its timeout, gives up with the error
+ * naming the rank and the blob, which every admitted rank receives
+ * instead of the table; a joiner refuses a table with a bad blob. */
 GPtrArray  *_cp_bootstrap_exchange     (const CpMeshConfig *config,
                                         const CpBootstrapRoute *route,
                                         const char         *backend,
                                         GBytes             *blob,
+                                        CpBootstrapCheckFunc check,
+                                        gpointer            check_data,
                                         gint64              deadline,
                                         GCancellable       *cancellable,
                                         GError            **error);

@@ -396,7 +396,10 @@ same_dims (const CpBootstrapHello *hello,
   return TRUE;
 }
 
-/* The version and the proof of the token. */
+/* The version and the proof of the token.  The visitor has proved
+ * nothing yet: it learns rank 0's protocol (the greeting says it anyway)
+ * but not which libcpmesh rank 0 runs; rank 0's log keeps the version
+ * the visitor claims. */
 static int
 check_credentials (const CpBootstrapHello *hello,
                    const CpMeshConfig     *config,
@@ -405,9 +408,11 @@ check_credentials (const CpBootstrapHello *hello,
 {
   if (hello->protocol != CP_BOOTSTRAP_PROTOCOL_VERSION)
     {
-      *why = g_strdup_printf ("it speaks rendezvous protocol %u (libcpmesh %s); rank 0 speaks %u "
-                              "(libcpmesh %s)", hello->protocol, hello->version,
-                              CP_BOOTSTRAP_PROTOCOL_VERSION, PACKAGE_VERSION);
+      g_autofree char *claimed = _cp_mesh_escape_text (hello->version, -1);
+
+      g_debug ("rendezvous: a visitor speaking protocol %u claims libcpmesh %s", hello->protocol, claimed);
+      *why = g_strdup_printf ("it speaks rendezvous protocol %u; rank 0 speaks %u: run the same libcpmesh "
+                              "on every rank", hello->protocol, CP_BOOTSTRAP_PROTOCOL_VERSION);
       return CP_MESH_ERROR_UNSUPPORTED;
     }
   if (check_proof (config->token, "cpmesh join", challenge, hello->nonce, hello->body, hello->mac))
@@ -504,8 +509,11 @@ _cp_bootstrap_parse_verdict (GBytes        *payload,
   code = clamp_code (code);
   if (code != CP_BOOTSTRAP_ACCEPTED)
     {
+      /* Whoever listens on the port wrote it, token or not. */
+      g_autofree char *shown = _cp_mesh_escape_text (reason, MIN (strlen (reason), REASON_MAX));
+
       g_set_error (error, CP_MESH_ERROR, code, "rank 0 at %s refused this process: %s", where,
-                   *reason != '\0' ? reason : "it gave no reason");
+                   *shown != '\0' ? shown : "it gave no reason");
       return FALSE;
     }
   if (check_proof (token, "cpmesh verdict", challenge, nonce, body, mac))
@@ -599,6 +607,7 @@ _cp_bootstrap_parse_table (GBytes        *payload,
   guint8 mac[CP_BOOTSTRAP_MAC_SIZE];
   g_autoptr(GBytes) body = NULL;
   g_autoptr(GVariant) table = open_payload (payload, TABLE_TYPE, "address table", &body, mac, error);
+  g_autofree char *shown = NULL;
   const char *reason = NULL;
   int code = 0;
 
@@ -624,7 +633,8 @@ _cp_bootstrap_parse_table (GBytes        *payload,
     }
   if (code == CP_BOOTSTRAP_ACCEPTED)
     return take_blobs (table, world_size, error);
+  shown = _cp_mesh_escape_text (reason, MIN (strlen (reason), REASON_MAX));
   g_set_error (error, CP_MESH_ERROR, code, "rank 0 at %s gave up: %s", where,
-               *reason != '\0' ? reason : "it gave no reason");
+               *shown != '\0' ? shown : "it gave no reason");
   return NULL;
 }

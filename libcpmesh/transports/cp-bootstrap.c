@@ -155,6 +155,8 @@ _cp_bootstrap_find_route (const CpMeshConfig  *config,
   route->address = resolve (config, error);
   if (route->address == NULL)
     return FALSE;
+  route->is_any = g_inet_address_get_is_any (g_inet_socket_address_get_address (
+                                               G_INET_SOCKET_ADDRESS (route->address)));
   local = local_address_towards (route->address, &route_error);
   if (local == NULL)
     {
@@ -191,7 +193,9 @@ describe_address (GSocketAddress *address)
 
 /* Anyone who reaches the gate of a mesh without a token joins it as a
  * rank and receives its data: say so once per process, as a message and
- * not a warning, so that programs (and tests) that chose it go on. */
+ * not a warning, so that programs (and tests) that chose it go on.  A
+ * gate on the unspecified address (0.0.0.0, ::) is reached over
+ * loopback from this host, and from every other host too. */
 static void
 warn_without_token (const CpMeshConfig     *config,
                     const CpBootstrapRoute *route,
@@ -199,10 +203,15 @@ warn_without_token (const CpMeshConfig     *config,
 {
   static gsize warned = 0;
 
-  if (config->token != NULL || route->is_loopback || !g_once_init_enter (&warned))
+  if (config->token != NULL || (route->is_loopback && !route->is_any) || !g_once_init_enter (&warned))
     return;
-  g_message ("CPMESH_TOKEN is not set: any process that reaches %s can join this mesh as a rank "
-             "and receive its data. Give every rank the same secret in CPMESH_TOKEN.", where);
+  if (route->is_any)
+    g_message ("CPMESH_TOKEN is not set: rank 0 listens at %s, on every interface of its host, and "
+               "any process that reaches it can join this mesh as a rank and receive its data. Give "
+               "every rank the same secret in CPMESH_TOKEN.", where);
+  else
+    g_message ("CPMESH_TOKEN is not set: any process that reaches %s can join this mesh as a rank "
+               "and receive its data. Give every rank the same secret in CPMESH_TOKEN.", where);
   g_once_init_leave (&warned, 1);
 }
 
@@ -271,6 +280,9 @@ typedef struct
   GBytes **blobs;          /* by rank */
   int n_joined;
   gint64 accept_resume;
+  CpBootstrapCheckFunc check;
+  gpointer check_data;
+  GError *doomed;          /* a member's blob was bad: what every rank fails with */
 } Gate;
 
 static void
@@ -487,6 +499,25 @@ judge (Gate              *gate,
   return _cp_bootstrap_judge_hello (*hello, gate->config, visitor->challenge, joined, why);
 }
 
+/* A member proved the token, so its blob is no stranger's, but it may
+ * still be malformed, by a bug or by design; the transport must never
+ * see it.  Refusing that member alone would leave the others waiting
+ * for its place until their timeout: the mesh is doomed instead, and
+ * every rank learns why once all are in (serve). */
+static void
+check_blob (Gate    *gate,
+            Visitor *member)
+{
+  g_autoptr(GError) error = NULL;
+
+  if (gate->check == NULL || gate->doomed != NULL ||
+      gate->check (gate->blobs[member->rank], gate->check_data, &error))
+    return;
+  g_set_error (&gate->doomed, error->domain, error->code, "rank 0: rank %d (from %s) offered %s",
+               member->rank, member->peer, error->message);
+  g_debug ("rendezvous: %s", gate->doomed->message);
+}
+
 static void
 let_in (Gate             *gate,
         Visitor          *visitor,
@@ -508,6 +539,7 @@ let_in (Gate             *gate,
   gate->members[hello->rank] = visitor;
   gate->blobs[hello->rank] = g_bytes_ref (hello->blob);
   gate->n_joined++;
+  check_blob (gate, visitor);
 }
 
 /* Answers the whole hello @visitor sent, and lets it in or sends it away. */
@@ -814,6 +846,7 @@ gate_clear (Gate *gate)
     }
   g_free (gate->members);
   g_free (gate->blobs);
+  g_clear_error (&gate->doomed);
   g_ptr_array_unref (gate->pending);
   if (gate->listener != NULL)
     g_socket_close (gate->listener, NULL);
@@ -830,11 +863,26 @@ take_blobs (Gate *gate)
   return blobs;
 }
 
+/* A doomed mesh fails with what doomed it, rather than the timeout
+ * that may have come first. */
+static gboolean
+check_doomed (Gate    *gate,
+              GError **failure)
+{
+  if (gate->doomed == NULL)
+    return TRUE;
+  g_clear_error (failure);
+  *failure = g_steal_pointer (&gate->doomed);
+  return FALSE;
+}
+
 static GPtrArray *
 serve (const CpMeshConfig      *config,
        const CpBootstrapRoute  *route,
        const char              *where,
        GBytes                  *blob,
+       CpBootstrapCheckFunc     check,
+       gpointer                 check_data,
        gint64                   deadline,
        GCancellable            *cancellable,
        GError                 **error)
@@ -845,13 +893,17 @@ serve (const CpMeshConfig      *config,
     .pending = g_ptr_array_new_with_free_func ((GDestroyNotify) visitor_free),
     .members = g_new0 (Visitor *, config->world_size),
     .blobs = g_new0 (GBytes *, config->world_size),
+    .check = check,
+    .check_data = check_data,
   };
   GError *failure = NULL;
   GPtrArray *blobs = NULL;
+  gboolean ok;
 
   gate.blobs[0] = g_bytes_ref (blob);
-  if (open_gate (&gate, route, &failure) && wait_for_ranks (&gate, deadline, cancellable, &failure) &&
-      send_tables (&gate, deadline, cancellable, &failure))
+  ok = open_gate (&gate, route, &failure) && wait_for_ranks (&gate, deadline, cancellable, &failure);
+  ok = check_doomed (&gate, &failure) && ok;
+  if (ok && send_tables (&gate, deadline, cancellable, &failure))
     blobs = take_blobs (&gate);
   else
     {
@@ -871,6 +923,8 @@ typedef struct
   const char *where;
   GSocketAddress *address;
   GBytes *blob;
+  CpBootstrapCheckFunc check;
+  gpointer check_data;
   gint64 deadline;
   GCancellable *cancellable;
   guint8 challenge[CP_BOOTSTRAP_NONCE_SIZE];
@@ -1068,6 +1122,23 @@ introduce (Joiner   *self,
   return KNOCK_FAILED;
 }
 
+/* Rank 0 checked every joiner's blob, but a rank 0 that holds the token
+ * is not therefore well behaved. */
+static gboolean
+check_table (Joiner     *self,
+             GPtrArray  *blobs,
+             GError    **error)
+{
+  for (guint r = 0; self->check != NULL && r < blobs->len; r++)
+    if ((int) r != self->config->rank && !self->check (blobs->pdata[r], self->check_data, error))
+      {
+        g_prefix_error (error, "rank %d: the address table from rank 0 at %s holds, for rank %u, ",
+                        self->config->rank, self->where, r);
+        return FALSE;
+      }
+  return TRUE;
+}
+
 /* Once admitted: every rank's blob, or the error rank 0 gave up with. */
 static GPtrArray *
 receive_table (Joiner   *self,
@@ -1099,6 +1170,8 @@ receive_table (Joiner   *self,
                                      self->where, error);
   if (blobs == NULL)
     g_prefix_error (error, "rank %d: ", config->rank);
+  else if (!check_table (self, blobs, error))
+    g_clear_pointer (&blobs, g_ptr_array_unref);
   return blobs;
 }
 
@@ -1196,6 +1269,8 @@ _cp_bootstrap_exchange (const CpMeshConfig      *config,
                         const CpBootstrapRoute  *route,
                         const char              *backend,
                         GBytes                  *blob,
+                        CpBootstrapCheckFunc     check,
+                        gpointer                 check_data,
                         gint64                   deadline,
                         GCancellable            *cancellable,
                         GError                 **error)
@@ -1203,7 +1278,7 @@ _cp_bootstrap_exchange (const CpMeshConfig      *config,
   g_autofree char *where = NULL;
   Joiner joiner = {
     .config = config, .backend = backend, .address = route->address, .blob = blob,
-    .deadline = deadline, .cancellable = cancellable,
+    .check = check, .check_data = check_data, .deadline = deadline, .cancellable = cancellable,
   };
 
   if (config->world_size == 1)
@@ -1216,7 +1291,7 @@ _cp_bootstrap_exchange (const CpMeshConfig      *config,
   where = describe_address (route->address);
   warn_without_token (config, route, where);
   if (config->rank == 0)
-    return serve (config, route, where, blob, deadline, cancellable, error);
+    return serve (config, route, where, blob, check, check_data, deadline, cancellable, error);
   joiner.where = where;
   return join (&joiner, error);
 }

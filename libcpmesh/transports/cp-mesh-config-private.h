@@ -57,4 +57,13 @@ gboolean _cp_mesh_config_init              (CpMeshConfig        *config,
 
 void     _cp_mesh_config_clear             (CpMeshConfig        *config);
 
+/* Text from outside this process — an environment value, what a peer
+ * says — as it may appear in a GError message: valid UTF-8 (bindings
+ * cannot convert anything else) that cannot move a terminal's cursor,
+ * colour it or start a line.  Control characters and bytes that are not
+ * UTF-8 are written \xNN (\u0085 and the like for C1 controls and line
+ * separators), and a backslash is doubled.  @length -1: up to the NUL. */
+char    *_cp_mesh_escape_text              (const char          *text,
+                                            gssize               length);
+
 G_END_DECLS

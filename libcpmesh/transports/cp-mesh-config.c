@@ -5,6 +5,7 @@
 
 #include "config.h"
 
+#include <arpa/inet.h>
 #include <string.h>
 
 #include "cp-error.h"
@@ -30,14 +31,62 @@ static const Launcher launchers[] = {
 
 typedef enum { ABSENT, FOUND, INVALID } Lookup;
 
+char *
+_cp_mesh_escape_text (const char *text,
+                      gssize      length)
+{
+  const char *end = text + (length < 0 ? strlen (text) : (gsize) length);
+  GString *out = g_string_sized_new ((gsize) (end - text));
+
+  while (text < end)
+    {
+      gunichar c = g_utf8_get_char_validated (text, end - text);
+
+      if (c == (gunichar) -1 || c == (gunichar) -2)
+        {
+          g_string_append_printf (out, "\\x%02x", (guint8) *text++);
+          continue;
+        }
+      if (c < 0x20 || c == 0x7f)
+        g_string_append_printf (out, "\\x%02x", c);
+      else if ((c >= 0x80 && c < 0xa0) || c == 0x2028 || c == 0x2029)
+        g_string_append_printf (out, "\\u%04x", c);
+      else if (c == '\\')
+        g_string_append (out, "\\\\");
+      else
+        g_string_append_len (out, text, g_utf8_next_char (text) - text);
+      text = g_utf8_next_char (text);
+    }
+  return g_string_free (out, FALSE);
+}
+
 static void
 set_env_error (GError     **error,
                const char  *name,
                const char  *value,
                const char  *why)
 {
+  g_autofree char *shown = _cp_mesh_escape_text (value, -1);
+
   g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
-               "%s=\"%s\": %s", name, value, why);
+               "%s=\"%s\": %s", name, shown, why);
+}
+
+/* A whole number as launchers write one: decimal digits alone, without
+ * a sign, spaces or leading zeros ("+29500", "-0" and "007" are typing
+ * mistakes, or another program's convention, not a rank or a port). */
+static gboolean
+parse_decimal (const char *text,
+               gint64      min,
+               gint64      max,
+               gint64     *out)
+{
+  gsize digits = strspn (text, "0123456789");
+
+  if (digits == 0 || text[digits] != '\0' || digits > 18 || (text[0] == '0' && digits > 1))
+    return FALSE;
+  *out = g_ascii_strtoll (text, NULL, 10);
+  return *out >= min && *out <= max;
 }
 
 /* Reads integer variable @name in [@min, @max]. */
@@ -50,18 +99,20 @@ lookup_int (const char * const  *envp,
             GError             **error)
 {
   const char *value = g_environ_getenv ((char **) envp, name);
-  g_autoptr(GError) parse_error = NULL;
+  gint64 parsed = 0;
 
   if (value == NULL)
     return ABSENT;
-  if (!g_ascii_string_to_signed (value, 10, min, max, out, &parse_error))
+  if (!parse_decimal (value, min, max, &parsed))
     {
       g_autofree char *why = g_strdup_printf ("expected a whole number in [%" G_GINT64_FORMAT
-                                              ", %" G_GINT64_FORMAT "]", min, max);
+                                              ", %" G_GINT64_FORMAT "], in decimal digits alone (no "
+                                              "sign, spaces or leading zeros)", min, max);
 
       set_env_error (error, name, value, why);
       return INVALID;
     }
+  *out = parsed;
   return FOUND;
 }
 
@@ -182,6 +233,46 @@ read_port (CpMeshConfig        *config,
   return TRUE;
 }
 
+/* A host name or an address in its standard form, for @origin (a
+ * variable's name, or "the address given").  The C library also reads
+ * older numeric forms — "0x7f000001", "127.1", "2130706433", octal
+ * parts — that other programs of a job (a launcher, a firewall rule)
+ * read differently or not at all; they are refused with the standard
+ * form of the address they stand for. */
+static gboolean
+check_host (const char  *host,
+            const char  *origin,
+            GError     **error)
+{
+  struct in_addr numeric;
+  guint8 any[16];
+
+  for (const char *c = host; *c != '\0'; c++)
+    if (*c <= ' ' || *c > '~')
+      {
+        set_env_error (error, origin, host, "expected a host name or address, in printable ASCII "
+                       "without spaces");
+        return FALSE;
+      }
+  if (host[0] == '\0')
+    {
+      set_env_error (error, origin, host, "expected a host name or address");
+      return FALSE;
+    }
+  if (inet_aton (host, &numeric) != 0 && inet_pton (AF_INET, host, any) != 1)
+    {
+      char standard[INET_ADDRSTRLEN];
+      g_autofree char *why = NULL;
+
+      inet_ntop (AF_INET, &numeric, standard, sizeof standard);
+      why = g_strdup_printf ("a numeric form of %s that only some programs read; write %s", standard,
+                             standard);
+      set_env_error (error, origin, host, why);
+      return FALSE;
+    }
+  return TRUE;
+}
+
 /* MASTER_ADDR, else the first node of a Slurm step, else loopback. */
 static gboolean
 read_rendezvous (CpMeshConfig        *config,
@@ -193,18 +284,29 @@ read_rendezvous (CpMeshConfig        *config,
 
   if (nodes == NULL)
     nodes = g_environ_getenv ((char **) envp, "SLURM_JOB_NODELIST");
-  if (address != NULL && address[0] == '\0')
-    {
-      set_env_error (error, "MASTER_ADDR", address, "expected a host name or address");
-      return FALSE;
-    }
   if (address != NULL)
     config->address = g_strdup (address);
   else if (g_str_equal (config->launcher, "Slurm") && nodes != NULL && nodes[0] != '\0')
     config->address = first_slurm_host (nodes);
   else
     config->address = g_strdup ("127.0.0.1");
+  if (!check_host (config->address, address != NULL ? "MASTER_ADDR" : "the first host of SLURM_STEP_NODELIST",
+                   error))
+    return FALSE;
   return read_port (config, envp, error);
+}
+
+/* A dimension name goes into messages and onto the wire as a string:
+ * printable UTF-8. */
+static gboolean
+is_printable_name (const char *name)
+{
+  g_autofree char *shown = NULL;
+
+  if (!g_utf8_validate (name, -1, NULL))
+    return FALSE;
+  shown = _cp_mesh_escape_text (name, -1);
+  return g_str_equal (shown, name);
 }
 
 /* CPMESH_MESH_DIMS="dp=2,cp=2": names and sizes, outermost first. */
@@ -222,10 +324,10 @@ parse_dims (CpMeshConfig  *config,
   for (gsize i = 0; i < n; i++)
     {
       g_auto(GStrv) pair = g_strsplit (items[i], "=", 2);
-      guint64 size = 0;
+      gint64 size = 0;
 
-      if (g_strv_length (pair) != 2 ||
-          !g_ascii_string_to_unsigned (g_strstrip (pair[1]), 10, 1, CP_MESH_UCX_MAX_WORLD_SIZE, &size, NULL))
+      if (g_strv_length (pair) != 2 || !is_printable_name (pair[0]) ||
+          !parse_decimal (g_strstrip (pair[1]), 1, CP_MESH_UCX_MAX_WORLD_SIZE, &size))
         {
           set_env_error (error, "CPMESH_MESH_DIMS", text,
                          "expected comma-separated NAME=SIZE pairs, such as \"dp=2,cp=4\"");
@@ -276,6 +378,7 @@ read_dims (CpMeshConfig        *config,
            GError             **error)
 {
   const char *text = g_environ_getenv ((char **) envp, "CPMESH_MESH_DIMS");
+  g_autofree char *shown = NULL;
   g_autofree char *what = NULL;
 
   if (text == NULL)
@@ -285,7 +388,8 @@ read_dims (CpMeshConfig        *config,
     }
   if (!parse_dims (config, text, error))
     return FALSE;
-  what = g_strdup_printf ("CPMESH_MESH_DIMS=\"%s\"", text);
+  shown = _cp_mesh_escape_text (text, -1);
+  what = g_strdup_printf ("CPMESH_MESH_DIMS=\"%s\"", shown);
   return check_dims_cover_world (config, what, error);
 }
 
@@ -368,7 +472,8 @@ _cp_mesh_config_init (CpMeshConfig        *config,
                       GError             **error)
 {
   memset (config, 0, sizeof *config);
-  if (!check_explicit (rank, world_size, port, timeout_ms, error))
+  if (!check_explicit (rank, world_size, port, timeout_ms, error) ||
+      (address != NULL && !check_host (address, "address", error)))
     return FALSE;
   config->rank = rank;
   config->world_size = world_size;

@@ -38,6 +38,7 @@ _cp_transport_backend_find (const char  *name,
                             GError     **error)
 {
   g_autofree char *built = NULL;
+  g_autofree char *shown = NULL;
 
   if (name == NULL)
     return &backends[0];
@@ -45,8 +46,10 @@ _cp_transport_backend_find (const char  *name,
     if (g_str_equal (backends[i].name, name))
       return &backends[i];
   built = _cp_transport_backend_list ();
+  /* The name may come from the environment (CPMESH_TRANSPORT). */
+  shown = _cp_mesh_escape_text (name, -1);
   g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED,
-               "transport \"%s\" is not built into this libcpmesh; it has %s", name, built);
+               "transport \"%s\" is not built into this libcpmesh; it has %s", shown, built);
   return NULL;
 }
 

@@ -775,7 +775,7 @@ local_collective (CpComm        *comm,
 
   /* Every rank reaches the same verdict from the same descriptors, so all
    * of them take the same path through the sync points below. */
-  agreed = _cp_collective_check_agreement (self->shared->posted, comm->size, error)
+  agreed = _cp_collective_check_agreement (self->shared->posted, comm->size, comm->transport->rank, error)
            && check_buffers_apart (self->shared->posted, comm->size, error);
   strike (self, self->fault_operation, CP_FAULT_STEP_DATA);
   if (agreed)

@@ -523,7 +523,7 @@ agree (LoopbackComm  *comm,
         unpack_descriptor (&descs[r], &wires[r]);
       order[r] = &descs[r];
     }
-  ok = _cp_collective_check_agreement (order, n, error);
+  ok = _cp_collective_check_agreement (order, n, self->parent.rank, error);
   for (int r = 0; r < n; r++)
     if (r != me)
       g_clear_error (&descs[r].invalid);

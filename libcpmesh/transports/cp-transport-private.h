@@ -291,9 +291,11 @@ gboolean     _cp_transport_copy_2d     (gpointer          dst,
 
 /* Decides, identically on every rank, whether the descriptors of one
  * collective agree.  @descs holds every rank's descriptor in communicator
- * order. */
+ * order; @speaker is the mesh rank of the caller, which an error names
+ * first, since it reports what may be another rank's mistake. */
 gboolean     _cp_collective_check_agreement (const CpCollective * const *descs,
                                              int                   n,
+                                             int                   speaker,
                                              GError              **error);
 
 /* Reduces elements [@offset, @offset + @count) of @n buffers into

@@ -32,8 +32,9 @@
  *   collectives:     sequence (32 bits) | phase (3) | sender's index (10)
  *   point-to-point:  kind (2) | user tag (33) | sender's index (10)
  *
- * The sequence numbers a communicator's collectives in its tags.  It
- * wraps after 2^32 calls, and that aliases nothing: a rank cannot finish
+ * The sequence numbers a communicator's collectives in its tags, from 1
+ * as messages number them ("all_gather #4" has sequence 4).  It wraps
+ * after 2^32 calls, and that aliases nothing: a rank cannot finish
  * a collective before every member has sent it everything, so the
  * messages in flight on a communicator belong to two consecutive calls
  * at most — and after a failure, which could leave older messages
@@ -119,7 +120,7 @@ typedef struct
   char *key;
   guint32 id;
   guint64 key_hash;        /* names it in notices */
-  guint32 sequence;        /* of the next collective, in tags */
+  guint32 sequence;        /* of the last collective, in tags: its number, mod 2^32 */
   guint64 calls;           /* collectives started, as errors number them */
   guint operation;         /* the running collective, as fault injection counts */
 } UcxComm;
@@ -382,12 +383,13 @@ break_mesh (UcxTransport    *self,
                 op->comm, op->call);
 }
 
-/* Whatever a peer sent, a CpMeshError code and a message in UTF-8. */
+/* Whatever a peer sent, a CpMeshError code and a message in UTF-8
+ * without control characters. */
 static GError *
 read_failure (const Notice *notice)
 {
   guint32 code = GUINT32_FROM_LE (notice->code);
-  g_autofree char *text = g_utf8_make_valid (notice->text, strnlen (notice->text, sizeof notice->text));
+  g_autofree char *text = _cp_mesh_escape_text (notice->text, strnlen (notice->text, sizeof notice->text));
 
   if (code > CP_MESH_ERROR_CANCELLED)
     code = CP_MESH_ERROR_FAILED;
@@ -424,8 +426,9 @@ drain (UcxTransport *self)
 }
 
 /* With the lock held, after progress: adopts the failure a notice that
- * arrived names.  One is enough; anything else is ignored and the rank
- * listens again. */
+ * arrived names.  One is enough, but the rank listens on: every other
+ * rank that fails sends one too, and a notice nobody receives stays
+ * queued in UCX until the worker goes. */
 static void
 read_notices (UcxTransport *self)
 {
@@ -433,11 +436,8 @@ read_notices (UcxTransport *self)
   if (!_cp_ucx_op_poll (&self->notice_recv) || self->notice_recv.status == UCS_ERR_CANCELED)
     return;
   if (self->notice_recv.status == UCS_OK && GUINT32_FROM_LE (self->inbox.magic) == NOTICE_MAGIC)
-    {
-      set_broken (self, read_failure (&self->inbox), GUINT64_FROM_LE (self->inbox.comm),
-                  GUINT64_FROM_LE (self->inbox.call));
-      return;
-    }
+    set_broken (self, read_failure (&self->inbox), GUINT64_FROM_LE (self->inbox.comm),
+                GUINT64_FROM_LE (self->inbox.call));
   self->listening = FALSE;
   listen_for_notices (self);
 }
@@ -1330,7 +1330,8 @@ ucx_collective (CpComm        *parent,
                 GError       **error)
 {
   UcxComm *comm = (UcxComm *) parent;
-  Call call = { comm, coll, comm->sequence++ };
+  /* The Nth collective is "#N" in messages and N in its tags. */
+  Call call = { comm, coll, ++comm->sequence };
   Scratch scratch = { NULL, 0, NULL, 0 };
   CpCollective **descs;
   gboolean ok;
@@ -1345,7 +1346,8 @@ ucx_collective (CpComm        *parent,
   alloc_scratch (comm, coll, &scratch);
   descs = exchange_descriptors (&call, deadline, error);
   ok = descs != NULL &&
-       _cp_collective_check_agreement ((const CpCollective * const *) descs, parent->size, error);
+       _cp_collective_check_agreement ((const CpCollective * const *) descs, parent->size,
+                                       parent->transport->rank, error);
   if (descs != NULL)
     descriptors_free (descs, parent->size, parent->index);
   ok = ok && run_data_phase (&call, &scratch, deadline, error);
@@ -1540,18 +1542,69 @@ ucx_wait (CpComm     *parent,
 
 /* ---- the transport ---- */
 
+/* Receives @message into nothing, until @deadline at most: UCX drops
+ * the bytes of a short message, and answers a long one's sender (which
+ * sent only its announcement) that it is done, so that its request
+ * completes too. */
+static void
+drop_message (UcxTransport      *self,
+              ucp_tag_message_h  message,
+              gint64             deadline)
+{
+  ucp_request_param_t param = { 0 };
+  CpUcxOp op = { .is_recv = TRUE, .peer = -1 };
+  guint idle = 0;
+
+  _cp_ucx_op_begin (&op, ucp_tag_msg_recv_nbx (self->worker->worker, NULL, 0, message, &param));
+  while (!_cp_ucx_op_poll (&op) && g_get_monotonic_time () < deadline)
+    if (ucp_worker_progress (self->worker->worker) == 0)
+      _cp_ucx_idle (&idle);
+  _cp_ucx_op_clear (&op);
+}
+
+/* With the lock held, before the worker goes: receives into nothing
+ * every tagged message still queued — what a failure left in flight
+ * (the mesh posts nothing more once broken), or a notice that came as
+ * the rank left.  UCX would warn of each one left unmatched when the
+ * worker is destroyed, on standard output, amid the program's own
+ * output; and the sender of a long one would wait for an answer until
+ * its own teardown. */
+static void
+discard_unexpected (UcxTransport *self,
+                    gint64        deadline)
+{
+  for (;;)
+    {
+      ucp_tag_recv_info_t info;
+      ucp_tag_message_h message;
+
+      drain (self);
+      message = ucp_tag_probe_nb (self->worker->worker, 0, 0, 1, &info);
+      if (message == NULL)
+        return;
+      drop_message (self, message, deadline);
+    }
+}
+
 static void
 ucx_transport_free (CpTransport *transport)
 {
   UcxTransport *self = (UcxTransport *) transport;
   gboolean graceful;
 
-  stop_listening (self);
+  /* Leftovers first, while their senders' endpoints are open to hear
+   * that they are done with; then, still listening for notices while the
+   * endpoints close (one may be on its way), whatever came meanwhile. */
   lock (self);
   graceful = self->broken == NULL;
+  discard_unexpected (self, g_get_monotonic_time () + NOTICE_GRACE_US);
   unlock (self);
   _cp_ucx_close_endpoints (self->worker, self->peers, (guint) transport->world_size, graceful,
                            g_get_monotonic_time () + CLOSE_GRACE_US);
+  stop_listening (self);
+  lock (self);
+  discard_unexpected (self, g_get_monotonic_time () + NOTICE_GRACE_US);
+  unlock (self);
   _cp_ucx_worker_free (self->worker);
   g_free (self->peers);
   g_ptr_array_unref (self->comms);
@@ -1688,6 +1741,28 @@ keepalive_interval_ms (guint timeout_ms)
   return CLAMP (timeout_ms / 8, 100, 5000);
 }
 
+/* Every peer's address is checked against the layout of UCX 1.13
+ * (cp-ucx-address.c); a UCX whose own addresses do not follow it cannot
+ * tell good addresses from bad, and is refused at once. */
+static gboolean
+check_own_address (GBytes  *address,
+                   GError **error)
+{
+  g_autoptr(GError) parse_error = NULL;
+  g_autoptr(GArray) entries = _cp_ucx_address_parse (g_bytes_get_data (address, NULL),
+                                                     g_bytes_get_size (address), &parse_error);
+  unsigned major = 0, minor = 0, release = 0;
+
+  if (entries != NULL)
+    return TRUE;
+  ucp_get_version (&major, &minor, &release);
+  g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED,
+               "UCX %u.%u.%u packs worker addresses this library cannot check before UCX reads a "
+               "peer's (it knows the layout of UCX 1.13): its own is %s", major, minor, release,
+               parse_error->message);
+  return FALSE;
+}
+
 /* The worker, confined to what reaches the other ranks, and its address. */
 static CpUcxWorker *
 start_worker (const CpMeshConfig      *config,
@@ -1697,9 +1772,22 @@ start_worker (const CpMeshConfig      *config,
 {
   CpUcxWorker *worker = _cp_ucx_worker_new (keepalive_interval_ms (config->timeout_ms), route, error);
 
-  if (worker != NULL && (*address = _cp_ucx_worker_dup_address (worker, error)) == NULL)
-    g_clear_pointer (&worker, _cp_ucx_worker_free);
+  if (worker != NULL &&
+      ((*address = _cp_ucx_worker_dup_address (worker, error)) == NULL || !check_own_address (*address, error)))
+    {
+      g_clear_pointer (address, g_bytes_unref);
+      g_clear_pointer (&worker, _cp_ucx_worker_free);
+    }
   return worker;
+}
+
+/* The bootstrap's check of every other rank's worker address. */
+static gboolean
+check_peer_address (GBytes    *address,
+                    gpointer   own,
+                    GError   **error)
+{
+  return _cp_ucx_address_check (address, own, error);
 }
 
 /* Ranks meet through the transport-neutral bootstrap (cp-bootstrap.c),
@@ -1720,7 +1808,8 @@ _cp_transport_ucx_connect (const CpMeshConfig  *config,
   if (_cp_bootstrap_find_route (config, &route, error))
     worker = start_worker (config, &route, &address, error);
   if (worker != NULL)
-    addresses = _cp_bootstrap_exchange (config, &route, "ucx", address, deadline, cancellable, error);
+    addresses = _cp_bootstrap_exchange (config, &route, "ucx", address, check_peer_address, address, deadline,
+                                        cancellable, error);
   _cp_bootstrap_route_clear (&route);
   if (addresses == NULL)
     {

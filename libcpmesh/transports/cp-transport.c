@@ -368,16 +368,18 @@ check_pair (const CpCollective *first,
 gboolean
 _cp_collective_check_agreement (const CpCollective * const *descs,
                                 int                         n,
+                                int                         speaker,
                                 GError                    **error)
 {
   /* A rank with bad arguments of its own: everyone reports its error, so
-   * the first such rank decides, the same on every rank. */
+   * the first such rank decides, the same on every rank; each says who
+   * it is first, since the mistake may be another's. */
   for (int r = 0; r < n; r++)
     {
       if (descs[r]->invalid != NULL)
         {
           g_set_error (error, descs[r]->invalid->domain, descs[r]->invalid->code,
-                       "communicator rank %d: %s", r, descs[r]->invalid->message);
+                       "mesh rank %d: communicator rank %d: %s", speaker, r, descs[r]->invalid->message);
           return FALSE;
         }
     }

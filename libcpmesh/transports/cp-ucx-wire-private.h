@@ -55,4 +55,26 @@ void        _cp_ucx_wire_from_message  (CpUcxWireMessage   *wire,
 void        _cp_ucx_message_from_wire  (CpMessage          *message,
                                         const CpUcxWireMessage *wire);
 
+/* ---- worker addresses (cp-ucx-address.c) ---- */
+
+/* What UCX reads of one transport of a worker address. */
+typedef struct
+{
+  guint16 checksum;        /* of the transport's name, as UCX packs it */
+  guint device_length;
+  guint iface_length;
+} CpUcxAddressEntry;
+
+/* The transports of a worker address (CpUcxAddressEntry), or NULL with
+ * CP_MESH_ERROR_TRANSPORT when UCX 1.13 could not unpack it safely. */
+GArray     *_cp_ucx_address_parse      (const guint8       *data,
+                                        gsize               size,
+                                        GError            **error);
+/* Whether a peer's @address is safe for this rank's UCX, whose own
+ * worker address is @own: it parses, and every transport the two share
+ * has address lengths that @own gives it too. */
+gboolean    _cp_ucx_address_check      (GBytes             *address,
+                                        GBytes             *own,
+                                        GError            **error);
+
 G_END_DECLS

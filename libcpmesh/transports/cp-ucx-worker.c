@@ -5,7 +5,11 @@
 
 #include "config.h"
 
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <sched.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "cp-error.h"
 #include "cp-ucx-private.h"
@@ -73,6 +77,23 @@ confine (ucp_config_t            *config,
   return FALSE;
 }
 
+/* In unified mode UCX packs only resource indices and takes the rest of
+ * a peer's address from its own resources, so a peer's address cannot be
+ * checked before UCX reads it (cp-ucx-address.c). */
+static gboolean
+refuse_unified_mode (GError **error)
+{
+  const char *value = g_getenv ("UCX_UNIFIED_MODE");
+
+  if (value == NULL || g_ascii_strcasecmp (value, "n") == 0 || g_ascii_strcasecmp (value, "no") == 0 ||
+      g_ascii_strcasecmp (value, "off") == 0 || g_str_equal (value, "0"))
+    return FALSE;
+  g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED,
+               "UCX_UNIFIED_MODE=%s: in unified mode UCX reads peers' worker addresses against its "
+               "own resources, and this library cannot check them first; unset it", value);
+  return TRUE;
+}
+
 static gboolean
 check_status (ucs_status_t   status,
               const char    *what,
@@ -83,6 +104,71 @@ check_status (ucs_status_t   status,
   g_set_error (error, CP_MESH_ERROR, _cp_ucx_error_code (status), "UCX could not %s: %s",
                what, ucs_status_string (status));
   return FALSE;
+}
+
+static gboolean
+is_loopback_interface (const char *name)
+{
+  struct ifaddrs *list = NULL;
+  gboolean loopback = FALSE;
+
+  if (getifaddrs (&list) != 0)
+    return FALSE;
+  for (struct ifaddrs *ifa = list; ifa != NULL; ifa = ifa->ifa_next)
+    if (g_str_equal (ifa->ifa_name, name) && (ifa->ifa_flags & IFF_LOOPBACK) != 0)
+      loopback = TRUE;
+  freeifaddrs (list);
+  return loopback;
+}
+
+/* The devices, other than loopback, on which @context uses UCX's TCP
+ * transport, as UCX lists its resources ("tcp/eth0"), comma-separated;
+ * NULL when there are none. */
+static char *
+reachable_tcp_devices (ucp_context_h context)
+{
+  g_autofree char *text = NULL;
+  size_t size = 0;
+  FILE *stream = open_memstream (&text, &size);
+  g_auto(GStrv) lines = NULL;
+  GString *devices = g_string_new (NULL);
+
+  if (stream == NULL)
+    return g_string_free (devices, TRUE);
+  ucp_context_print_info (context, stream);
+  fclose (stream);
+  lines = g_strsplit (text != NULL ? text : "", "\n", -1);
+  for (guint i = 0; lines[i] != NULL; i++)
+    {
+      const char *tcp = strstr (lines[i], " tcp/");
+      const char *device = tcp != NULL ? tcp + strlen (" tcp/") : NULL;
+
+      if (device == NULL || strstr (lines[i], "resource") == NULL || is_loopback_interface (device))
+        continue;
+      g_string_append_printf (devices, "%s%s", devices->len > 0 ? ", " : "", device);
+    }
+  return g_string_free (devices, devices->len == 0);
+}
+
+/* UCX's TCP transport listens on a port of every device it uses, for the
+ * life of the mesh, and UCX 1.13 aborts the process on bytes of a
+ * stranger's making there; nothing in UCX 1.13 turns that port off or
+ * authenticates it (doc/mesh-ucx.md says how to confine it).  Ranks that
+ * meet over loopback use shared memory alone, so this is said only when
+ * TCP runs on an interface other hosts reach — once per process, as a
+ * message, so that programs that chose it go on. */
+static void
+warn_if_tcp_reachable (ucp_context_h context)
+{
+  static gsize warned = 0;
+  g_autofree char *devices = NULL;
+
+  if ((devices = reachable_tcp_devices (context)) == NULL || !g_once_init_enter (&warned))
+    return;
+  g_message ("UCX uses TCP on %s: any process that reaches that network can connect to this rank's "
+             "UCX port, and bytes of its making abort the rank. Keep multi-host meshes on a network "
+             "only the job's hosts reach, or name other devices in UCX_NET_DEVICES.", devices);
+  g_once_init_leave (&warned, 1);
 }
 
 static gboolean
@@ -99,7 +185,8 @@ create_context (CpUcxWorker             *self,
   ucp_config_t *config = NULL;
   ucs_status_t status;
 
-  if (!check_status (ucp_config_read (NULL, NULL, &config), "read its configuration", error))
+  if (refuse_unified_mode (error) ||
+      !check_status (ucp_config_read (NULL, NULL, &config), "read its configuration", error))
     return FALSE;
   tune_config (config, keepalive_ms);
   if (!confine (config, route, error))
@@ -109,7 +196,10 @@ create_context (CpUcxWorker             *self,
     }
   status = ucp_init (&params, config, &self->context);
   ucp_config_release (config);
-  return check_status (status, "initialise", error);
+  if (!check_status (status, "initialise", error))
+    return FALSE;
+  warn_if_tcp_reachable (self->context);
+  return TRUE;
 }
 
 typedef struct

@@ -33,6 +33,42 @@ class TestWithoutLauncher(unittest.TestCase):
         self.assertEqual(out, 'ucx 0 1 1 [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]\n')
 
 
+REFUSED = '''
+import gi
+gi.require_version("Cp", "1")
+from gi.repository import Cp, GLib
+try:
+    Cp.Mesh.new_from_env()
+except GLib.Error as error:
+    print(error.domain, error.code, ascii(error.message))
+'''
+
+
+@unittest.skipUnless(Cp.HAS_UCX, 'libcpmesh was built without UCX')
+class TestBadEnvironment(unittest.TestCase):
+    """Values that are not UTF-8, or hold control characters, reach Python
+    as a GLib.Error with the value escaped (a message that is not UTF-8
+    cannot be converted: PyGObject would raise RuntimeError instead)."""
+
+    def refuse(self, **settings):
+        # '\udcff' is the byte 0xff in the child's environment (os.fsencode).
+        [(out, err, status)] = run_processes([sys.executable, '-c', REFUSED],
+                                             [rank_environment(0, 2, 29500, **settings)], timeout_s=60)
+        self.assertEqual(status, 0, err)
+        self.assertNotIn('RuntimeError', err)
+        return out
+
+    def test_master_addr_not_utf8(self):
+        out = self.refuse(MASTER_ADDR='host\udcff')
+        self.assertIn('cp-mesh-error-quark %d' % Cp.MeshError.INVALID_TOPOLOGY, out)
+        self.assertIn(r'MASTER_ADDR="host\\xff"', out)
+
+    def test_transport_with_escape(self):
+        out = self.refuse(CPMESH_TRANSPORT='\x1b[31mu\udce9cx')
+        self.assertIn('cp-mesh-error-quark %d' % Cp.MeshError.UNSUPPORTED, out)
+        self.assertIn(r'transport "\\x1b[31mu\\xe9cx"', out)
+
+
 class TestMeshOptions(unittest.TestCase):
 
     def test_properties(self):
