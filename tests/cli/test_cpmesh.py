@@ -853,7 +853,8 @@ def process_alive(pid):
     try:
         with open("/proc/%d/stat" % pid) as stat:
             return stat.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
+        # Gone before the open, or between the open and the read.
         return False
 
 
