@@ -317,6 +317,27 @@ cp_batch_get_keys (CpBatch *self)
 }
 
 /**
+ * cp_batch_dup_keys:
+ * @self: a batch
+ *
+ * Copies the keys in insertion order. Unlike [method@Cp.Batch.get_keys],
+ * the copy stays as it is when keys are added or removed; bindings whose
+ * string arrays are not const (Vala) call this one.
+ *
+ * Returns: (transfer full) (array zero-terminated=1): the keys; free with
+ *   g_strfreev()
+ *
+ * Since: 1.0
+ */
+char **
+cp_batch_dup_keys (CpBatch *self)
+{
+  g_return_val_if_fail (CP_IS_BATCH (self), NULL);
+
+  return g_strdupv ((char **) self->keys->pdata);
+}
+
+/**
  * cp_batch_get_n_keys:
  * @self: a batch
  *

@@ -45,6 +45,8 @@ gboolean            cp_batch_contains       (CpBatch         *self,
 CP_AVAILABLE_IN_ALL
 const char * const *cp_batch_get_keys       (CpBatch         *self);
 CP_AVAILABLE_IN_ALL
+char              **cp_batch_dup_keys       (CpBatch         *self) G_GNUC_WARN_UNUSED_RESULT;
+CP_AVAILABLE_IN_ALL
 guint               cp_batch_get_n_keys     (CpBatch         *self);
 CP_AVAILABLE_IN_ALL
 void                cp_batch_set_seq_dim    (CpBatch         *self,

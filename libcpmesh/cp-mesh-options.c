@@ -553,6 +553,27 @@ cp_mesh_options_get_dim_names (CpMeshOptions *self)
 }
 
 /**
+ * cp_mesh_options_dup_dim_names:
+ * @self: options
+ *
+ * Copies [property@Cp.MeshOptions:dim-names], for bindings whose string
+ * arrays are not const (Vala); C reads them with
+ * [method@Cp.MeshOptions.get_dim_names].
+ *
+ * Returns: (transfer full) (array zero-terminated=1) (nullable): the
+ *   names, or %NULL for one dimension `cp`; free with g_strfreev()
+ *
+ * Since: 1.0
+ */
+char **
+cp_mesh_options_dup_dim_names (CpMeshOptions *self)
+{
+  g_return_val_if_fail (CP_IS_MESH_OPTIONS (self), NULL);
+
+  return g_strdupv (self->dim_names);
+}
+
+/**
  * cp_mesh_options_get_dim_sizes:
  * @self: options
  * @n_dims: (out) (optional): the number of dimensions

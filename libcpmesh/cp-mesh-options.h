@@ -51,6 +51,8 @@ void                cp_mesh_options_set_token       (CpMeshOptions       *self,
 CP_AVAILABLE_IN_ALL
 const char * const *cp_mesh_options_get_dim_names   (CpMeshOptions       *self);
 CP_AVAILABLE_IN_ALL
+char              **cp_mesh_options_dup_dim_names   (CpMeshOptions       *self) G_GNUC_WARN_UNUSED_RESULT;
+CP_AVAILABLE_IN_ALL
 const int          *cp_mesh_options_get_dim_sizes   (CpMeshOptions       *self,
                                                      gsize               *n_dims);
 CP_AVAILABLE_IN_ALL

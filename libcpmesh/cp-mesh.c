@@ -546,6 +546,26 @@ cp_mesh_get_dim_names (CpMesh *self)
 }
 
 /**
+ * cp_mesh_dup_dim_names:
+ * @self: a mesh
+ *
+ * Copies the names of the dimensions, for bindings whose string arrays
+ * are not const (Vala); C reads them with [method@Cp.Mesh.get_dim_names].
+ *
+ * Returns: (transfer full) (array zero-terminated=1): the names; free with
+ *   g_strfreev()
+ *
+ * Since: 1.0
+ */
+char **
+cp_mesh_dup_dim_names (CpMesh *self)
+{
+  g_return_val_if_fail (CP_IS_MESH (self), NULL);
+
+  return g_strdupv (self->dim_names);
+}
+
+/**
  * cp_mesh_get_dim_sizes:
  * @self: a mesh
  * @n_dims: (out) (optional): the number of dimensions

@@ -63,6 +63,8 @@ const char         *cp_mesh_get_backend       (CpMesh              *self);
 CP_AVAILABLE_IN_ALL
 const char * const *cp_mesh_get_dim_names     (CpMesh              *self);
 CP_AVAILABLE_IN_ALL
+char              **cp_mesh_dup_dim_names     (CpMesh              *self) G_GNUC_WARN_UNUSED_RESULT;
+CP_AVAILABLE_IN_ALL
 const int          *cp_mesh_get_dim_sizes     (CpMesh              *self,
                                                gsize               *n_dims);
 CP_AVAILABLE_IN_ALL

@@ -46,6 +46,7 @@ test_container (void)
   g_autoptr(CpTensor) a = CP_TEST_TENSOR (CP_DTYPE_INT64, row6, 1, 2, 3, 4, 5, 6);
   g_autoptr(CpTensor) b = CP_TEST_TENSOR (CP_DTYPE_INT64, row6, 6, 5, 4, 3, 2, 1);
   const char *order[] = { "labels", "input_ids", "teacher_logits", NULL };
+  g_auto(GStrv) copied_keys = NULL;
   int dim = 0;
 
   g_assert_cmpuint (cp_batch_get_n_keys (batch), ==, 0);
@@ -54,6 +55,8 @@ test_container (void)
   cp_batch_set (batch, "input_ids", b);
   cp_batch_set (batch, "teacher_logits", a);
   g_assert_cmpstrv (cp_batch_get_keys (batch), order);
+  copied_keys = cp_batch_dup_keys (batch);
+  g_assert_cmpstrv (copied_keys, order);
   g_assert_true (cp_batch_get (batch, "input_ids") == b);
   g_assert_null (cp_batch_get (batch, "position_ids"));
   g_assert_true (cp_batch_contains (batch, "labels"));
@@ -72,6 +75,8 @@ test_container (void)
   g_assert_cmpuint (cp_batch_get_n_keys (batch), ==, 2);
   g_assert_cmpstr (cp_batch_get_keys (batch)[1], ==, "teacher_logits");
   g_assert_null (cp_batch_get_keys (batch)[2]);
+  /* The copy does not follow the batch. */
+  g_assert_cmpstrv (copied_keys, order);
   g_assert_true (cp_batch_remove (batch, "teacher_logits"));
   cp_batch_set (batch, "teacher_logits", b);
   g_assert_false (cp_batch_get_seq_dim (batch, "teacher_logits", NULL));

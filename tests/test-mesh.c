@@ -22,6 +22,7 @@ test_properties (void)
   CpMesh *rank4;
   CpMesh *cp;
   g_auto(GStrv) dim_names = NULL;
+  g_auto(GStrv) copied_names = NULL;
   g_autoptr(GVariant) dim_sizes = NULL;
   g_autoptr(GVariant) expected_sizes = g_variant_ref_sink (g_variant_new_parsed ("[2, 3]"));
   char *backend;
@@ -36,6 +37,10 @@ test_properties (void)
   g_assert_cmpstr (backend, ==, "local");
   g_free (backend);
   g_assert_cmpstrv (dim_names, names);
+  g_assert_cmpstrv (cp_mesh_get_dim_names (rank4), names);
+  copied_names = cp_mesh_dup_dim_names (rank4);
+  g_assert_cmpstrv (copied_names, names);
+  g_assert_true ((const char * const *) copied_names != cp_mesh_get_dim_names (rank4));
   g_assert_true (g_variant_equal (dim_sizes, expected_sizes));
   g_assert_cmpint (cp_mesh_get_rank (rank4), ==, 4);
   g_assert_cmpint (cp_mesh_get_coordinate (rank4, "dp"), ==, 1);

@@ -130,6 +130,7 @@ test_options_defaults (void)
   const int sizes[] = { 2, 3 };
   g_autoptr(GVariant) dim_sizes = NULL;
   g_autofree char *printed = NULL;
+  g_auto(GStrv) copied_names = NULL;
   gsize n_dims = 9;
 
   g_assert_cmpint (cp_mesh_options_get_rank (options), ==, 0);
@@ -138,6 +139,7 @@ test_options_defaults (void)
   g_assert_cmpuint (cp_mesh_options_get_port (options), ==, 0);
   g_assert_null (cp_mesh_options_get_token (options));
   g_assert_null (cp_mesh_options_get_dim_names (options));
+  g_assert_null (cp_mesh_options_dup_dim_names (options));
   g_assert_null (cp_mesh_options_get_dim_sizes (options, &n_dims));
   g_assert_cmpuint (n_dims, ==, 0);
   g_assert_cmpuint (cp_mesh_options_get_timeout_ms (options), ==, 0);
@@ -145,6 +147,9 @@ test_options_defaults (void)
 
   cp_mesh_options_set_dims (options, names, sizes, 2);
   g_assert_cmpstrv (cp_mesh_options_get_dim_names (options), names);
+  copied_names = cp_mesh_options_dup_dim_names (options);
+  g_assert_cmpstrv (copied_names, names);
+  g_assert_true ((const char * const *) copied_names != cp_mesh_options_get_dim_names (options));
   g_assert_cmpmem (cp_mesh_options_get_dim_sizes (options, &n_dims), sizeof sizes, sizes, sizeof sizes);
   g_object_get (options, "dim-sizes", &dim_sizes, NULL);
   printed = g_variant_print (dim_sizes, FALSE);

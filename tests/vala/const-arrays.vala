@@ -2,8 +2,9 @@
  * built by test_quiet_build.py with plain valac, whose output must stay
  * empty: the C compiler warned about `const char * const *` and
  * `const gint64 *` at each of them before the VAPI spelled out their C
- * types (bindings/vala/Cp-1.metadata and Cp-1-custom.vala). Prints what
- * it read back, which the test compares.
+ * types (bindings/vala/Cp-1.metadata and Cp-1-custom.vala), and at each
+ * zero-terminated getter before the VAPI mapped it to its copying `dup_`
+ * twin. Prints what it read back, which the test compares.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -29,6 +30,21 @@ int main () {
     options.set_dims ({ "dp", "cp" }, { 2, 3 });
     unowned int[]? option_sizes = options.get_dim_sizes ();
     print ("options: %s %d %d\n", string.joinv (",", options.dim_names), option_sizes[0], option_sizes[1]);
+
+    /* The zero-terminated getters, measured by Vala itself. */
+    var unset = new Cp.MeshOptions ();
+    print ("names: %s %d, %s %d, %s\n",
+           string.joinv (",", mesh.get_dim_names ()), mesh.get_dim_names ().length,
+           string.joinv (",", options.get_dim_names ()), options.get_dim_names ().length,
+           unset.get_dim_names () == null ? "unset" : "set");
+
+    var batch = new Cp.Batch ();
+    batch.set ("input_ids", new Cp.Tensor (Cp.DType.INT64, { 1, 8 }));
+    batch.set ("labels", new Cp.Tensor (Cp.DType.INT64, { 1, 8 }));
+    string[] keys = batch.get_keys ();
+    foreach (unowned string key in batch.get_keys ())
+      print ("key: %s\n", key);
+    print ("keys: %d %s\n", keys.length, keys[1]);
 
     var tensor = new Cp.Tensor (Cp.DType.FLOAT32, { 2, 3 });
     unowned int64[] shape = tensor.get_shape ();

@@ -56,9 +56,11 @@ class QuietBuild(unittest.TestCase):
         result = subprocess.run([program], env=self.env, capture_output=True, text=True, timeout=60)
         self.assertEqual(result.returncode, 0, result.stderr)
         lines = result.stdout.splitlines()
-        self.assertEqual(lines[:5], ['mesh: dp,cp 2 1', 'options: dp,cp 2 3', 'shape: 2 [2, 3]',
-                                     'attention: 8 12 4', 'ucx: refused'])
-        self.assertRegex(lines[5], r'^connect: ')
+        self.assertEqual(lines[:9], ['mesh: dp,cp 2 1', 'options: dp,cp 2 3',
+                                     'names: dp,cp 2, dp,cp 2, unset',
+                                     'key: input_ids', 'key: labels', 'keys: 2 labels',
+                                     'shape: 2 [2, 3]', 'attention: 8 12 4', 'ucx: refused'])
+        self.assertRegex(lines[9], r'^connect: ')
 
     def test_examples_compile_quietly(self):
         self.build('examples/example.vala')
