@@ -704,7 +704,17 @@ cp_batch_prepare (CpBatch         *self,
   if (mesh != NULL && (group = _cp_context_resolve_mesh (mesh, error)) == NULL)
     return NULL;
   if (group == NULL || cp_mesh_get_world_size (group) == 1)
-    return cp_context_new (group, rotate_method_of (options));
+    {
+      /* Nothing to shard, pad or check against other ranks, as in the
+       * reference; but token ids that are not integers are as wrong on
+       * one rank as on many, and a program must not start failing only
+       * when it is given a second rank. */
+      CpTensor *ids = cp_batch_get (self, "input_ids");
+
+      if (ids != NULL && !check_token_ids (ids, error))
+        return NULL;
+      return cp_context_new (group, rotate_method_of (options));
+    }
 
   plan.items = g_ptr_array_new_with_free_func (item_free);
   plan.claimed = g_ptr_array_new_with_free_func (g_object_unref);

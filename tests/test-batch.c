@@ -1278,6 +1278,35 @@ test_errors (gconstpointer data)
   cp_test_run_group ("cp", 2, error_rank, (gpointer) data);
 }
 
+/* Token ids that are not integers are refused without context
+ * parallelism too (one rank, or no mesh): a program must not start
+ * failing only when it gets a second rank. */
+static void
+test_float_input_ids_one_rank (void)
+{
+  static const char * const names[] = { "cp" };
+  static const int sizes[] = { 1 };
+  GList *meshes = cp_mesh_new_local_group (names, sizes, 1, NULL);
+  CpMesh *choices[] = { meshes->data, NULL };
+
+  for (guint i = 0; i < G_N_ELEMENTS (choices); i++)
+    {
+      g_autoptr(CpBatch) batch = e2_batch ();
+      g_autoptr(CpBatchOptions) options = cp_batch_options_new ();
+      g_autoptr(CpContext) context = NULL;
+      g_autoptr(GError) error = NULL;
+
+      float_input_ids (batch, options);
+      context = cp_batch_prepare (batch, choices[i], options, &error);
+      g_assert_null (context);
+      CP_TEST_ASSERT_CASE (error, CP_BATCH_ERROR, CP_BATCH_ERROR_DTYPE, "CpBatch",
+                           choices[i] != NULL ? "cp_batch_prepare with float32 input_ids on one rank"
+                                              : "cp_batch_prepare with float32 input_ids and no mesh");
+      cp_test_assert_message (error, "'input_ids' is float32[1, 6] on host, but token ids are integers");
+    }
+  g_list_free_full (meshes, g_object_unref);
+}
+
 /* One tensor in the batches of all ranks, or in the one options object
  * they all pass, cannot be padded in place by every rank: every rank
  * fails with CP_TENSOR_ERROR_IN_USE naming the key, and no batch and no
@@ -1414,6 +1443,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Batch/prepare/property", test_property);
   g_test_add_data_func ("/Cp/Batch/enter/unpadded-lengths-disagree", unpadded_disagree_rank, test_on_two_ranks);
   g_test_add_data_func ("/Cp/Batch/errors/one-rank", one_rank_fails_rank, test_on_two_ranks);
+  g_test_add_func ("/Cp/Batch/errors/float-input-ids/one-rank", test_float_input_ids_one_rank);
   g_test_add_data_func ("/Cp/Batch/shared/labels", &share_cases[0], test_shared_tensor);
   g_test_add_data_func ("/Cp/Batch/shared/options-loss-mask", &share_cases[1], test_shared_tensor);
   g_test_add_data_func ("/Cp/Batch/shared/extra-buffer", &share_cases[2], test_shared_tensor);

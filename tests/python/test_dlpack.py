@@ -410,6 +410,30 @@ class TestTorchMovesMemory(TensorErrorMixin, unittest.TestCase):
         self.assertMoved('Batch.prepare of a batch holding a tensor whose producer was resized',
                          batch.prepare, mesh)
 
+    def test_every_tensor_over_the_storage_is_caught(self):
+        # A tensor made over the same storage, and a layout read from the
+        # tensor itself, are checked as the tensor is.
+        x = torch.arange(8, dtype=torch.int64) * 2
+        t = Cp.Tensor.from_dlpack(x)
+        again = Cp.Tensor.new_from_storage(Cp.DType.INT64, [4], t.get_storage(), 0)
+        x.resize_(1 << 20)
+        self.assertMoved('Tensor.numpy of a tensor made over the storage of a PyTorch producer '
+                         'that was resized', again.numpy)
+        self.assertMoved('Layout.new_thd_from_tensor of a tensor whose PyTorch producer was '
+                         'resized', Cp.Layout.new_thd_from_tensor, t, 2)
+
+    def test_loss_mask_in_options_is_caught(self):
+        mask = torch.ones(1, 8, dtype=torch.float32)
+        options = Cp.BatchOptions()
+        options.set_loss_mask(Cp.Tensor.from_dlpack(mask))
+        batch = Cp.Batch()
+        batch['input_ids'] = Cp.Tensor.from_numpy(np.arange(8, dtype=np.int64).reshape(1, 8))
+        batch['labels'] = Cp.Tensor.from_numpy(np.arange(8, dtype=np.int64).reshape(1, 8))
+        mask.resize_(1 << 20)
+        mesh = Cp.Mesh.new_local_group(['cp'], [1])[0]
+        self.assertMoved('Batch.prepare with a loss mask whose PyTorch producer was resized',
+                         batch.prepare, mesh, options)
+
     def test_set_is_caught(self):
         x = torch.arange(4, dtype=torch.int64)
         t = Cp.Tensor.from_dlpack(x)

@@ -334,6 +334,42 @@ class TestReshape(TensorErrorMixin, unittest.TestCase):
                                'has -1 in dimensions 0 and 1', t.reshape, [-1, -1])
 
 
+class TestOutOfRange(TensorErrorMixin, unittest.TestCase):
+    """Indices, dimensions and ranks the C API takes as programmer errors
+    (a critical and a default value) raise GLib.Error in Python."""
+
+    def test_indices_and_dimensions(self):
+        t = Cp.Tensor.from_numpy(np.arange(4, dtype=np.float32))
+        for index in (4, 99, -1):
+            self.assertTensorError('Tensor.get_value at index %d of 4 elements' % index,
+                                   Cp.TensorError.OUT_OF_RANGE,
+                                   'get_value: index %d is outside float32[4]' % index,
+                                   t.get_value, index)
+        self.assertTensorError('Tensor.set_value at index 4 of 4 elements', Cp.TensorError.OUT_OF_RANGE,
+                               'set_value: index 4 is outside', t.set_value, 4, 1.0)
+        self.assertTensorError('Tensor.get_dim of dimension 3 of a 1-d tensor',
+                               Cp.TensorError.OUT_OF_RANGE, 'dimension 3 does not exist', t.get_dim, 3)
+        self.assertEqual(t.get_value(3), 3.0)
+        self.assertEqual(t.get_dim(-1), 4)
+
+    def test_set_value_into_read_only_memory(self):
+        t = Cp.Tensor.new_from_bytes(Cp.DType.FLOAT32, [1], GLib.Bytes.new(b'\0\0\0\0'))
+        self.assertTensorError('Tensor.set_value into a tensor over GLib.Bytes', Cp.TensorError.READ_ONLY,
+                               'set_value: float32[1] on host is over read-only memory',
+                               t.set_value, 0, 1.0)
+        self.assertEqual(t.get_value(0), 0.0)
+
+    def test_ranks_of_a_layout(self):
+        layout = Cp.Layout.new(Cp.LoadBalance.HEAD_TAIL, 8, 2)
+        for name in ('get_local_len', 'get_local_indices', 'get_chunks', 'get_cost'):
+            for rank in (2, -1):
+                self.assertTensorError('Layout.%s of rank %d of 2' % (name, rank),
+                                       Cp.TensorError.OUT_OF_RANGE,
+                                       'rank %d is outside a layout of 2 ranks' % rank,
+                                       getattr(layout, name), rank)
+        self.assertEqual(layout.get_local_len(1), 4)
+
+
 class TestReadOnly(TensorErrorMixin, unittest.TestCase):
     """A tensor over GLib.Bytes is read-only: its numpy view cannot be
     written, and every call that would write it raises GLib.Error."""

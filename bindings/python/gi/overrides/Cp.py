@@ -43,6 +43,7 @@ import ctypes
 import functools
 import sys
 import threading
+import weakref
 
 from gi.repository import Gio, GLib, GObject
 
@@ -658,19 +659,68 @@ def _torch_memory(obj):
     return obj.data_ptr(), storage.data_ptr(), storage.nbytes()
 
 
+# The producer of each DLPack storage, by the storage's address, so that
+# a tensor later made over the same storage (Tensor.new_from_storage)
+# is checked too.  Only DLPack storages are looked up, and each import
+# replaces the entry of its address.  The entry holds the producer
+# weakly: once no one holds the PyTorch tensor, no one can resize it, and
+# the entry goes.
+_dlpack_producers = {}
+
+
+def _forget_producer(address, reference):
+    if _dlpack_producers.get(address, (None,))[0] is reference:
+        del _dlpack_producers[address]
+
+
 def _remember_producer(tensor, producer):
     memory = _torch_memory(producer)
+    address = tensor.get_storage().get_data_address()
     if memory is not None:
         tensor._cp_producer = (producer, memory)
+        reference = weakref.ref(producer, lambda r, a=address: _forget_producer(a, r))
+        _dlpack_producers[address] = (reference, memory)
+    else:
+        _dlpack_producers.pop(address, None)
     return tensor
+
+
+def _producer_of_storage(storage):
+    """The (producer, memory) of a DLPack storage of PyTorch's, or None."""
+    if storage.get_kind() != Cp.StorageKind.DLPACK:
+        return None
+    reference, memory = _dlpack_producers.get(storage.get_data_address(), (None, None))
+    producer = reference() if reference is not None else None
+    return (producer, memory) if producer is not None else None
+
+
+def _held_producer(tensor):
+    return getattr(tensor, '_cp_producer', None)
+
+
+def _tensor_over_storage(function):
+    """Tensor.new_from_storage: a tensor over a DLPack storage of
+    PyTorch's keeps its producer, as the tensor first made over it does."""
+    @functools.wraps(function)
+    def new_from_storage(dtype, shape, storage, *args, **kwargs):
+        tensor = function(dtype, shape, storage, *args, **kwargs)
+        held = _producer_of_storage(storage)
+        if held is not None:
+            _check_producer_of(tensor, held)
+            tensor._cp_producer = held
+        return tensor
+    return new_from_storage
 
 
 def _check_producer(tensor):
     """Raises GLib.Error (Cp.TensorError.MOVED) when the PyTorch tensor
     behind @tensor has moved or freed the memory @tensor views."""
-    held = getattr(tensor, '_cp_producer', None)
-    if held is None:
-        return
+    held = _held_producer(tensor)
+    if held is not None:
+        _check_producer_of(tensor, held)
+
+
+def _check_producer_of(tensor, held):
     producer, (data, storage, nbytes) = held
     now_data, now_storage, now_nbytes = _torch_memory(producer)
     if now_data == data and now_storage == storage and now_nbytes >= nbytes:
@@ -689,6 +739,8 @@ def _check_producers(values):
     for value in values:
         if isinstance(value, Cp.Tensor):
             _check_producer(value)
+        elif isinstance(value, Cp.BatchOptions) and value.get_loss_mask() is not None:
+            _check_producer(value.get_loss_mask())
         elif isinstance(value, (list, tuple)):
             _check_producers(value)
 
@@ -709,7 +761,7 @@ def _keeping_producer(function):
     def method(self, *args, **kwargs):
         _check_producer(self)
         result = function(self, *args, **kwargs)
-        held = getattr(self, '_cp_producer', None)
+        held = _held_producer(self)
         if (held is not None and isinstance(result, Cp.Tensor) and
                 result.get_storage().get_data_address() == self.get_storage().get_data_address()):
             result._cp_producer = held
@@ -743,8 +795,8 @@ _PRODUCER_CHECKS = {
     Mesh: (_checking_producers, ('all_gather', 'all_gather_into', 'all_to_all', 'all_reduce',
                                  'broadcast', 'send', 'recv', 'send_recv', 'unshard',
                                  'unshard_layout')),
-    Layout: (_checking_producers, ('shard', 'shard_into', 'shard_backward', 'unshard_pieces',
-                                   'unshard_pieces_into')),
+    Layout: (_checking_producers, ('new_thd_from_tensor', 'shard', 'shard_into', 'shard_backward',
+                                   'unshard_pieces', 'unshard_pieces_into')),
     Attention: (_checking_producers, ('forward', 'backward')),
     Batch: (_batch_checking_producers, ('prepare', 'to_thd', 'pad_documents')),
     Context: (_context_checking_producers, ('enter', 'unshard', 'register_buffer')),
@@ -757,6 +809,74 @@ for _cls, (_wrap, _names) in _PRODUCER_CHECKS.items():
             setattr(_cls, _name + '_async', _wrap(getattr(_cls, _name + '_async')))
 for _name in ('narrow', 'reshape'):
     setattr(Tensor, _name, _keeping_producer(getattr(Tensor, _name)))
+Tensor.new_from_storage = staticmethod(_tensor_over_storage(Cp.Tensor.new_from_storage))
+
+
+# ---- Indices and ranks out of range ----
+#
+# The C API takes an index, a dimension or a rank out of range in these
+# getters as a programmer error: a critical and a default value (0, None).
+# Python code expects an exception, and a default value would be read as
+# data, so the override checks first and raises GLib.Error
+# (Cp.TensorError.OUT_OF_RANGE, or READ_ONLY for a write into read-only
+# memory).
+
+def _out_of_range(message):
+    return GLib.Error.new_literal(Cp.tensor_error_quark(), message, int(Cp.TensorError.OUT_OF_RANGE))
+
+
+def _checking_index(function):
+    @functools.wraps(function)
+    def method(self, index, *args, **kwargs):
+        numel = self.get_numel()
+        if not 0 <= index < numel:
+            raise _out_of_range('%s: index %d is outside %s, which holds %d elements (0 to %d)'
+                                % (function.__name__, index, self.describe(), numel, numel - 1))
+        return function(self, index, *args, **kwargs)
+    return method
+
+
+def _checking_writable(function):
+    @functools.wraps(function)
+    def method(self, *args, **kwargs):
+        if self.get_storage().get_read_only():
+            raise GLib.Error.new_literal(
+                Cp.tensor_error_quark(),
+                '%s: %s is over read-only memory' % (function.__name__, self.describe()),
+                int(Cp.TensorError.READ_ONLY))
+        return function(self, *args, **kwargs)
+    return method
+
+
+def _checking_dim(function):
+    @functools.wraps(function)
+    def method(self, dim, *args, **kwargs):
+        n_dims = self.get_n_dims()
+        if not -n_dims <= dim < n_dims:
+            raise _out_of_range('%s: dimension %d does not exist in %s, which has %d (%d to %d)'
+                                % (function.__name__, dim, self.describe(), n_dims, -n_dims,
+                                   n_dims - 1))
+        return function(self, dim, *args, **kwargs)
+    return method
+
+
+def _checking_rank(function):
+    @functools.wraps(function)
+    def method(self, rank, *args, **kwargs):
+        cp_size = self.get_cp_size()
+        if not 0 <= rank < cp_size:
+            raise _out_of_range('%s: rank %d is outside a layout of %d ranks (0 to %d)'
+                                % (function.__name__, rank, cp_size, cp_size - 1))
+        return function(self, rank, *args, **kwargs)
+    return method
+
+
+for _name in ('get_value', 'set_value'):
+    setattr(Tensor, _name, _checking_index(getattr(Tensor, _name)))
+Tensor.set_value = _checking_writable(Tensor.set_value)
+Tensor.get_dim = _checking_dim(Tensor.get_dim)
+for _name in ('get_local_len', 'get_local_indices', 'get_chunks', 'get_cost'):
+    setattr(Layout, _name, _checking_rank(getattr(Layout, _name)))
 
 
 def float32_to_bfloat16(array):
