@@ -714,6 +714,7 @@ check_waiting (Gate          *gate,
                GError       **error)
 {
   GString *missing;
+  int n_missing = 0;
 
   if (g_cancellable_set_error_if_cancelled (cancellable, error))
     return FALSE;
@@ -722,10 +723,14 @@ check_waiting (Gate          *gate,
   missing = g_string_new (NULL);
   for (int r = 1; r < gate->config->world_size; r++)
     if (gate->members[r] == NULL)
-      g_string_append_printf (missing, "%s%d", missing->len ? ", " : "", r);
+      {
+        g_string_append_printf (missing, "%s%d", missing->len ? ", " : "", r);
+        n_missing++;
+      }
   g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT,
-               "rank 0: ranks %s never joined within %u ms (rendezvous at %s)", missing->str,
-               gate->config->timeout_ms, gate->where);
+               "rank 0: %s %s never joined within %u ms (rendezvous at %s)",
+               n_missing == 1 ? "rank" : "ranks", missing->str, gate->config->timeout_ms,
+               gate->where);
   g_string_free (missing, TRUE);
   return FALSE;
 }
