@@ -825,15 +825,32 @@ def _out_of_range(message):
     return GLib.Error.new_literal(Cp.tensor_error_quark(), message, int(Cp.TensorError.OUT_OF_RANGE))
 
 
-def _checking_index(function):
-    @functools.wraps(function)
-    def method(self, index, *args, **kwargs):
-        numel = self.get_numel()
-        if not 0 <= index < numel:
-            raise _out_of_range('%s: index %d is outside %s, which holds %d elements (0 to %d)'
-                                % (function.__name__, index, self.describe(), numel, numel - 1))
-        return function(self, index, *args, **kwargs)
-    return method
+def _checking_first_argument(bounds, message):
+    """A method whose first argument must lie in bounds(self) = (low, high),
+    high excluded; message(name, self, value, low, high) says why not."""
+    def wrap(function):
+        @functools.wraps(function)
+        def method(self, value, *args, **kwargs):
+            low, high = bounds(self)
+            if not low <= value < high:
+                raise _out_of_range(message(function.__name__, self, value, low, high))
+            return function(self, value, *args, **kwargs)
+        return method
+    return wrap
+
+
+_checking_index = _checking_first_argument(
+    lambda t: (0, t.get_numel()),
+    lambda name, t, index, low, high: '%s: index %d is outside %s, which holds %d elements (0 to %d)'
+    % (name, index, t.describe(), high, high - 1))
+_checking_dim = _checking_first_argument(
+    lambda t: (-t.get_n_dims(), t.get_n_dims()),
+    lambda name, t, dim, low, high: '%s: dimension %d does not exist in %s, which has %d (%d to %d)'
+    % (name, dim, t.describe(), high, low, high - 1))
+_checking_rank = _checking_first_argument(
+    lambda layout: (0, layout.get_cp_size()),
+    lambda name, layout, rank, low, high: '%s: rank %d is outside a layout of %d ranks (0 to %d)'
+    % (name, rank, high, high - 1))
 
 
 def _checking_writable(function):
@@ -845,29 +862,6 @@ def _checking_writable(function):
                 '%s: %s is over read-only memory' % (function.__name__, self.describe()),
                 int(Cp.TensorError.READ_ONLY))
         return function(self, *args, **kwargs)
-    return method
-
-
-def _checking_dim(function):
-    @functools.wraps(function)
-    def method(self, dim, *args, **kwargs):
-        n_dims = self.get_n_dims()
-        if not -n_dims <= dim < n_dims:
-            raise _out_of_range('%s: dimension %d does not exist in %s, which has %d (%d to %d)'
-                                % (function.__name__, dim, self.describe(), n_dims, -n_dims,
-                                   n_dims - 1))
-        return function(self, dim, *args, **kwargs)
-    return method
-
-
-def _checking_rank(function):
-    @functools.wraps(function)
-    def method(self, rank, *args, **kwargs):
-        cp_size = self.get_cp_size()
-        if not 0 <= rank < cp_size:
-            raise _out_of_range('%s: rank %d is outside a layout of %d ranks (0 to %d)'
-                                % (function.__name__, rank, cp_size, cp_size - 1))
-        return function(self, rank, *args, **kwargs)
     return method
 
 
