@@ -773,6 +773,8 @@ time_out_as_rank_0 (const char *host,
                                                        "CPMESH_TIMEOUT_MS=200"));
 
   g_assert_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT);
+  /* One rank missing: named in the singular. */
+  g_assert_nonnull (strstr (error->message, "rank 0: rank 1 never joined within 200 ms"));
 }
 
 static void
