@@ -6,13 +6,10 @@
 #pragma once
 
 #include "cp-mesh.h"
+#include "transports/cp-mesh-config-private.h"
 #include "transports/cp-transport-private.h"
 
 G_BEGIN_DECLS
-
-/* The default for CpMesh:timeout-ms: long enough for the slowest rank of
- * a real step to catch up, short enough that a lost peer is noticed. */
-#define CP_MESH_DEFAULT_TIMEOUT_MS 120000
 
 /* A mesh over @transport: this rank is @my_index of the transport ranks
  * @members, arranged row-major over the named dimensions.  Backends call
@@ -25,13 +22,6 @@ CpMesh   *_cp_mesh_new              (CpTransport         *transport,
                                      const char * const  *dim_names,
                                      const int           *dim_sizes,
                                      gsize                n_dims,
-                                     GError             **error);
-
-/* Checks dimension names and sizes and returns their product. */
-gboolean  _cp_mesh_check_dims       (const char * const  *dim_names,
-                                     const int           *dim_sizes,
-                                     gsize                n_dims,
-                                     int                 *world_size,
                                      GError             **error);
 
 /* The host communicator: agreements, fingerprints and descriptor

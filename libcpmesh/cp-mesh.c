@@ -301,45 +301,6 @@ cp_mesh_init (CpMesh *self)
   self->device_comms = g_ptr_array_new_with_free_func ((GDestroyNotify) _cp_comm_free);
 }
 
-/* Keeps meshes of absurd sizes from allocating per-rank tables. */
-#define MAX_WORLD_SIZE 65536
-
-gboolean
-_cp_mesh_check_dims (const char * const  *dim_names,
-                     const int           *dim_sizes,
-                     gsize                n_dims,
-                     int                 *world_size,
-                     GError             **error)
-{
-  gint64 world = 1;
-
-  if (n_dims == 0 || dim_names == NULL || g_strv_length ((char **) dim_names) != n_dims)
-    {
-      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
-                   "a mesh needs one name per dimension: %u names for %" G_GSIZE_FORMAT
-                   " sizes", dim_names ? g_strv_length ((char **) dim_names) : 0, n_dims);
-      return FALSE;
-    }
-  for (gsize i = 0; i < n_dims; i++)
-    {
-      if (dim_names[i][0] == '\0' || g_strv_contains (dim_names + i + 1, dim_names[i]))
-        {
-          g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
-                       "dimension name \"%s\" is empty or used twice", dim_names[i]);
-          return FALSE;
-        }
-      if (dim_sizes[i] < 1 || (world *= dim_sizes[i]) > MAX_WORLD_SIZE)
-        {
-          g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
-                       "dimension \"%s\" has size %d; sizes must be at least 1 and multiply "
-                       "to at most %d ranks", dim_names[i], dim_sizes[i], MAX_WORLD_SIZE);
-          return FALSE;
-        }
-    }
-  *world_size = (int) world;
-  return TRUE;
-}
-
 /* Routes every memory kind @comm's transport moves to @comm. */
 static void
 route_kinds (CpMesh *self,
@@ -404,7 +365,7 @@ _cp_mesh_new (CpTransport         *transport,
   g_autoptr(CpMesh) self = NULL;
   int world_size;
 
-  if (!_cp_mesh_check_dims (dim_names, dim_sizes, n_dims, &world_size, error))
+  if (!_cp_mesh_config_check_dims (dim_names, dim_sizes, n_dims, &world_size, error))
     return NULL;
   g_assert (world_size == n_members);
 
@@ -453,7 +414,7 @@ cp_mesh_new_local_group (const char * const  *dim_names,
   g_return_val_if_fail (dim_sizes != NULL || n_dims == 0, NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  if (!_cp_mesh_check_dims (dim_names, dim_sizes, n_dims, &world_size, error))
+  if (!_cp_mesh_config_check_dims (dim_names, dim_sizes, n_dims, &world_size, error))
     return NULL;
 
   members = g_new (int, world_size);

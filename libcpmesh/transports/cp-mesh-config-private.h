@@ -17,6 +17,23 @@ G_BEGIN_DECLS
 /* The UCX backend packs a communicator index into 10 tag bits. */
 #define CP_MESH_UCX_MAX_WORLD_SIZE 1024
 
+/* The default for CpMesh:timeout-ms: long enough for the slowest rank of
+ * a real step to catch up, short enough that a lost peer is noticed. */
+#define CP_MESH_DEFAULT_TIMEOUT_MS 120000
+
+/* Keeps meshes of absurd sizes from allocating per-rank tables. */
+#define CP_MESH_MAX_WORLD_SIZE 65536
+
+/* Checks dimension names and sizes and returns their product: what every
+ * mesh's shape must pass, whether a launcher's environment or a program
+ * gave it (below the mesh, so that configuring a mesh calls nothing
+ * above the transports). */
+gboolean _cp_mesh_config_check_dims (const char * const  *dim_names,
+                                     const int           *dim_sizes,
+                                     gsize                n_dims,
+                                     int                 *world_size,
+                                     GError             **error);
+
 /* Everything a process needs to join a multi-process mesh: which rank it
  * is, where rank 0 listens, the shared secret and the mesh's shape. */
 typedef struct _CpMeshConfig

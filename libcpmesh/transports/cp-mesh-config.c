@@ -10,7 +10,6 @@
 
 #include "cp-error.h"
 #include "cp-mesh-config-private.h"
-#include "cp-mesh-private.h"
 
 /* The launchers whose conventions we read, most specific first: torchrun
  * started under srun or mpirun sees its parent's variables too, and its
@@ -347,6 +346,42 @@ set_default_dims (CpMeshConfig *config)
   config->n_dims = 1;
 }
 
+gboolean
+_cp_mesh_config_check_dims (const char * const  *dim_names,
+                            const int           *dim_sizes,
+                            gsize                n_dims,
+                            int                 *world_size,
+                            GError             **error)
+{
+  gint64 world = 1;
+
+  if (n_dims == 0 || dim_names == NULL || g_strv_length ((char **) dim_names) != n_dims)
+    {
+      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
+                   "a mesh needs one name per dimension: %u names for %" G_GSIZE_FORMAT
+                   " sizes", dim_names ? g_strv_length ((char **) dim_names) : 0, n_dims);
+      return FALSE;
+    }
+  for (gsize i = 0; i < n_dims; i++)
+    {
+      if (dim_names[i][0] == '\0' || g_strv_contains (dim_names + i + 1, dim_names[i]))
+        {
+          g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
+                       "dimension name \"%s\" is empty or used twice", dim_names[i]);
+          return FALSE;
+        }
+      if (dim_sizes[i] < 1 || (world *= dim_sizes[i]) > CP_MESH_MAX_WORLD_SIZE)
+        {
+          g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
+                       "dimension \"%s\" has size %d; sizes must be at least 1 and multiply "
+                       "to at most %d ranks", dim_names[i], dim_sizes[i], CP_MESH_MAX_WORLD_SIZE);
+          return FALSE;
+        }
+    }
+  *world_size = (int) world;
+  return TRUE;
+}
+
 static gboolean
 check_dims_cover_world (CpMeshConfig  *config,
                         const char    *what,
@@ -355,8 +390,8 @@ check_dims_cover_world (CpMeshConfig  *config,
   g_autoptr(GError) dims_error = NULL;
   int product = 0;
 
-  if (!_cp_mesh_check_dims ((const char * const *) config->dim_names, config->dim_sizes,
-                            config->n_dims, &product, &dims_error))
+  if (!_cp_mesh_config_check_dims ((const char * const *) config->dim_names, config->dim_sizes,
+                                   config->n_dims, &product, &dims_error))
     {
       g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY, "%s: %s", what,
                    dims_error->message);
