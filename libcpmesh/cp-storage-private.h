@@ -33,6 +33,11 @@ CpStorage *_cp_storage_new_dlpack    (CpDeviceKind   device,
  * (the allocation records it), what DLPack said for imported memory. */
 int        _cp_storage_get_device_id (CpStorage     *self);
 
+/* A number no other storage of this process has had or will have,
+ * never 0: what a peer that mapped or registered @self's bytes caches
+ * them by, where an address could be reused once @self is freed. */
+guint64    _cp_storage_get_id        (CpStorage     *self);
+
 /* The operations of the memory holding @self's bytes, or NULL when this
  * build cannot reach it (a CUDA tensor imported through DLPack). */
 const CpMemoryOps *_cp_storage_get_memory (CpStorage *self);

@@ -51,6 +51,7 @@ typedef struct
 struct _CpStorage
 {
   gatomicrefcount ref_count;
+  guint64 id;
   const StorageOps *vtable;
   const CpMemoryOps *memory; /* NULL: memory this build cannot reach */
   CpStorageKind kind;
@@ -115,6 +116,10 @@ static const StorageOps borrowed_ops = { release_borrowed };
 static const StorageOps owner_ops = { release_owner };
 static const StorageOps fd_ops = { release_fd };
 
+/* The id the next storage gets.  64 bits never wrap: a storage a
+ * nanosecond would take five centuries. */
+static guint64 next_id = 1;
+
 static CpStorage *
 storage_alloc (CpStorageKind     kind,
                const StorageOps *vtable,
@@ -124,6 +129,7 @@ storage_alloc (CpStorageKind     kind,
   CpStorage *self = g_new0 (CpStorage, 1);
 
   g_atomic_ref_count_init (&self->ref_count);
+  self->id = __atomic_fetch_add (&next_id, 1, __ATOMIC_RELAXED);
   self->kind = kind;
   self->vtable = vtable;
   self->device = CP_DEVICE_KIND_HOST;
@@ -376,6 +382,12 @@ int
 _cp_storage_get_device_id (CpStorage *self)
 {
   return self->device_id;
+}
+
+guint64
+_cp_storage_get_id (CpStorage *self)
+{
+  return self->id;
 }
 
 const CpMemoryOps *
