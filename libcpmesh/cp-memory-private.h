@@ -6,6 +6,7 @@
 #pragma once
 
 #include "cp-features.h"
+#include "cp-region-private.h"
 #include "cp-tensor.h"
 #include "kernels/cp-index-math.h"
 
@@ -18,6 +19,12 @@ G_BEGIN_DECLS
  * batch, THD, context, mesh, attention) moves tensor bytes only through
  * the _cp_memory_*() calls below, never with memcpy on a tensor's
  * address: on a device that address is not host-dereferenceable.
+ *
+ * The calls take regions (cp-region-private.h): storage, offset and
+ * length, never a tensor, so that this interface sits below the tensors
+ * and the transports alike and finds a copy's memory from the storage
+ * itself; the tensor-level calls further down only name a tensor's region
+ * (cp-tensor-memory.c).
  *
  * Addresses given to the operations are device addresses — what
  * cp_tensor_get_data_address() shows — and host addresses on the host
@@ -155,11 +162,99 @@ CpMemoryPlan _cp_memory_plan_2d (gsize width,
                                  gsize src_pitch,
                                  gsize max_pitch);
 
-/* Tensor-level moves.  Offsets and pitches are in bytes from the first
- * byte of the tensor they belong to; the tensors must be reachable
- * (_cp_tensor_require_device).  Regions must not overlap.  Each returns
- * FALSE with an error (CP_TENSOR_ERROR_DEVICE) when the memory failed;
- * the bytes are complete when it returns TRUE. */
+/* Region-level moves.  Offsets and pitches are in bytes from the first
+ * byte of the region they belong to; the memory must be reachable
+ * (_cp_tensor_require_device, or _cp_memory_ops_for_kind for a transport's
+ * own).  Regions must not overlap.  Each returns FALSE with an error
+ * (CP_TENSOR_ERROR_DEVICE) when the memory failed; the bytes are complete
+ * when it returns TRUE. */
+gboolean  _cp_memory_copy_2d_region   (const CpRegion     *dst,
+                                       gsize               dst_offset,
+                                       gsize               dst_pitch,
+                                       const CpRegion     *src,
+                                       gsize               src_offset,
+                                       gsize               src_pitch,
+                                       gsize               width,
+                                       gsize               height,
+                                       gboolean            streaming,
+                                       GError            **error);
+/* Copies @n_runs runs of positions between @full, where position p of
+ * row o starts at byte @full_offset + o·@full_pitch + (p − @first)·@step,
+ * and @local, where the runs follow each other from byte @local_offset +
+ * o·@local_pitch, over @outer rows: gathering them into @local when
+ * @to_local, scattering them back otherwise.  Memory with a copy_runs
+ * operation moves them all at once; other memory takes one 2-D copy a
+ * run.  Either way there is one synchronisation. */
+gboolean  _cp_memory_copy_runs_region (const CpRegion     *full,
+                                       gsize               full_offset,
+                                       gsize               full_pitch,
+                                       gint64              first,
+                                       const CpRegion     *local,
+                                       gsize               local_offset,
+                                       gsize               local_pitch,
+                                       const cp_index_run *runs,
+                                       guint               n_runs,
+                                       gsize               step,
+                                       gsize               outer,
+                                       gboolean            to_local,
+                                       gboolean            streaming,
+                                       GError            **error);
+/* Brings @n bytes of @src at @src_offset to @host, and back. */
+gboolean  _cp_memory_download_region  (gpointer            host,
+                                       const CpRegion     *src,
+                                       gsize               src_offset,
+                                       gsize               n,
+                                       GError            **error);
+gboolean  _cp_memory_upload_region    (const CpRegion     *dst,
+                                       gsize               dst_offset,
+                                       gconstpointer       host,
+                                       gsize               n,
+                                       GError            **error);
+/* Sets @count elements of @dtype from byte @offset of @dst on to @value,
+ * converted as cp_tensor_new_full() does. */
+gboolean  _cp_memory_fill_region      (const CpRegion     *dst,
+                                       gsize               offset,
+                                       CpDType             dtype,
+                                       gsize               count,
+                                       double              value,
+                                       GError            **error);
+/* Whether the first @n bytes of @a and @b are the same; FALSE with
+ * @error when they could not be read. */
+gboolean  _cp_memory_equal_region     (const CpRegion     *a,
+                                       const CpRegion     *b,
+                                       gsize               n,
+                                       GError            **error);
+/* Waits for everything issued on the device that holds @storage. */
+gboolean  _cp_memory_synchronize_storage (CpStorage       *storage,
+                                          GError         **error);
+/* Where @region's first byte is for the kernels of its device. */
+gpointer  _cp_memory_kernel_address_region (const CpRegion *region);
+
+/* A 2-D copy between addresses of memory @dst_kind and @src_kind, one of
+ * them host memory or both the same kind: what the transports move. */
+gboolean  _cp_memory_copy_2d_address  (gpointer      dst,
+                                       CpDeviceKind  dst_kind,
+                                       gsize         dst_pitch,
+                                       gconstpointer src,
+                                       CpDeviceKind  src_kind,
+                                       gsize         src_pitch,
+                                       gsize         width,
+                                       gsize         height,
+                                       gboolean      streaming,
+                                       GError      **error);
+/* Whether memory another framework exported through DLPack as @size
+ * bytes at @address on device @device_id of @kind is there; TRUE for
+ * memory this build cannot reach (nothing here reads it). */
+gboolean  _cp_memory_check_import   (CpDeviceKind   kind,
+                                     int            device_id,
+                                     guintptr       address,
+                                     gsize          size,
+                                     GError       **error);
+
+/* Tensor-level moves, for the layers above (cp-tensor-memory.c): each is
+ * the region-level call on the tensors' regions
+ * (_cp_tensor_get_region()), with offsets and pitches in bytes from the
+ * first byte of the tensor they belong to. */
 gboolean  _cp_memory_copy_2d        (CpTensor      *dst,
                                      gsize          dst_offset,
                                      gsize          dst_pitch,
@@ -170,13 +265,6 @@ gboolean  _cp_memory_copy_2d        (CpTensor      *dst,
                                      gsize          height,
                                      gboolean       streaming,
                                      GError       **error);
-/* Copies @n_runs runs of positions between @full, where position p of
- * row o starts at byte @full_offset + o·@full_pitch + (p − @first)·@step,
- * and @local, where the runs follow each other from byte @local_offset +
- * o·@local_pitch, over @outer rows: gathering them into @local when
- * @to_local, scattering them back otherwise.  Memory with a copy_runs
- * operation moves them all at once; other memory takes one 2-D copy a
- * run.  Either way there is one synchronisation. */
 gboolean  _cp_memory_copy_runs      (CpTensor           *full,
                                      gsize               full_offset,
                                      gsize               full_pitch,
@@ -198,7 +286,6 @@ gboolean  _cp_memory_copy           (CpTensor      *dst,
                                      gsize          n,
                                      gboolean       streaming,
                                      GError       **error);
-/* Brings @n bytes of @src at @src_offset to @host, and back. */
 gboolean  _cp_memory_download       (gpointer       host,
                                      CpTensor      *src,
                                      gsize          src_offset,
@@ -209,39 +296,13 @@ gboolean  _cp_memory_upload         (CpTensor      *dst,
                                      gconstpointer  host,
                                      gsize          n,
                                      GError       **error);
-/* The same at a device address of memory @device, for buffers that are
- * no longer tensors (a collective's send and receive buffers). */
-gboolean  _cp_memory_download_address (CpDeviceKind  device,
-                                       gpointer      host,
-                                       gconstpointer address,
-                                       gsize         n,
-                                       GError      **error);
-gboolean  _cp_memory_upload_address   (CpDeviceKind  device,
-                                       gpointer      address,
-                                       gconstpointer host,
-                                       gsize         n,
-                                       GError      **error);
-/* A 2-D copy between addresses of memory @dst_kind and @src_kind, one of
- * them host memory or both the same kind: what the transports move. */
-gboolean  _cp_memory_copy_2d_address  (gpointer      dst,
-                                       CpDeviceKind  dst_kind,
-                                       gsize         dst_pitch,
-                                       gconstpointer src,
-                                       CpDeviceKind  src_kind,
-                                       gsize         src_pitch,
-                                       gsize         width,
-                                       gsize         height,
-                                       gboolean      streaming,
-                                       GError      **error);
-/* Sets @count elements of @dst from @offset on to @value, converted to
- * @dst's dtype as cp_tensor_new_full() does. */
+/* Sets @count elements of @dst from byte @offset on to @value,
+ * converted to @dst's dtype. */
 gboolean  _cp_memory_fill           (CpTensor      *dst,
                                      gsize          offset,
                                      gsize          count,
                                      double         value,
                                      GError       **error);
-/* Whether the first @n bytes of @a and @b are the same; FALSE with
- * @error when they could not be read. */
 gboolean  _cp_memory_equal          (CpTensor      *a,
                                      CpTensor      *b,
                                      gsize          n,
@@ -250,14 +311,6 @@ gboolean  _cp_memory_synchronize    (CpTensor      *tensor,
                                      GError       **error);
 /* Where @tensor's first byte is for the kernels of its device. */
 gpointer  _cp_memory_kernel_address (CpTensor      *tensor);
-/* Whether memory another framework exported through DLPack as @size
- * bytes at @address on device @device_id of @kind is there; TRUE for
- * memory this build cannot reach (nothing here reads it). */
-gboolean  _cp_memory_check_import   (CpDeviceKind   kind,
-                                     int            device_id,
-                                     guintptr       address,
-                                     gsize          size,
-                                     GError       **error);
 
 /* Host memory, which the transports also use directly for their own
  * buffers. */

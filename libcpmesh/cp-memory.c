@@ -1,4 +1,4 @@
-/* cp-memory.c: tensor byte moves, dispatched to the memory that holds them
+/* cp-memory.c: byte moves between regions, dispatched to the memory that holds them
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -30,9 +30,9 @@ _cp_memory_ops_for_kind (CpDeviceKind kind)
 }
 
 static const CpMemoryOps *
-tensor_ops (CpTensor *tensor)
+region_ops (const CpRegion *region)
 {
-  const CpMemoryOps *ops = _cp_storage_get_memory (cp_tensor_get_storage (tensor));
+  const CpMemoryOps *ops = _cp_storage_get_memory (region->storage);
 
   /* Callers checked reachability with _cp_tensor_require_device(). */
   g_assert (ops != NULL);
@@ -40,21 +40,21 @@ tensor_ops (CpTensor *tensor)
 }
 
 static guint8 *
-device_address (CpTensor *tensor,
-                gsize     offset)
+device_address (const CpRegion *region,
+                gsize           offset)
 {
-  return (guint8 *) cp_tensor_get_data (tensor) + offset;
+  return (guint8 *) _cp_region_get_address (region) + offset;
 }
 
 /* Which memory's operations copy from @src to @dst, and in which
  * direction. */
 static const CpMemoryOps *
-copier (CpTensor          *dst,
-        CpTensor          *src,
+copier (const CpRegion    *dst,
+        const CpRegion    *src,
         CpMemoryDirection *direction)
 {
-  const CpMemoryOps *to = tensor_ops (dst);
-  const CpMemoryOps *from = tensor_ops (src);
+  const CpMemoryOps *to = region_ops (dst);
+  const CpMemoryOps *from = region_ops (src);
 
   if (to == from)
     {
@@ -126,11 +126,11 @@ issue_2d (const CpMemoryOps *ops,
     }
 }
 
-/* The device whose memory @ops and @tensor are: the one that runs a copy. */
+/* The device whose memory @region is: the one that runs a copy. */
 static int
-tensor_device_id (CpTensor *tensor)
+region_device_id (const CpRegion *region)
 {
-  return _cp_storage_get_device_id (cp_tensor_get_storage (tensor));
+  return _cp_storage_get_device_id (region->storage);
 }
 
 /* Waits for what @ok says was issued; a failure already reported wins,
@@ -149,26 +149,26 @@ finish (const CpMemoryOps *ops,
   return ops->synchronize (device_id, error);
 }
 
-/* The tensor of the pair whose device runs a copy between them. */
-static CpTensor *
-runner (CpTensor          *dst,
-        CpTensor          *src,
+/* The region of the pair whose device runs a copy between them. */
+static const CpRegion *
+runner (const CpRegion    *dst,
+        const CpRegion    *src,
         CpMemoryDirection  direction)
 {
   return direction == CP_MEMORY_DEVICE_TO_HOST ? src : dst;
 }
 
 gboolean
-_cp_memory_copy_2d (CpTensor *dst,
-                    gsize     dst_offset,
-                    gsize     dst_pitch,
-                    CpTensor *src,
-                    gsize     src_offset,
-                    gsize     src_pitch,
-                    gsize     width,
-                    gsize     height,
-                    gboolean  streaming,
-                    GError  **error)
+_cp_memory_copy_2d_region (const CpRegion *dst,
+                           gsize           dst_offset,
+                           gsize           dst_pitch,
+                           const CpRegion *src,
+                           gsize           src_offset,
+                           gsize           src_pitch,
+                           gsize           width,
+                           gsize           height,
+                           gboolean        streaming,
+                           GError        **error)
 {
   CpMemoryDirection direction;
   const CpMemoryOps *ops;
@@ -178,7 +178,7 @@ _cp_memory_copy_2d (CpTensor *dst,
   if (width == 0 || height == 0)
     return TRUE;
   ops = copier (dst, src, &direction);
-  device_id = tensor_device_id (runner (dst, src, direction));
+  device_id = region_device_id (runner (dst, src, direction));
   return finish (ops, device_id,
                  issue_2d (ops, device_id, device_address (dst, dst_offset), dst_pitch,
                            device_address (src, src_offset), src_pitch, width, height, direction,
@@ -217,20 +217,20 @@ issue_runs (const CpMemoryOps *ops,
 }
 
 gboolean
-_cp_memory_copy_runs (CpTensor           *full,
-                      gsize               full_offset,
-                      gsize               full_pitch,
-                      gint64              first,
-                      CpTensor           *local,
-                      gsize               local_offset,
-                      gsize               local_pitch,
-                      const cp_index_run *runs,
-                      guint               n_runs,
-                      gsize               step,
-                      gsize               outer,
-                      gboolean            to_local,
-                      gboolean            streaming,
-                      GError            **error)
+_cp_memory_copy_runs_region (const CpRegion     *full,
+                             gsize               full_offset,
+                             gsize               full_pitch,
+                             gint64              first,
+                             const CpRegion     *local,
+                             gsize               local_offset,
+                             gsize               local_pitch,
+                             const cp_index_run *runs,
+                             guint               n_runs,
+                             gsize               step,
+                             gsize               outer,
+                             gboolean            to_local,
+                             gboolean            streaming,
+                             GError            **error)
 {
   CpRunsCopy copy = {
     .full = device_address (full, full_offset), .full_pitch = full_pitch, .first = first,
@@ -244,23 +244,11 @@ _cp_memory_copy_runs (CpTensor           *full,
   if (outer == 0 || n_runs == 0 || step == 0)
     return TRUE;
   ops = to_local ? copier (local, full, &copy.direction) : copier (full, local, &copy.direction);
-  device_id = tensor_device_id (to_local ? runner (local, full, copy.direction)
+  device_id = region_device_id (to_local ? runner (local, full, copy.direction)
                                          : runner (full, local, copy.direction));
   if (ops->copy_runs != NULL && copy.direction == CP_MEMORY_DEVICE_TO_DEVICE)
     return finish (ops, device_id, ops->copy_runs (device_id, &copy, error), error);
   return finish (ops, device_id, issue_runs (ops, device_id, &copy, error), error);
-}
-
-gboolean
-_cp_memory_copy (CpTensor *dst,
-                 gsize     dst_offset,
-                 CpTensor *src,
-                 gsize     src_offset,
-                 gsize     n,
-                 gboolean  streaming,
-                 GError  **error)
-{
-  return _cp_memory_copy_2d (dst, dst_offset, n, src, src_offset, n, n, 1, streaming, error);
 }
 
 /* A one-row copy between host memory and memory @ops on @device_id. */
@@ -280,24 +268,28 @@ move_bytes (const CpMemoryOps *ops,
 }
 
 gboolean
-_cp_memory_download (gpointer  host,
-                     CpTensor *src,
-                     gsize     src_offset,
-                     gsize     n,
-                     GError  **error)
+_cp_memory_download_region (gpointer        host,
+                            const CpRegion *src,
+                            gsize           src_offset,
+                            gsize           n,
+                            GError        **error)
 {
-  return move_bytes (tensor_ops (src), tensor_device_id (src), host,
+  if (n == 0)
+    return TRUE;
+  return move_bytes (region_ops (src), region_device_id (src), host,
                      device_address (src, src_offset), n, CP_MEMORY_DEVICE_TO_HOST, error);
 }
 
 gboolean
-_cp_memory_upload (CpTensor      *dst,
-                   gsize          dst_offset,
-                   gconstpointer  host,
-                   gsize          n,
-                   GError       **error)
+_cp_memory_upload_region (const CpRegion *dst,
+                          gsize           dst_offset,
+                          gconstpointer   host,
+                          gsize           n,
+                          GError        **error)
 {
-  return move_bytes (tensor_ops (dst), tensor_device_id (dst), device_address (dst, dst_offset),
+  if (n == 0)
+    return TRUE;
+  return move_bytes (region_ops (dst), region_device_id (dst), device_address (dst, dst_offset),
                      host, n, CP_MEMORY_HOST_TO_DEVICE, error);
 }
 
@@ -306,36 +298,6 @@ device_of_address (const CpMemoryOps *ops,
                    gconstpointer      address)
 {
   return ops->device_of != NULL ? ops->device_of (address) : 0;
-}
-
-gboolean
-_cp_memory_download_address (CpDeviceKind  device,
-                             gpointer      host,
-                             gconstpointer address,
-                             gsize         n,
-                             GError      **error)
-{
-  const CpMemoryOps *ops = _cp_memory_ops_for_kind (device);
-
-  if (n == 0)
-    return TRUE;
-  return move_bytes (ops, device_of_address (ops, address), host, address, n,
-                     CP_MEMORY_DEVICE_TO_HOST, error);
-}
-
-gboolean
-_cp_memory_upload_address (CpDeviceKind  device,
-                           gpointer      address,
-                           gconstpointer host,
-                           gsize         n,
-                           GError      **error)
-{
-  const CpMemoryOps *ops = _cp_memory_ops_for_kind (device);
-
-  if (n == 0)
-    return TRUE;
-  return move_bytes (ops, device_of_address (ops, address), address, host, n,
-                     CP_MEMORY_HOST_TO_DEVICE, error);
 }
 
 gboolean
@@ -374,21 +336,21 @@ _cp_memory_copy_2d_address (gpointer      dst,
 }
 
 gboolean
-_cp_memory_fill (CpTensor *dst,
-                 gsize     offset,
-                 gsize     count,
-                 double    value,
-                 GError  **error)
+_cp_memory_fill_region (const CpRegion *dst,
+                        gsize           offset,
+                        CpDType         dtype,
+                        gsize           count,
+                        double          value,
+                        GError        **error)
 {
-  CpDType dtype = cp_tensor_get_dtype (dst);
   const CpMemoryOps *ops;
   guint64 pattern = 0;
   int device_id;
 
   if (count == 0)
     return TRUE;
-  ops = tensor_ops (dst);
-  device_id = tensor_device_id (dst);
+  ops = region_ops (dst);
+  device_id = region_device_id (dst);
   _cp_dtype_write (dtype, &pattern, 0, value);
   return finish (ops, device_id,
                  ops->fill (device_id, device_address (dst, offset), &pattern,
@@ -398,37 +360,40 @@ _cp_memory_fill (CpTensor *dst,
 
 /* Device bytes are compared on the host, after a download. */
 gboolean
-_cp_memory_equal (CpTensor *a,
-                  CpTensor *b,
-                  gsize     n,
-                  GError  **error)
+_cp_memory_equal_region (const CpRegion *a,
+                         const CpRegion *b,
+                         gsize           n,
+                         GError        **error)
 {
   g_autofree guint8 *bytes_a = NULL;
   g_autofree guint8 *bytes_b = NULL;
 
   if (n == 0)
     return TRUE;
-  if (tensor_ops (a) == &_cp_memory_host_ops && tensor_ops (b) == &_cp_memory_host_ops)
+  if (region_ops (a) == &_cp_memory_host_ops && region_ops (b) == &_cp_memory_host_ops)
     return memcmp (device_address (a, 0), device_address (b, 0), n) == 0;
   bytes_a = g_malloc (n);
   bytes_b = g_malloc (n);
-  return _cp_memory_download (bytes_a, a, 0, n, error) &&
-         _cp_memory_download (bytes_b, b, 0, n, error) &&
+  return _cp_memory_download_region (bytes_a, a, 0, n, error) &&
+         _cp_memory_download_region (bytes_b, b, 0, n, error) &&
          memcmp (bytes_a, bytes_b, n) == 0;
 }
 
 gboolean
-_cp_memory_synchronize (CpTensor *tensor,
-                        GError  **error)
+_cp_memory_synchronize_storage (CpStorage  *storage,
+                                GError    **error)
 {
-  return tensor_ops (tensor)->synchronize (tensor_device_id (tensor), error);
+  const CpMemoryOps *ops = _cp_storage_get_memory (storage);
+
+  g_assert (ops != NULL);
+  return ops->synchronize (_cp_storage_get_device_id (storage), error);
 }
 
 gpointer
-_cp_memory_kernel_address (CpTensor *tensor)
+_cp_memory_kernel_address_region (const CpRegion *region)
 {
-  guint8 *address = cp_tensor_get_data (tensor);
-  const CpMemoryOps *ops = tensor_ops (tensor);
+  guint8 *address = _cp_region_get_address (region);
+  const CpMemoryOps *ops = region_ops (region);
 
   if (address == NULL || ops->kernel_address == NULL)
     return address;

@@ -67,6 +67,8 @@ gint64    _cp_mesh_deadline         (CpMesh              *self);
  * 32-bit range public send/recv use. */
 #define CP_MESH_INTERNAL_TAG(n) ((G_GUINT64_CONSTANT (1) << 32) | (guint64) (n))
 
+/* Describes @tensor as a message naming its bytes, whose region holds a
+ * reference on its storage until _cp_message_clear(). */
 void      _cp_message_from_tensor   (CpMessage           *message,
                                      CpTensor            *tensor);
 

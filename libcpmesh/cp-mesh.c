@@ -975,11 +975,15 @@ agree_on_host (CpMesh        *self,
   g_autofree CpCollective *descs = g_new0 (CpCollective, n);
   g_autofree const CpCollective **order = g_new0 (const CpCollective *, n);
   CpCollective gather = { .kind = CP_COLL_ALL_GATHER, .dtype = CP_DTYPE_INT64, .n_dims = 1,
-                          .shape = { DESCRIPTOR_WORDS }, .outer = 1, .block = sizeof mine,
-                          .send = mine, .recv = table };
+                          .shape = { DESCRIPTOR_WORDS }, .outer = 1, .block = sizeof mine };
+  gboolean ok;
 
   pack_descriptor (coll, mine);
-  if (!run_on_host (self, &gather, invalid, error))
+  _cp_region_init_host (&gather.send, mine, sizeof mine);
+  _cp_region_init_host (&gather.recv, table, (gsize) n * sizeof mine);
+  ok = run_on_host (self, &gather, invalid, error);
+  _cp_collective_clear (&gather);
+  if (!ok)
     return FALSE;
   for (int r = 0; r < n; r++)
     {
@@ -1056,7 +1060,7 @@ run_staged (CpMesh        *self,
             GError        *invalid,
             GError       **error)
 {
-  CpCollective staged = *coll;
+  CpCollective staged = *coll; /* borrows @coll's regions, replaced below */
   gsize send_bytes, recv_bytes;
   gboolean in_place, ok;
   g_autofree guint8 *send = NULL;
@@ -1068,22 +1072,26 @@ run_staged (CpMesh        *self,
   if (invalid != NULL)
     return run_routed (self, &staged, invalid, error);
   staged_sizes (self, coll, &send_bytes, &recv_bytes, &in_place);
-  if (coll->send != NULL)
+  staged.send = staged.recv = CP_REGION_NONE;
+  if (_cp_region_is_set (&coll->send))
     {
-      staged.send = send = g_malloc (MAX (send_bytes, 1));
-      _cp_memory_download_address (coll->device, send, coll->send, send_bytes, &failed);
+      send = g_malloc (MAX (send_bytes, 1));
+      _cp_region_init_host (&staged.send, send, send_bytes);
+      _cp_memory_download_region (send, &coll->send, 0, send_bytes, &failed);
     }
-  if (coll->recv != NULL)
+  if (_cp_region_is_set (&coll->recv))
     {
-      staged.recv = recv = g_malloc (MAX (recv_bytes, 1));
+      recv = g_malloc (MAX (recv_bytes, 1));
+      _cp_region_init_host (&staged.recv, recv, recv_bytes);
       if (in_place && failed == NULL)
-        _cp_memory_download_address (coll->device, recv, coll->recv, recv_bytes, &failed);
+        _cp_memory_download_region (recv, &coll->recv, 0, recv_bytes, &failed);
     }
   /* A download that failed fails the collective on every rank, as bad
    * arguments do; an upload that fails after it is this rank's alone. */
   ok = run_routed (self, &staged, failed, error);
-  if (ok && coll->recv != NULL)
-    ok = _cp_memory_upload_address (coll->device, coll->recv, recv, recv_bytes, error);
+  _cp_collective_clear (&staged);
+  if (ok && _cp_region_is_set (&coll->recv))
+    ok = _cp_memory_upload_region (&coll->recv, 0, recv, recv_bytes, error);
   return ok;
 }
 
@@ -1096,6 +1104,19 @@ run_collective (CpMesh        *self,
   if (route (self, coll->device) == NULL && _cp_memory_ops_for_kind (coll->device) != NULL)
     return run_staged (self, coll, invalid, error);
   return run_routed (self, coll, invalid, error);
+}
+
+/* Runs @coll, then drops the references its regions hold. */
+static gboolean
+run_and_clear (CpMesh        *self,
+               CpCollective  *coll,
+               GError        *invalid,
+               GError       **error)
+{
+  gboolean ok = run_collective (self, coll, invalid, error);
+
+  _cp_collective_clear (coll);
+  return ok;
 }
 
 
@@ -1236,10 +1257,11 @@ gather_into (CpMesh    *self,
       (out == NULL || check_gather_output (self, tensor, d, out, &invalid)))
     {
       plan_gather (&coll, tensor, d);
-      coll.send = cp_tensor_get_data (tensor);
-      coll.recv = out ? cp_tensor_get_data (out) : NULL;
+      _cp_tensor_get_region (tensor, &coll.send);
+      if (out != NULL)
+        _cp_tensor_get_region (out, &coll.recv);
     }
-  return run_collective (self, &coll, invalid, error);
+  return run_and_clear (self, &coll, invalid, error);
 }
 
 /* A result of @shape in @tensor's memory; in host memory when this build
@@ -1395,10 +1417,10 @@ cp_mesh_all_to_all (CpMesh    *self,
     out = result_like (tensor, cp_tensor_get_shape (tensor, NULL), &invalid);
   if (out != NULL)
     {
-      coll.send = cp_tensor_get_data (tensor);
-      coll.recv = cp_tensor_get_data (out);
+      _cp_tensor_get_region (tensor, &coll.send);
+      _cp_tensor_get_region (out, &coll.recv);
     }
-  if (!run_collective (self, &coll, invalid, error))
+  if (!run_and_clear (self, &coll, invalid, error))
     return NULL;
   return g_steal_pointer (&out);
 }
@@ -1442,9 +1464,9 @@ cp_mesh_all_reduce (CpMesh      *self,
       _cp_tensor_require_writable (tensor, "all_reduce", "the tensor", &invalid))
     {
       coll.count = (gsize) cp_tensor_get_numel (tensor);
-      coll.recv = cp_tensor_get_data (tensor);
+      _cp_tensor_get_region (tensor, &coll.recv);
     }
-  return run_collective (self, &coll, invalid, error);
+  return run_and_clear (self, &coll, invalid, error);
 }
 
 /**
@@ -1485,9 +1507,9 @@ cp_mesh_broadcast (CpMesh    *self,
             _cp_tensor_require_writable (tensor, "broadcast", "the tensor", &invalid)))
     {
       coll.count = (gsize) cp_tensor_get_numel (tensor);
-      coll.recv = cp_tensor_get_data (tensor);
+      _cp_tensor_get_region (tensor, &coll.recv);
     }
-  return run_collective (self, &coll, invalid, error);
+  return run_and_clear (self, &coll, invalid, error);
 }
 
 #define MAX_AGREE_VALUES 4
@@ -1547,6 +1569,7 @@ _cp_mesh_agree (CpMesh              *self,
   g_autofree gint64 *table = g_new0 (gint64, (gsize) self->comm->size * n_values);
   gint64 mine[MAX_AGREE_VALUES] = { 0 };
   CpCollective coll = { .kind = CP_COLL_ALL_GATHER, .dtype = CP_DTYPE_INT64, .n_dims = 1 };
+  gboolean ok;
 
   g_assert (n_values >= 1 && n_values <= MAX_AGREE_VALUES);
   /* A rank with bad input of its own still sends numbers of the agreed
@@ -1556,9 +1579,11 @@ _cp_mesh_agree (CpMesh              *self,
   coll.shape[0] = n_values;
   coll.outer = 1;
   coll.block = n_values * sizeof (gint64);
-  coll.send = mine;
-  coll.recv = table;
-  if (!run_on_host (self, &coll, invalid, error))
+  _cp_region_init_host (&coll.send, mine, coll.block);
+  _cp_region_init_host (&coll.recv, table, (gsize) self->comm->size * coll.block);
+  ok = run_on_host (self, &coll, invalid, error);
+  _cp_collective_clear (&coll);
+  if (!ok)
     return FALSE;
   return check_agreement (self, what, names, table, n_values, error);
 }
@@ -1595,9 +1620,8 @@ _cp_message_from_tensor (CpMessage *message,
 
   message->dtype = cp_tensor_get_dtype (tensor);
   memcpy (message->shape, shape, message->n_dims * sizeof (gint64));
-  message->data = cp_tensor_get_data (tensor);
-  message->nbytes = cp_tensor_get_nbytes (tensor);
-  message->device = cp_tensor_get_device (tensor);
+  _cp_tensor_get_region (tensor, &message->data);
+  message->nbytes = message->data.length;
   message->stream = NULL;
 }
 
@@ -1650,6 +1674,10 @@ exchange_routed (CpMesh    *self,
     }
   if (send_request != NULL)
     ok = _cp_comm_wait (send_comm, send_request, deadline, recv_error ? NULL : error) && ok;
+  if (send_tensor != NULL)
+    _cp_message_clear (&sent);
+  if (recv_tensor != NULL)
+    _cp_message_clear (&received);
   if (recv_error != NULL)
     g_propagate_error (error, recv_error);
   return ok;

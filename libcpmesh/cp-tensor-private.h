@@ -6,6 +6,7 @@
 #pragma once
 
 #include "cp-features.h"
+#include "cp-region-private.h"
 #include "cp-tensor.h"
 
 G_BEGIN_DECLS
@@ -65,6 +66,11 @@ gboolean  _cp_tensor_require_writable (CpTensor     *self,
                                        const char   *what,
                                        const char   *label,
                                        GError      **error);
+
+/* Makes @region name @self's bytes in its storage (a reference on the
+ * storage, not on @self, whose storage a context may swap). */
+void      _cp_tensor_get_region      (CpTensor      *self,
+                                      CpRegion      *region);
 
 /* "host", "cuda", … */
 const char *_cp_device_kind_get_name (CpDeviceKind   kind);

@@ -957,6 +957,13 @@ cp_tensor_get_data (CpTensor *self)
   return data != NULL ? data + self->offset : NULL;
 }
 
+void
+_cp_tensor_get_region (CpTensor *self,
+                       CpRegion *region)
+{
+  _cp_region_init (region, self->storage, self->offset, cp_tensor_get_nbytes (self));
+}
+
 /**
  * cp_tensor_get_fd:
  * @self: a tensor

@@ -3,6 +3,7 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "cp-memory-private.h"
@@ -605,6 +606,140 @@ test_host_shortcut_crashes (void)
   g_test_trap_assert_stderr_unmatched ("*not caught*");
 }
 
+/* Ids are what a peer caches mappings by: each storage keeps its own for
+ * its lifetime, and no later storage gets one again, even at the address
+ * of one freed before it. */
+#define ID_THREADS 4
+#define IDS_PER_THREAD 2000
+
+static gpointer
+make_ids (gpointer ids)
+{
+  for (int i = 0; i < IDS_PER_THREAD; i++)
+    {
+      g_autoptr(CpStorage) storage = cp_storage_new_borrowed (0x1000, 16, NULL, NULL, NULL);
+
+      ((guint64 *) ids)[i] = _cp_storage_get_id (storage);
+    }
+  return NULL;
+}
+
+static gint
+compare_ids (gconstpointer a,
+             gconstpointer b)
+{
+  guint64 x = *(const guint64 *) a, y = *(const guint64 *) b;
+
+  return x < y ? -1 : x > y;
+}
+
+static void
+test_storage_id (void)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpStorage) kept = cp_storage_new (64, &error);
+  guint64 id = _cp_storage_get_id (kept);
+  g_autofree guint64 *ids = g_new0 (guint64, ID_THREADS * IDS_PER_THREAD);
+  GThread *threads[ID_THREADS];
+
+  g_assert_no_error (error);
+  g_assert_cmpuint (id, !=, 0);
+  for (int t = 0; t < ID_THREADS; t++)
+    threads[t] = g_thread_new ("ids", make_ids, ids + t * IDS_PER_THREAD);
+  for (int t = 0; t < ID_THREADS; t++)
+    g_thread_join (threads[t]);
+  qsort (ids, ID_THREADS * IDS_PER_THREAD, sizeof (guint64), compare_ids);
+  for (int i = 0; i < ID_THREADS * IDS_PER_THREAD; i++)
+    {
+      g_assert_cmpuint (ids[i], !=, 0);
+      g_assert_cmpuint (ids[i], !=, id);
+      if (i > 0)
+        g_assert_cmpuint (ids[i], >, ids[i - 1]);
+    }
+  /* Stable: the same storage answers the same, after all the others. */
+  g_assert_cmpuint (_cp_storage_get_id (kept), ==, id);
+}
+
+static void
+note_released (gpointer released)
+{
+  *(gboolean *) released = TRUE;
+}
+
+/* A region names a tensor's bytes through its storage and keeps that
+ * storage, not the tensor, alive until it is cleared. */
+static void
+test_region_keeps_storage (void)
+{
+  static float values[8] = { 0, 1, 2, 3, 4, 5, 6, 7 };
+  const gint64 shape[] = { 6 };
+  gboolean released = FALSE;
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) whole = cp_tensor_new_borrowed (CP_DTYPE_FLOAT32, (const gint64[]) { 8 }, 1,
+                                                      GPOINTER_TO_SIZE (values), sizeof values,
+                                                      note_released, &released, NULL, &error);
+  CpTensor *view;
+  CpRegion region = CP_REGION_NONE;
+  guint64 id;
+
+  g_assert_no_error (error);
+  g_assert_false (_cp_region_is_set (&region));
+  g_assert_null (_cp_region_get_address (&region));
+  g_assert_cmpuint (_cp_region_get_storage_id (&region), ==, 0);
+  view = cp_tensor_narrow (whole, 0, 2, 6, &error);
+  g_assert_no_error (error);
+  g_assert_cmpint (cp_tensor_get_dim (view, 0), ==, shape[0]);
+  id = _cp_storage_get_id (cp_tensor_get_storage (whole));
+  _cp_tensor_get_region (view, &region);
+  g_assert_true (_cp_region_is_set (&region));
+  g_assert_true (region.storage == cp_tensor_get_storage (whole));
+  g_assert_cmpuint (region.offset, ==, 2 * sizeof (float));
+  g_assert_cmpuint (region.length, ==, 6 * sizeof (float));
+  g_assert_cmpint (region.device, ==, CP_DEVICE_KIND_HOST);
+  g_assert_true (_cp_region_get_address (&region) == &values[2]);
+  g_assert_cmpuint (_cp_region_get_storage_id (&region), ==, id);
+
+  g_object_unref (view);
+  g_clear_object (&whole);
+  g_assert_false (released);
+  g_assert_cmpfloat (((float *) _cp_region_get_address (&region))[0], ==, 2.0f);
+  _cp_region_clear (&region);
+  g_assert_true (released);
+  g_assert_false (_cp_region_is_set (&region));
+}
+
+/* The region-level calls take storage and offsets, no tensor: a copy
+ * between two regions of test memory and host memory lands where the
+ * offsets say. */
+static void
+test_region_copy (void)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpStorage) device = _cp_storage_new_on_device (CP_DEVICE_KIND_TEST, 64, TRUE, &error);
+  guint8 host[64], back[16];
+  CpRegion on_device = CP_REGION_NONE, on_host = CP_REGION_NONE;
+
+  g_assert_no_error (error);
+  for (int i = 0; i < 64; i++)
+    host[i] = (guint8) i;
+  _cp_region_init (&on_device, device, 16, 32);
+  _cp_region_init_host (&on_host, host, sizeof host);
+  g_assert_cmpint (on_device.device, ==, CP_DEVICE_KIND_TEST);
+  g_assert_true (_cp_memory_copy_2d_region (&on_device, 4, 8, &on_host, 10, 20, 4, 2, FALSE, &error));
+  g_assert_no_error (error);
+  g_assert_true (_cp_memory_download_region (back, &on_device, 0, sizeof back, &error));
+  g_assert_no_error (error);
+  g_assert_cmpmem (back, 4, ((guint8[]) { 0, 0, 0, 0 }), 4);
+  g_assert_cmpmem (back + 4, 4, ((guint8[]) { 10, 11, 12, 13 }), 4);
+  g_assert_cmpmem (back + 12, 4, ((guint8[]) { 30, 31, 32, 33 }), 4);
+  g_assert_true (_cp_memory_fill_region (&on_device, 0, CP_DTYPE_UINT8, 2, 9.0, &error));
+  g_assert_true (_cp_memory_download_region (back, &on_device, 0, 2, &error));
+  g_assert_no_error (error);
+  g_assert_cmpmem (back, 2, ((guint8[]) { 9, 9 }), 2);
+  _cp_region_clear (&on_device);
+  _cp_region_clear (&on_host);
+}
+
 int
 main (int    argc,
       char **argv)
@@ -637,6 +772,9 @@ main (int    argc,
   g_test_add_func ("/Cp/Memory/layout/test-memory", test_layout_on_test_memory);
   g_test_add_func ("/Cp/Memory/attention/device", test_attention_device);
   g_test_add_func ("/Cp/Memory/mesh/messages", test_messages);
+  g_test_add_func ("/Cp/Storage/id/stable-unique", test_storage_id);
+  g_test_add_func ("/Cp/Region/lifetime/keeps-storage", test_region_keeps_storage);
+  g_test_add_func ("/Cp/Region/copy/offsets", test_region_copy);
   cp_test_add_func_in_process ("/Cp/Memory/test-device/host-shortcut-crashes",
                                test_host_shortcut_crashes);
 

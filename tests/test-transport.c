@@ -123,6 +123,59 @@ test_agreement_device (void)
 }
 
 static void
+note_released (gpointer released)
+{
+  *(gboolean *) released = TRUE;
+}
+
+/* A posted message names its memory by a region, which holds the
+ * storage: the program may drop the tensor it sent as soon as the send
+ * is posted, and the bytes stay until the send completes. */
+static void
+test_message_region_keeps_storage (void)
+{
+  GList *meshes = cp_test_local_group ("cp", 2);
+  CpComm *sender = _cp_mesh_get_comm (meshes->data);
+  CpComm *receiver = _cp_mesh_get_comm (meshes->next->data);
+  const gint64 shape[] = { 4 };
+  float *values = g_new (float, 4);
+  gboolean released = FALSE;
+  g_autoptr(GError) error = NULL;
+  CpTensor *sent = cp_tensor_new_borrowed (CP_DTYPE_FLOAT32, shape, 1, GPOINTER_TO_SIZE (values),
+                                           4 * sizeof (float), note_released, &released, NULL,
+                                           &error);
+  g_autoptr(CpTensor) received = cp_tensor_new (CP_DTYPE_FLOAT32, shape, 1, &error);
+  CpMessage outgoing, incoming;
+  CpRequest *send_request, *recv_request;
+  gint64 deadline = g_get_monotonic_time () + 10 * G_TIME_SPAN_SECOND;
+
+  g_assert_no_error (error);
+  for (int i = 0; i < 4; i++)
+    values[i] = 1.5f * (float) (i + 1);
+  _cp_message_from_tensor (&outgoing, sent);
+  g_assert_true (outgoing.data.storage == cp_tensor_get_storage (sent));
+  g_assert_cmpuint (outgoing.nbytes, ==, 4 * sizeof (float));
+  send_request = _cp_comm_isend (sender, 1, 7, &outgoing);
+  g_clear_object (&sent);
+  g_assert_false (released);
+
+  _cp_message_from_tensor (&incoming, received);
+  recv_request = _cp_comm_irecv (receiver, 0, 7, &incoming);
+  g_assert_true (_cp_comm_wait (receiver, recv_request, deadline, &error));
+  g_assert_no_error (error);
+  g_assert_true (_cp_comm_wait (sender, send_request, deadline, &error));
+  g_assert_no_error (error);
+  g_assert_false (released);
+  for (int i = 0; i < 4; i++)
+    g_assert_cmpfloat (cp_tensor_get_value (received, i), ==, 1.5 * (i + 1));
+  _cp_message_clear (&outgoing);
+  _cp_message_clear (&incoming);
+  g_assert_true (released);
+  g_free (values);
+  cp_test_free_group (meshes);
+}
+
+static void
 test_options_defaults (void)
 {
   g_autoptr(CpMeshOptions) options = cp_mesh_options_new ();
@@ -284,6 +337,7 @@ main (int    argc,
   g_test_add_func ("/Cp/Transport/capability/shared-address-space",
                    test_capability_shared_address_space);
   g_test_add_func ("/Cp/Transport/agreement/device", test_agreement_device);
+  g_test_add_func ("/Cp/Transport/message/region-keeps-storage", test_message_region_keeps_storage);
   g_test_add_func ("/Cp/MeshOptions/properties/defaults", test_options_defaults);
   g_test_add_func ("/Cp/MeshOptions/new/local", test_options_local);
   g_test_add_func ("/Cp/MeshOptions/new/names-without-sizes", test_options_names_without_sizes);

@@ -403,6 +403,20 @@ locked_sync (LocalComm   *self,
   return ok;
 }
 
+/* Ranks share one address space: a peer's region is read and written
+ * where its address is. */
+static guint8 *
+send_of (const CpCollective *coll)
+{
+  return _cp_region_get_address (&coll->send);
+}
+
+static guint8 *
+recv_of (const CpCollective *coll)
+{
+  return _cp_region_get_address (&coll->recv);
+}
+
 /* What one rank writes in an all-gather or all-to-all: a block from
  * every rank for every outer index. */
 static gboolean
@@ -423,8 +437,8 @@ run_all_gather (LocalComm     *self,
   gboolean streaming = exchange_wants_streaming (self, coll);
 
   for (int r = 0; r < n; r++)
-    if (!_cp_transport_copy_2d ((guint8 *) coll->recv + (gsize) r * coll->block, coll->device,
-                                (gsize) n * coll->block, self->shared->posted[r]->send,
+    if (!_cp_transport_copy_2d ((guint8 *) recv_of (coll) + (gsize) r * coll->block, coll->device,
+                                (gsize) n * coll->block, send_of (self->shared->posted[r]),
                                 coll->device, coll->block, coll->block, coll->outer, streaming,
                                 error))
       return FALSE;
@@ -441,9 +455,9 @@ run_all_to_all (LocalComm     *self,
   gboolean streaming = exchange_wants_streaming (self, coll);
 
   for (int r = 0; r < n; r++)
-    if (!_cp_transport_copy_2d ((guint8 *) coll->recv + (gsize) r * coll->block, coll->device,
+    if (!_cp_transport_copy_2d ((guint8 *) recv_of (coll) + (gsize) r * coll->block, coll->device,
                                 (gsize) n * coll->block,
-                                (const guint8 *) self->shared->posted[r]->send + me * coll->block,
+                                (const guint8 *) send_of (self->shared->posted[r]) + me * coll->block,
                                 coll->device, (gsize) n * coll->block, coll->block, coll->outer,
                                 streaming, error))
       return FALSE;
@@ -461,7 +475,7 @@ run_broadcast (LocalComm     *self,
 
   if (self->parent.index == coll->root)
     return TRUE;
-  return _cp_transport_copy_2d (coll->recv, coll->device, nbytes, root->recv, coll->device, nbytes,
+  return _cp_transport_copy_2d (recv_of (coll), coll->device, nbytes, recv_of (root), coll->device, nbytes,
                                 nbytes, 1, _cp_copy_wants_streaming (nbytes), error);
 }
 
@@ -522,7 +536,7 @@ reduce_staged (LocalComm     *self,
   for (int r = 0; r < n; r++)
     {
       if (!_cp_transport_copy_2d (staging + (gsize) r * width, CP_DEVICE_KIND_HOST, 0,
-                                  (const guint8 *) self->shared->posted[r]->recv + lo * elsize,
+                                  (const guint8 *) recv_of (self->shared->posted[r]) + lo * elsize,
                                   coll->device, 0, width, 1, FALSE, error))
         return FALSE;
       srcs[r] = staging + (gsize) r * width;
@@ -551,7 +565,7 @@ run_all_reduce (LocalComm     *self,
   if (coll->device == CP_DEVICE_KIND_HOST)
     {
       for (int r = 0; r < n; r++)
-        srcs[r] = shared->posted[r]->recv;
+        srcs[r] = recv_of (shared->posted[r]);
       _cp_reduce_many (coll->dtype, coll->op, scratch->data, srcs, n, lo, hi - lo);
     }
   else
@@ -564,7 +578,7 @@ run_all_reduce (LocalComm     *self,
       gsize rlo, rhi;
 
       slice_bounds (self, coll, r, &rlo, &rhi);
-      ok = _cp_transport_copy_2d ((guint8 *) coll->recv + rlo * elsize, coll->device, 0,
+      ok = _cp_transport_copy_2d ((guint8 *) recv_of (coll) + rlo * elsize, coll->device, 0,
                                   shared->scratch[r], CP_DEVICE_KIND_HOST, 0, (rhi - rlo) * elsize,
                                   1, FALSE, error);
     }
@@ -733,8 +747,8 @@ check_buffers_apart (const CpCollective **posted,
 
         if (r == s)
           continue;
-        if ((s > r && ranges_overlap (posted[r]->recv, written, posted[s]->recv, recv_bytes (posted[s], n)))
-            || ranges_overlap (posted[r]->recv, written, posted[s]->send, send_bytes (posted[s], n)))
+        if ((s > r && ranges_overlap (recv_of (posted[r]), written, recv_of (posted[s]), recv_bytes (posted[s], n)))
+            || ranges_overlap (recv_of (posted[r]), written, send_of (posted[s]), send_bytes (posted[s], n)))
           {
             g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_IN_USE,
                          "%s: communicator ranks %d and %d passed overlapping memory (one tensor "
@@ -1011,8 +1025,10 @@ wait_recv (LocalComm  *self,
   /* Late with the copy: the sender waits, as it does for any copy. */
   strike (self, request->fault_operation, CP_FAULT_STEP_DATA);
   if (_cp_message_matches (envelope->message, request->message))
-    ok = _cp_transport_copy_2d (request->message->data, request->message->device, 0,
-                                envelope->message->data, envelope->message->device, 0,
+    ok = _cp_transport_copy_2d (_cp_region_get_address (&request->message->data),
+                                request->message->data.device, 0,
+                                _cp_region_get_address (&envelope->message->data),
+                                envelope->message->data.device, 0,
                                 envelope->message->nbytes, 1,
                                 _cp_copy_wants_streaming (envelope->message->nbytes), error);
   else

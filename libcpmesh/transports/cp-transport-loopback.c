@@ -47,7 +47,7 @@ typedef struct
   guint32 comm;
   guint64 tag;
   guint64 nbytes;
-  CpMessage message;    /* dtype and shape; data is meaningless here */
+  CpMessage message;    /* dtype and shape; its region names nothing here */
 } Header;
 
 /* A descriptor as it crosses the wire: the error of a rank with bad
@@ -87,6 +87,7 @@ struct _CpRequest
   const guint8 *send_data;
   gsize sent;
   CpMessage *expected;
+  guint8 *recv_data;  /* where a receive's bytes go */
   gboolean done;
   GError *error;
 };
@@ -230,7 +231,7 @@ deliver (CpRequest *request,
     _cp_message_set_mismatch (&error, &arrival->header.message, request->peer,
                               request->header.tag, me, request->expected);
   else
-    memcpy (request->expected->data, arrival->payload, arrival->header.nbytes);
+    memcpy (request->recv_data, arrival->payload, arrival->header.nbytes);
   request_finish (request, error);
   g_free (arrival->payload);
   g_free (arrival);
@@ -372,7 +373,6 @@ describe_message (CpMessage       *described,
   for (guint d = 0; d < message->n_dims && d < CP_TENSOR_MAX_DIMS; d++)
     described->shape[d] = message->shape[d];
   described->nbytes = message->nbytes;
-  described->device = message->device;
 }
 
 static CpRequest *
@@ -402,7 +402,8 @@ static CpRequest *
 post_recv (LoopbackComm *comm,
            int           peer,
            guint64       tag,
-           CpMessage    *expected)
+           CpMessage    *expected,
+           gpointer      data)
 {
   CpRequest *request = g_new0 (CpRequest, 1);
 
@@ -410,6 +411,7 @@ post_recv (LoopbackComm *comm,
   request->header.comm = comm->id;
   request->header.tag = tag;
   request->expected = expected;
+  request->recv_data = data;
   return request;
 }
 
@@ -461,8 +463,8 @@ pack_descriptor (WireDescriptor     *wire,
   memset (wire, 0, sizeof *wire);
   wire->coll = *coll;
   wire->coll.invalid = NULL;
-  wire->coll.send = NULL;
-  wire->coll.recv = NULL;
+  wire->coll.send = CP_REGION_NONE;
+  wire->coll.recv = CP_REGION_NONE;
   if (coll->invalid == NULL)
     return;
   wire->invalid = TRUE;
@@ -505,10 +507,9 @@ agree (LoopbackComm  *comm,
       if (r == me)
         continue;
       slots[r] = expected[0];
-      slots[r].data = &wires[r];
       slots[r].nbytes = sizeof (WireDescriptor);
       requests[2 * r] = post_send (comm, r, tag, &slots[r], &wires[me], sizeof (WireDescriptor));
-      requests[2 * r + 1] = post_recv (comm, r, tag, &slots[r]);
+      requests[2 * r + 1] = post_recv (comm, r, tag, &slots[r], &wires[r]);
     }
   for (int i = 0; i < 2 * n; i++)
     if (requests[i] != NULL)
@@ -564,12 +565,11 @@ exchange_all (LoopbackComm  *comm,
     {
       if (r == comm->parent.index)
         continue;
-      slots[r].data = in[r];
       slots[r].nbytes = nbytes;
       if (out[r] != NULL)
         requests[2 * r] = post_send (comm, r, tag, &slots[r], out[r], nbytes);
       if (in[r] != NULL)
-        requests[2 * r + 1] = post_recv (comm, r, tag, &slots[r]);
+        requests[2 * r + 1] = post_recv (comm, r, tag, &slots[r], in[r]);
     }
   for (int i = 0; i < 2 * n; i++)
     if (requests[i] != NULL)
@@ -594,7 +594,8 @@ move_bytes (LoopbackComm  *comm,
   g_autofree guint8 **out = g_new0 (guint8 *, n);
   g_autofree guint8 **in = g_new0 (guint8 *, n);
   g_autofree gconstpointer *srcs = g_new0 (gconstpointer, n);
-  guint8 *recv = coll->recv;
+  guint8 *recv = _cp_region_get_address (&coll->recv);
+  const guint8 *send = _cp_region_get_address (&coll->send);
 
   for (int r = 0; r < n; r++)
     {
@@ -604,11 +605,11 @@ move_bytes (LoopbackComm  *comm,
       switch (coll->kind)
         {
         case CP_COLL_ALL_GATHER:
-          out[r] = (guint8 *) coll->send;
+          out[r] = (guint8 *) send;
           in[r] = inbox;
           break;
         case CP_COLL_ALL_TO_ALL:
-          copy_rows (outbox, coll->block, (const guint8 *) coll->send + r * coll->block,
+          copy_rows (outbox, coll->block, send + r * coll->block,
                      n * coll->block, coll->block, coll->outer);
           out[r] = outbox;
           in[r] = inbox;
@@ -664,7 +665,8 @@ loopback_isend (CpComm          *comm,
                 guint64          tag,
                 const CpMessage *message)
 {
-  return post_send ((LoopbackComm *) comm, peer, tag, message, message->data, message->nbytes);
+  return post_send ((LoopbackComm *) comm, peer, tag, message,
+                    _cp_region_get_address (&message->data), message->nbytes);
 }
 
 static CpRequest *
@@ -673,7 +675,8 @@ loopback_irecv (CpComm    *comm,
                 guint64    tag,
                 CpMessage *message)
 {
-  return post_recv ((LoopbackComm *) comm, peer, tag, message);
+  return post_recv ((LoopbackComm *) comm, peer, tag, message,
+                    _cp_region_get_address (&message->data));
 }
 
 static gboolean

@@ -9,6 +9,7 @@
 
 #include "cp-sync-private.h"
 
+#include "cp-region-private.h"
 #include "cp-tensor.h"
 #include "cp-types.h"
 
@@ -79,12 +80,15 @@ typedef struct
   /* Byte geometry.  All-gather: send is [outer][block], recv is
    * [outer][size][block].  All-to-all: send and recv are
    * [outer][size][block].  All-reduce and broadcast work in place on recv,
-   * `count` elements. */
+   * `count` elements.  The regions name the memory (cp-region-private.h):
+   * the caller holds them, and clears them once the collective returned;
+   * a region not set (a rank with bad arguments, a barrier, all-reduce's
+   * send) names nothing. */
   gsize outer;
   gsize block;
   gsize count;
-  gconstpointer send;
-  gpointer recv;
+  CpRegion send;
+  CpRegion recv;
 
   /* Where send and recv live, the same on every rank (part of the
    * agreement), and the stream of that device the copies are ordered on
@@ -100,11 +104,12 @@ typedef struct
   CpDType dtype;
   guint n_dims;
   gint64 shape[CP_TENSOR_MAX_DIMS];
-  gpointer data;
+  /* The memory sent from or received into, of nbytes bytes (its length),
+   * held by the caller until the request's wait returned. */
+  CpRegion data;
   gsize nbytes;
-  /* Where data lives and the stream its copies are ordered on, as for a
-   * collective; each side describes its own buffer. */
-  CpDeviceKind device;
+  /* The stream the copies are ordered on, as for a collective; each side
+   * describes its own buffer (data.device says where it lives). */
   gpointer stream;
 } CpMessage;
 
@@ -139,7 +144,8 @@ struct _CpTransportOps
                                 GError       **error);
 
   /* Non-blocking point-to-point; @peer is a communicator index.  The
-   * message buffer must stay valid until wait() returns. */
+   * message, and the region it names, must stay valid until wait()
+   * returns. */
   CpRequest *(*isend)          (CpComm        *comm,
                                 int            peer,
                                 guint64        tag,
@@ -347,6 +353,10 @@ GError      *_cp_transport_describe_failure (int            rank,
 void         _cp_transport_set_broken_error (GError       **error,
                                              const char    *what,
                                              const GError  *first);
+
+/* Drops the references the regions of @coll and @message hold. */
+void         _cp_collective_clear (CpCollective    *coll);
+void         _cp_message_clear    (CpMessage       *message);
 
 /* "float32[4, 8]" */
 char        *_cp_message_describe (const CpMessage *message);

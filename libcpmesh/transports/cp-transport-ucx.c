@@ -158,6 +158,13 @@ struct _CpRequest
   CpUcxOp ops[3];          /* indexed by P2pKind */
 };
 
+/* Where the bytes of @region are: UCX moves host memory by address. */
+static guint8 *
+address_of (const CpRegion *region)
+{
+  return _cp_region_get_address (region);
+}
+
 static Region
 contiguous (gconstpointer base,
             gsize         size)
@@ -1058,7 +1065,7 @@ gather_send (CpCollective *coll,
              int           r,
              gpointer      user_data)
 {
-  return contiguous (coll->send, coll->outer * coll->block);
+  return contiguous (address_of (&coll->send), coll->outer * coll->block);
 }
 
 /* All-to-all: send is [outer][n][block]; piece r goes to r. */
@@ -1069,7 +1076,7 @@ scatter_piece (CpCollective *coll,
                int           r,
                gpointer      user_data)
 {
-  return piece_of (coll->send, coll, n, r);
+  return piece_of (address_of (&coll->send), coll, n, r);
 }
 
 /* Both: recv is [outer][n][block], and piece r of it comes from r. */
@@ -1080,7 +1087,7 @@ gathered_piece (CpCollective *coll,
                 int           r,
                 gpointer      user_data)
 {
-  return piece_of (coll->recv, coll, n, r);
+  return piece_of (address_of (&coll->recv), coll, n, r);
 }
 
 /* Copies this member's own piece of recv from @own, then exchanges the
@@ -1092,7 +1099,7 @@ run_pieces (Call          *call,
             gint64         deadline,
             GError       **error)
 {
-  Region slot = piece_of (call->coll->recv, call->coll, call->comm->parent.size,
+  Region slot = piece_of (address_of (&call->coll->recv), call->coll, call->comm->parent.size,
                           call->comm->parent.index);
 
   copy_region (&slot, own);
@@ -1122,7 +1129,7 @@ broadcast_send (CpCollective *coll,
 {
   if (me != coll->root)
     return no_region ();
-  return contiguous (coll->recv, coll->count * cp_dtype_get_size (coll->dtype));
+  return contiguous (address_of (&coll->recv), coll->count * cp_dtype_get_size (coll->dtype));
 }
 
 static Region
@@ -1150,7 +1157,7 @@ run_broadcast (Call          *call,
   ok = exchange_regions (call, PHASE_DATA, broadcast_send, broadcast_recv, scratch->inbox, deadline,
                          error);
   if (ok && call->comm->parent.index != coll->root)
-    memcpy (coll->recv, scratch->inbox, size);
+    memcpy (address_of (&coll->recv), scratch->inbox, size);
   return ok;
 }
 
@@ -1183,7 +1190,7 @@ reduce_send (CpCollective *coll,
 {
   ReducePlan *plan = user_data;
 
-  return contiguous ((guint8 *) coll->recv + _cp_collective_slice_start (coll, n, r) * plan->elsize,
+  return contiguous (address_of (&coll->recv) + _cp_collective_slice_start (coll, n, r) * plan->elsize,
                      slice_length (coll, n, r) * plan->elsize);
 }
 
@@ -1235,7 +1242,7 @@ reduce_own_slice (CpCollective *coll,
   gsize start = _cp_collective_slice_start (coll, n, me);
 
   for (int r = 0; r < n; r++)
-    srcs[r] = r == me ? (guint8 *) coll->recv + start * plan->elsize
+    srcs[r] = r == me ? address_of (&coll->recv) + start * plan->elsize
                       : plan->inbox + (gsize) r * plan->mine * plan->elsize;
   _cp_reduce_many (coll->dtype, coll->op, plan->result + start * plan->elsize, srcs, n, 0, plan->mine);
 }
@@ -1256,7 +1263,7 @@ run_all_reduce (Call          *call,
   reduce_own_slice (coll, n, me, &plan);
   if (!exchange_regions (call, PHASE_GATHER, reduced_send, reduced_recv, &plan, deadline, error))
     return FALSE;
-  memcpy (coll->recv, plan.result, coll->count * plan.elsize);
+  memcpy (address_of (&coll->recv), plan.result, coll->count * plan.elsize);
   return TRUE;
 }
 
@@ -1307,10 +1314,10 @@ run_data_phase (Call          *call,
     case CP_COLL_BARRIER:
       return TRUE;
     case CP_COLL_ALL_GATHER:
-      own = (Region) { (guint8 *) coll->send, coll->block, coll->block, coll->outer };
+      own = (Region) { address_of (&coll->send), coll->block, coll->block, coll->outer };
       return run_pieces (call, &own, gather_send, deadline, error);
     case CP_COLL_ALL_TO_ALL:
-      own = piece_of (coll->send, coll, call->comm->parent.size, call->comm->parent.index);
+      own = piece_of (address_of (&coll->send), coll, call->comm->parent.size, call->comm->parent.index);
       return run_pieces (call, &own, scatter_piece, deadline, error);
     case CP_COLL_ALL_REDUCE:
       return run_all_reduce (call, scratch, deadline, error);
@@ -1398,7 +1405,7 @@ ucx_isend (CpComm          *parent,
   CpRequest *request = g_new0 (CpRequest, 1);
   int me = parent->index, to = world_rank (comm, peer);
   Region header = contiguous (&request->header, sizeof request->header);
-  Region data = contiguous (message->data, message->nbytes);
+  Region data = contiguous (address_of (&message->data), message->nbytes);
   Region ack = contiguous (&request->ack, sizeof request->ack);
   CpFaultKind fault;
 
@@ -1491,7 +1498,7 @@ wait_recv (UcxComm          *comm,
   accepted = _cp_message_matches (&sent, request->message);
   request->ack.accepted = accepted;
   _cp_ucx_wire_from_message (&request->ack.expected, request->message);
-  data = accepted ? contiguous (request->message->data, request->message->nbytes)
+  data = accepted ? contiguous (address_of (&request->message->data), request->message->nbytes)
                   : contiguous (&request->drain, 0);
   fault = suffer_fault (self, request->operation, CP_FAULT_STEP_DATA);
   lock (self);

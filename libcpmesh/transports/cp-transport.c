@@ -524,6 +524,19 @@ _cp_reduce_many (CpDType        dtype,
     }
 }
 
+void
+_cp_collective_clear (CpCollective *coll)
+{
+  _cp_region_clear (&coll->send);
+  _cp_region_clear (&coll->recv);
+}
+
+void
+_cp_message_clear (CpMessage *message)
+{
+  _cp_region_clear (&message->data);
+}
+
 char *
 _cp_message_describe (const CpMessage *message)
 {
