@@ -541,7 +541,8 @@ _cp_attention_agree (CpAttention  *self,
     describe_call (self, plan, backward, desc);
   _cp_region_init_host (&coll.send, desc, sizeof desc);
   _cp_region_init_host (&coll.recv, all, (gsize) comm->size * sizeof desc);
-  ok = _cp_comm_collective (comm, &coll, _cp_mesh_deadline (self->mesh), error);
+  ok = _cp_comm_collective (comm, &coll, _cp_mesh_deadline (self->mesh),
+                            _cp_mesh_cancellable (self->mesh), error);
   _cp_collective_clear (&coll);
   g_clear_error (&coll.invalid);
   return ok && compare_calls (all, comm->size, error);

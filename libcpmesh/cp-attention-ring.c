@@ -57,7 +57,8 @@ transfers_wait (CpAttention     *self,
       if (transfers[i]->request == NULL)
         continue;
       ok = _cp_comm_wait (comm, g_steal_pointer (&transfers[i]->request),
-                          _cp_mesh_deadline (self->mesh), ok ? error : NULL) && ok;
+                          _cp_mesh_deadline (self->mesh), _cp_mesh_cancellable (self->mesh),
+                          ok ? error : NULL) && ok;
       _cp_message_clear (&transfers[i]->message);
     }
   return ok;

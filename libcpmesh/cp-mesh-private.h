@@ -63,6 +63,10 @@ void      _cp_mesh_watch_peers      (CpMesh              *self,
 /* The absolute deadline of an operation that starts now. */
 gint64    _cp_mesh_deadline         (CpMesh              *self);
 
+/* The cancellable every wait of an operation that starts now gets: the
+ * one of the asynchronous call running on this thread, or NULL. */
+GCancellable *_cp_mesh_cancellable  (CpMesh              *self);
+
 /* Tags of internal point-to-point traffic (attention rings) live above the
  * 32-bit range public send/recv use. */
 #define CP_MESH_INTERNAL_TAG(n) ((G_GUINT64_CONSTANT (1) << 32) | (guint64) (n))

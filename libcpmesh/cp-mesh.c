@@ -12,6 +12,7 @@
 #include "cp-layout-private.h"
 #include "cp-mesh-private.h"
 #include "cp-memory-private.h"
+#include "cp-task-private.h"
 #include "cp-tensor-private.h"
 
 /**
@@ -891,6 +892,12 @@ _cp_mesh_deadline (CpMesh *self)
   return g_get_monotonic_time () + (gint64) self->timeout_ms * G_TIME_SPAN_MILLISECOND;
 }
 
+GCancellable *
+_cp_mesh_cancellable (CpMesh *self)
+{
+  return _cp_task_get_cancellable ();
+}
+
 static void
 describe_operand (CpCollective *coll,
                   CpCollKind    kind,
@@ -920,7 +927,8 @@ run_on_host (CpMesh        *self,
   gboolean ok;
 
   coll->invalid = invalid;
-  ok = _cp_comm_collective (self->comm, coll, _cp_mesh_deadline (self), error);
+  ok = _cp_comm_collective (self->comm, coll, _cp_mesh_deadline (self), _cp_mesh_cancellable (self),
+                            error);
   g_clear_error (&coll->invalid);
   return ok;
 }
@@ -1015,7 +1023,8 @@ run_routed (CpMesh        *self,
     return run_on_host (self, coll, invalid, error);
   if (!agree_on_host (self, coll, invalid, error))
     return FALSE;
-  return _cp_comm_collective (route (self, coll->device), coll, _cp_mesh_deadline (self), error);
+  return _cp_comm_collective (route (self, coll->device), coll, _cp_mesh_deadline (self),
+                              _cp_mesh_cancellable (self), error);
 }
 
 /* The bytes @coll sends and receives, by the geometry CpCollective
@@ -1653,6 +1662,7 @@ exchange_routed (CpMesh    *self,
                  GError   **error)
 {
   gint64 deadline = _cp_mesh_deadline (self);
+  GCancellable *cancellable = _cp_mesh_cancellable (self);
   CpComm *send_comm = send_tensor ? route (self, cp_tensor_get_device (send_tensor)) : NULL;
   CpComm *recv_comm = recv_tensor ? route (self, cp_tensor_get_device (recv_tensor)) : NULL;
   CpMessage sent, received;
@@ -1670,10 +1680,11 @@ exchange_routed (CpMesh    *self,
     {
       _cp_message_from_tensor (&received, recv_tensor);
       recv_request = _cp_comm_irecv (recv_comm, src, tag, &received);
-      ok = _cp_comm_wait (recv_comm, recv_request, deadline, &recv_error);
+      ok = _cp_comm_wait (recv_comm, recv_request, deadline, cancellable, &recv_error);
     }
   if (send_request != NULL)
-    ok = _cp_comm_wait (send_comm, send_request, deadline, recv_error ? NULL : error) && ok;
+    ok = _cp_comm_wait (send_comm, send_request, deadline, cancellable, recv_error ? NULL : error)
+         && ok;
   if (send_tensor != NULL)
     _cp_message_clear (&sent);
   if (recv_tensor != NULL)

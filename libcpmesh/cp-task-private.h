@@ -86,10 +86,11 @@ gpointer  _cp_task_finish_object (gpointer         source,
                                   gpointer         source_tag,
                                   GError         **error);
 
-/* Whether the asynchronous call running on this thread was cancelled.
- * Transports look at it in every wait they may break off, and then fail
- * it with CP_MESH_ERROR_CANCELLED; blocking calls made by the program
- * itself have no cancellable. */
-gboolean  _cp_task_cancelled (void);
+/* The cancellable of the asynchronous call running on this thread, or
+ * NULL: blocking calls made by the program itself have none.  The mesh
+ * hands it to every wait of its transports, which fail with
+ * CP_MESH_ERROR_CANCELLED once it is cancelled; transports never ask for
+ * it themselves. */
+GCancellable *_cp_task_get_cancellable (void);
 
 G_END_DECLS

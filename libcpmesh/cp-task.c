@@ -35,8 +35,8 @@
  *
  * Cancellation is a failure of this rank, like a timeout.  The worker
  * makes the task's cancellable this thread's current one while the call
- * runs, and the transports look at it in every wait they may break off
- * (cp-transport-private.h): a cancelled wait fails with
+ * runs, and the mesh hands it to every wait of its transports
+ * (_cp_mesh_cancellable; cp-transport-private.h): a cancelled wait fails with
  * CP_MESH_ERROR_CANCELLED and breaks the mesh on every rank, so the peers
  * of the call fail too instead of waiting out their timeout.  A
  * cancellation wakes the waits of the transport at once.  A call whose
@@ -137,10 +137,10 @@ _cp_task_run_tensor (gpointer     source,
   return args->results[0] != NULL;
 }
 
-gboolean
-_cp_task_cancelled (void)
+GCancellable *
+_cp_task_get_cancellable (void)
 {
-  return g_cancellable_is_cancelled (g_private_get (&current_cancellable));
+  return g_private_get (&current_cancellable);
 }
 
 static void

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-# Fails when code above the memory interface touches tensor bytes itself.
+# Fails when code above the memory interface touches tensor bytes itself, or
+# when the memory interface or the transports reach up into the layers above.
 #
 # Usage: memory-seam-lint.py SOURCE-ROOT
 #
@@ -16,6 +17,17 @@
 # - copy or fill with memcpy, memmove, memset or _cp_copy a pointer that
 #   came from cp_tensor_get_data() or cp_storage_get_data(), in the same
 #   statement or through a variable assigned from it.
+#
+# Below the tensors, the layering goes the other way:
+#
+# - the memory interface (libcpmesh/cp-memory*.c) takes regions and storage
+#   (libcpmesh/cp-region-private.h) and never looks a tensor up: no
+#   cp_tensor_*() call, no CpTensor;
+# - the transports never call up into the mesh or the asynchronous calls:
+#   no _cp_mesh_*() call but the configuration's (_cp_mesh_config_*,
+#   _cp_mesh_escape_text), no _cp_task_*() call, no cp-mesh-private.h or
+#   cp-task-private.h; a wait learns of a cancellation from its
+#   cancellable argument.
 #
 # SPDX-License-Identifier: LGPL-2.1-or-later
 
@@ -36,6 +48,13 @@ BYTE_MOVE = re.compile(r'\b(?:memcpy|memmove|memset|_cp_copy)\s*\(')
 # "name = cp_tensor_get_data (...)", with an optional cast.
 ASSIGNED = re.compile(r'(\w+)\s*=\s*(?:\([^()]*\)\s*)?cp_(?:tensor|storage)_get_data\s*\(')
 COMMENT = re.compile(r'/\*.*?\*/|//[^\n]*', re.S)
+
+MEMORY_INTERFACE = re.compile(r'^libcpmesh/cp-memory[^/]*\.c$')
+TENSOR_LOOKUP = re.compile(r'\bcp_tensor_\w+\s*\(|\bCpTensor\b')
+TRANSPORTS = re.compile(r'^libcpmesh/transports/')
+MESH_CALL = re.compile(r'\b_cp_mesh_(?!config_|escape_text\b)\w+\s*\(')
+TASK_CALL = re.compile(r'\b_cp_task_\w+\s*\(')
+UPWARD_INCLUDE = re.compile(r'#\s*include\s*"(?:[^"]*/)?cp-(?:mesh|task)-private\.h"')
 
 
 def sources(root):
@@ -74,21 +93,40 @@ def problems_in(relpath, text):
                               '_cp_memory_copy_2d(), _cp_memory_fill() or a download/upload')
 
 
+def layering_problems_in(relpath, text):
+    """What the memory interface and the transports must not reach up to."""
+    text = COMMENT.sub(lambda m: '\n' * m.group(0).count('\n'), text)
+    for number, line in enumerate(text.split('\n'), 1):
+        where = '%s:%d' % (relpath, number)
+        if MEMORY_INTERFACE.search(relpath) and TENSOR_LOOKUP.search(line):
+            yield where, 'the memory interface looks a tensor up; take a region (cp-region-private.h)'
+        if TRANSPORTS.search(relpath):
+            if MESH_CALL.search(line) or UPWARD_INCLUDE.search(line):
+                yield where, 'a transport calls up into the mesh'
+            if TASK_CALL.search(line):
+                yield where, ('a transport asks the asynchronous call; take the cancellable its '
+                              'wait is given')
+
+
 def main():
     root = sys.argv[1]
     found = []
     for relpath, path in sources(root):
+        with open(path, encoding='utf-8') as source:
+            text = source.read()
+        found.extend(layering_problems_in(relpath, text))
         if any(pattern.search(relpath) for pattern in ALLOWED):
             continue
-        with open(path, encoding='utf-8') as source:
-            found.extend(problems_in(relpath, source.read()))
+        found.extend(problems_in(relpath, text))
     for where, what in found:
         print('%s: %s' % (where, what), file=sys.stderr)
     if found:
-        print('%d place(s) above the memory interface touch tensor bytes themselves '
-              '(see libcpmesh/cp-memory-private.h)' % len(found), file=sys.stderr)
+        print('%d place(s) touch tensor bytes above the memory interface or reach up from below '
+              'it (see libcpmesh/cp-memory-private.h, transports/cp-transport-private.h)'
+              % len(found), file=sys.stderr)
         return 1
-    print('no check_host, no ops-> and no raw tensor-byte copies above the memory interface')
+    print('no check_host, no ops-> and no raw tensor-byte copies above the memory interface; '
+          'no tensor look-ups in it and no calls up from the transports')
     return 0
 
 

@@ -161,9 +161,9 @@ test_message_region_keeps_storage (void)
 
   _cp_message_from_tensor (&incoming, received);
   recv_request = _cp_comm_irecv (receiver, 0, 7, &incoming);
-  g_assert_true (_cp_comm_wait (receiver, recv_request, deadline, &error));
+  g_assert_true (_cp_comm_wait (receiver, recv_request, deadline, NULL, &error));
   g_assert_no_error (error);
-  g_assert_true (_cp_comm_wait (sender, send_request, deadline, &error));
+  g_assert_true (_cp_comm_wait (sender, send_request, deadline, NULL, &error));
   g_assert_no_error (error);
   g_assert_false (released);
   for (int i = 0; i < 4; i++)
@@ -172,6 +172,36 @@ test_message_region_keeps_storage (void)
   _cp_message_clear (&incoming);
   g_assert_true (released);
   g_free (values);
+  cp_test_free_group (meshes);
+}
+
+/* Cancellation reaches a transport as an argument of its wait, not
+ * through the thread that runs it: a wait given a cancelled cancellable
+ * ends at once, long before its deadline, and names the cancellation. */
+static void
+test_wait_cancellable (void)
+{
+  GList *meshes = cp_test_local_group ("cp", 2);
+  CpComm *receiver = _cp_mesh_get_comm (meshes->next->data);
+  const gint64 shape[] = { 2 };
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) tensor = cp_tensor_new (CP_DTYPE_INT32, shape, 1, &error);
+  g_autoptr(GCancellable) cancellable = g_cancellable_new ();
+  gint64 started = g_get_monotonic_time ();
+  CpMessage incoming;
+  CpRequest *request;
+
+  g_assert_no_error (error);
+  g_cancellable_cancel (cancellable);
+  _cp_message_from_tensor (&incoming, tensor);
+  request = _cp_comm_irecv (receiver, 0, 3, &incoming);
+  g_assert_false (_cp_comm_wait (receiver, request, started + 30 * G_TIME_SPAN_SECOND, cancellable,
+                                 &error));
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED, "transport wait",
+                       "wait for a message with a cancelled cancellable");
+  g_assert_nonnull (strstr (error->message, "cancelled"));
+  g_assert_cmpint (g_get_monotonic_time () - started, <, 5 * G_TIME_SPAN_SECOND);
+  _cp_message_clear (&incoming);
   cp_test_free_group (meshes);
 }
 
@@ -338,6 +368,7 @@ main (int    argc,
                    test_capability_shared_address_space);
   g_test_add_func ("/Cp/Transport/agreement/device", test_agreement_device);
   g_test_add_func ("/Cp/Transport/message/region-keeps-storage", test_message_region_keeps_storage);
+  g_test_add_func ("/Cp/Transport/cancel/wait-argument", test_wait_cancellable);
   g_test_add_func ("/Cp/MeshOptions/properties/defaults", test_options_defaults);
   g_test_add_func ("/Cp/MeshOptions/new/local", test_options_local);
   g_test_add_func ("/Cp/MeshOptions/new/names-without-sizes", test_options_names_without_sizes);

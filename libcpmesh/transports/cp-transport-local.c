@@ -12,7 +12,6 @@
 #include "cp-memory-private.h"
 #include "cp-mesh-config-private.h"
 #include "cp-sync-private.h"
-#include "cp-task-private.h"
 #include "cp-transport-private.h"
 
 /* Ranks share an address space, so a collective is a rendezvous followed
@@ -315,16 +314,17 @@ break_on_departure (LocalComm  *self,
   return FALSE;
 }
 
-/* With the group lock held: breaks the communicator when the
- * asynchronous call this rank waits in was cancelled. */
+/* With the group lock held: breaks the communicator when @cancellable,
+ * the call's this rank waits in, was cancelled. */
 static gboolean
-break_on_cancel (LocalComm  *self,
-                 const char *what)
+break_on_cancel (LocalComm    *self,
+                 const char   *what,
+                 GCancellable *cancellable)
 {
   SharedComm *shared = self->shared;
   g_autofree char *missing = NULL;
 
-  if (!_cp_task_cancelled ())
+  if (!g_cancellable_is_cancelled (cancellable))
     return FALSE;
   missing = list_missing (shared);
   g_set_error (&shared->broken, CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED,
@@ -339,10 +339,11 @@ break_on_cancel (LocalComm  *self,
  * breaks such a wait: it follows the arrival, when peers may be reading
  * this rank's buffers. */
 static gboolean
-sync_point (LocalComm   *self,
-            const char  *what,
-            gint64       deadline,
-            GError     **error)
+sync_point (LocalComm     *self,
+            const char    *what,
+            gint64         deadline,
+            GCancellable  *cancellable,
+            GError       **error)
 {
   SharedComm *shared = self->shared;
   CpMutex *lock = &self->group->lock;
@@ -370,7 +371,7 @@ sync_point (LocalComm   *self,
   while (shared->generation == generation && shared->broken == NULL &&
          !(breakable && self->group->broken != NULL))
     {
-      if (break_on_departure (self, what) || (breakable && break_on_cancel (self, what)))
+      if (break_on_departure (self, what) || (breakable && break_on_cancel (self, what, cancellable)))
         break;
       if (!breakable)
         _cp_cond_wait (cond, lock);
@@ -398,7 +399,7 @@ locked_sync (LocalComm   *self,
   gboolean ok;
 
   _cp_mutex_lock (&self->group->lock);
-  ok = sync_point (self, what, deadline, error);
+  ok = sync_point (self, what, deadline, NULL, error);
   _cp_mutex_unlock (&self->group->lock);
   return ok;
 }
@@ -613,16 +614,17 @@ run_agreed (LocalComm     *self,
 /* An injected fault that keeps this rank from arriving: it waits, as its
  * peers do, until the communicator breaks or its own deadline passes. */
 static gboolean
-wait_without_arriving (LocalComm   *self,
-                       const char  *what,
-                       gint64       deadline,
-                       GError     **error)
+wait_without_arriving (LocalComm     *self,
+                       const char    *what,
+                       gint64         deadline,
+                       GCancellable  *cancellable,
+                       GError       **error)
 {
   SharedComm *shared = self->shared;
   gint64 started = g_get_monotonic_time ();
 
   _cp_mutex_lock (&self->group->lock);
-  while (shared->broken == NULL && self->group->broken == NULL && !break_on_cancel (self, what) &&
+  while (shared->broken == NULL && self->group->broken == NULL && !break_on_cancel (self, what, cancellable) &&
          _cp_cond_wait_until (&self->group->cond, &self->group->lock, deadline))
     ;
   if (shared->broken == NULL && self->group->broken == NULL)
@@ -672,10 +674,11 @@ die (LocalComm   *self,
 /* The faults an in-process rank can suffer at its arrival; FALSE when
  * the rank does not take part in the collective after all. */
 static gboolean
-suffer_fault (LocalComm   *self,
-              const char  *what,
-              gint64       deadline,
-              GError     **error)
+suffer_fault (LocalComm     *self,
+              const char    *what,
+              gint64         deadline,
+              GCancellable  *cancellable,
+              GError       **error)
 {
   switch (strike (self, self->fault_operation, CP_FAULT_STEP_DESCRIPTOR))
     {
@@ -684,7 +687,7 @@ suffer_fault (LocalComm   *self,
     case CP_FAULT_TRUNCATE: /* nothing crosses a wire here */
       return TRUE;
     case CP_FAULT_DROP:
-      return wait_without_arriving (self, what, deadline, error);
+      return wait_without_arriving (self, what, deadline, cancellable, error);
     case CP_FAULT_KILL:
       die (self, what, error);
       return FALSE;
@@ -765,6 +768,7 @@ static gboolean
 local_collective (CpComm        *comm,
                   CpCollective  *coll,
                   gint64         deadline,
+                  GCancellable  *cancellable,
                   GError       **error)
 {
   LocalComm *self = (LocalComm *) comm;
@@ -774,12 +778,12 @@ local_collective (CpComm        *comm,
 
   _cp_collective_label (self->operation, sizeof self->operation, coll->kind, ++self->calls);
   self->fault_operation = begin_fault_operation (self);
-  if (!suffer_fault (self, what, deadline, error))
+  if (!suffer_fault (self, what, deadline, cancellable, error))
     return FALSE;
   alloc_scratch (self, coll, &scratch);
   _cp_mutex_lock (&self->group->lock);
   self->shared->posted[comm->index] = coll;
-  if (!sync_point (self, what, deadline, error))
+  if (!sync_point (self, what, deadline, cancellable, error))
     {
       _cp_mutex_unlock (&self->group->lock);
       _cp_host_free (scratch.data, scratch.size);
@@ -865,22 +869,24 @@ peer_left (LocalComm *self,
 /* With the group lock held: whether a message may still go through, as
  * far as this rank waits for it. */
 static gboolean
-still_deliverable (LocalComm *self,
-                   int        peer,
-                   gboolean   timed_out)
+still_deliverable (LocalComm    *self,
+                   int           peer,
+                   gboolean      timed_out,
+                   GCancellable *cancellable)
 {
-  return !timed_out && !peer_left (self, peer) && !_cp_task_cancelled ();
+  return !timed_out && !peer_left (self, peer) && !g_cancellable_is_cancelled (cancellable);
 }
 
 /* With the group lock held: PEER_LOST when @peer left the group,
- * CANCELLED when this rank's asynchronous call was, TIMED_OUT
+ * CANCELLED when @cancellable, this rank's call's, was, TIMED_OUT
  * otherwise. */
 static void
-set_undelivered (LocalComm   *self,
-                 GError     **error,
-                 int          src,
-                 int          dst,
-                 guint64      tag)
+set_undelivered (LocalComm     *self,
+                 GCancellable  *cancellable,
+                 GError       **error,
+                 int            src,
+                 int            dst,
+                 guint64        tag)
 {
   int peer = src == self->parent.index ? dst : src;
 
@@ -889,7 +895,7 @@ set_undelivered (LocalComm   *self,
                  "rank %d lost rank %d, which left the group, before its message from rank %d "
                  "to rank %d (tag %" G_GUINT64_FORMAT ") went through",
                  self->parent.index, peer, src, dst, tag);
-  else if (_cp_task_cancelled ())
+  else if (g_cancellable_is_cancelled (cancellable))
     g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED,
                  "rank %d was cancelled before the message from rank %d to rank %d (tag %"
                  G_GUINT64_FORMAT ") went through", self->parent.index, src, dst, tag);
@@ -902,24 +908,26 @@ set_undelivered (LocalComm   *self,
 /* With the group lock held: a message that did not go through fails
  * @error and breaks the group. */
 static void
-fail_undelivered (LocalComm  *self,
-                  GError    **error,
-                  int         src,
-                  int         dst,
-                  guint64     tag)
+fail_undelivered (LocalComm     *self,
+                  GCancellable  *cancellable,
+                  GError       **error,
+                  int            src,
+                  int            dst,
+                  guint64        tag)
 {
   GError *failure = NULL;
 
-  set_undelivered (self, &failure, src, dst, tag);
+  set_undelivered (self, cancellable, &failure, src, dst, tag);
   break_group (self, failure);
   g_propagate_error (error, failure);
 }
 
 static gboolean
-wait_send (LocalComm  *self,
-           Envelope   *envelope,
-           gint64      deadline,
-           GError    **error)
+wait_send (LocalComm     *self,
+           Envelope      *envelope,
+           gint64         deadline,
+           GCancellable  *cancellable,
+           GError       **error)
 {
   LocalGroup *group = self->group;
   gboolean timed_out = FALSE;
@@ -933,9 +941,9 @@ wait_send (LocalComm  *self,
         _cp_cond_wait (&group->cond, &group->lock);
       else if (!check_unbroken (self, "send", error))
         ok = FALSE;
-      else if (!still_deliverable (self, envelope->dst, timed_out))
+      else if (!still_deliverable (self, envelope->dst, timed_out, cancellable))
         {
-          fail_undelivered (self, error, envelope->src, envelope->dst, envelope->tag);
+          fail_undelivered (self, cancellable, error, envelope->src, envelope->dst, envelope->tag);
           ok = FALSE;
         }
       else
@@ -985,10 +993,11 @@ set_mismatch (GError         **error,
 /* With the group lock held: takes the message @request waits for, or
  * fails. */
 static Envelope *
-await_envelope (LocalComm  *self,
-                CpRequest  *request,
-                gint64      deadline,
-                GError    **error)
+await_envelope (LocalComm     *self,
+                CpRequest     *request,
+                gint64         deadline,
+                GCancellable  *cancellable,
+                GError       **error)
 {
   Envelope *envelope = NULL;
   gboolean timed_out = FALSE;
@@ -996,9 +1005,10 @@ await_envelope (LocalComm  *self,
   while (check_unbroken (self, "recv", error) &&
          (envelope = take_envelope (self, request->peer, request->tag)) == NULL)
     {
-      if (!still_deliverable (self, request->peer, timed_out))
+      if (!still_deliverable (self, request->peer, timed_out, cancellable))
         {
-          fail_undelivered (self, error, request->peer, self->parent.index, request->tag);
+          fail_undelivered (self, cancellable, error, request->peer, self->parent.index,
+                            request->tag);
           break;
         }
       timed_out = !_cp_cond_wait_until (&self->group->cond, &self->group->lock, deadline);
@@ -1007,17 +1017,18 @@ await_envelope (LocalComm  *self,
 }
 
 static gboolean
-wait_recv (LocalComm  *self,
-           CpRequest  *request,
-           gint64      deadline,
-           GError    **error)
+wait_recv (LocalComm     *self,
+           CpRequest     *request,
+           gint64         deadline,
+           GCancellable  *cancellable,
+           GError       **error)
 {
   LocalGroup *group = self->group;
   Envelope *envelope;
   gboolean ok = TRUE;
 
   _cp_mutex_lock (&group->lock);
-  envelope = await_envelope (self, request, deadline, error);
+  envelope = await_envelope (self, request, deadline, cancellable, error);
   _cp_mutex_unlock (&group->lock);
   if (envelope == NULL)
     return FALSE;
@@ -1046,10 +1057,11 @@ wait_recv (LocalComm  *self,
 }
 
 static gboolean
-local_wait (CpComm     *comm,
-            CpRequest  *request,
-            gint64      deadline,
-            GError    **error)
+local_wait (CpComm        *comm,
+            CpRequest     *request,
+            gint64         deadline,
+            GCancellable  *cancellable,
+            GError       **error)
 {
   LocalComm *self = (LocalComm *) comm;
   gboolean ok;
@@ -1064,9 +1076,9 @@ local_wait (CpComm     *comm,
       ok = FALSE;
     }
   else if (request->is_send)
-    ok = wait_send (self, request->envelope, deadline, error);
+    ok = wait_send (self, request->envelope, deadline, cancellable, error);
   else
-    ok = wait_recv (self, request, deadline, error);
+    ok = wait_recv (self, request, deadline, cancellable, error);
   g_free (request);
   return ok;
 }

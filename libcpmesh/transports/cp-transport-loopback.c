@@ -15,7 +15,6 @@
 
 #include "cp-error.h"
 #include "cp-mesh-config-private.h"
-#include "cp-task-private.h"
 #include "cp-transport-private.h"
 
 /* The ranks are threads of one process, like the local backend's, but
@@ -419,13 +418,14 @@ static gboolean
 wait_request (LoopbackTransport  *self,
               CpRequest          *request,
               gint64              deadline,
+              GCancellable       *cancellable,
               GError            **error)
 {
   gboolean ok = TRUE;
 
   while (ok && !request->done && !(!request->is_send && try_match (self, request)))
     {
-      if (_cp_task_cancelled ())
+      if (g_cancellable_is_cancelled (cancellable))
         {
           g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED, "loopback: cancelled");
           ok = FALSE;
@@ -488,6 +488,7 @@ agree (LoopbackComm  *comm,
        CpCollective  *coll,
        guint64        tag,
        gint64         deadline,
+       GCancellable  *cancellable,
        GError       **error)
 {
   LoopbackTransport *self = (LoopbackTransport *) comm->parent.transport;
@@ -513,7 +514,7 @@ agree (LoopbackComm  *comm,
     }
   for (int i = 0; i < 2 * n; i++)
     if (requests[i] != NULL)
-      ok = wait_request (self, requests[i], deadline, ok ? error : NULL) && ok;
+      ok = wait_request (self, requests[i], deadline, cancellable, ok ? error : NULL) && ok;
   if (!ok)
     return FALSE;
   for (int r = 0; r < n; r++)
@@ -553,6 +554,7 @@ exchange_all (LoopbackComm  *comm,
               guint8       **in,
               gsize          nbytes,
               gint64         deadline,
+              GCancellable  *cancellable,
               GError       **error)
 {
   LoopbackTransport *self = (LoopbackTransport *) comm->parent.transport;
@@ -573,7 +575,7 @@ exchange_all (LoopbackComm  *comm,
     }
   for (int i = 0; i < 2 * n; i++)
     if (requests[i] != NULL)
-      ok = wait_request (self, requests[i], deadline, ok ? error : NULL) && ok;
+      ok = wait_request (self, requests[i], deadline, cancellable, ok ? error : NULL) && ok;
   return ok;
 }
 
@@ -582,6 +584,7 @@ move_bytes (LoopbackComm  *comm,
             CpCollective  *coll,
             guint64        tag,
             gint64         deadline,
+            GCancellable  *cancellable,
             GError       **error)
 {
   int n = comm->parent.size;
@@ -624,7 +627,7 @@ move_bytes (LoopbackComm  *comm,
           break;
         }
     }
-  if (!exchange_all (comm, tag, out, in, nbytes, deadline, error))
+  if (!exchange_all (comm, tag, out, in, nbytes, deadline, cancellable, error))
     return FALSE;
   for (int r = 0; r < n && coll->kind != CP_COLL_BROADCAST; r++)
     {
@@ -645,16 +648,17 @@ static gboolean
 loopback_collective (CpComm        *comm,
                      CpCollective  *coll,
                      gint64         deadline,
+                     GCancellable  *cancellable,
                      GError       **error)
 {
   LoopbackComm *self = (LoopbackComm *) comm;
   guint64 tag = LOOPBACK_COLLECTIVE_TAG | (self->calls++ << 1);
 
-  if (!agree (self, coll, tag, deadline, error))
+  if (!agree (self, coll, tag, deadline, cancellable, error))
     return FALSE;
   if (coll->kind == CP_COLL_BARRIER)
     return TRUE;
-  return move_bytes (self, coll, tag | 1, deadline, error);
+  return move_bytes (self, coll, tag | 1, deadline, cancellable, error);
 }
 
 /* ---- point to point ---- */
@@ -680,12 +684,14 @@ loopback_irecv (CpComm    *comm,
 }
 
 static gboolean
-loopback_wait (CpComm     *comm,
-               CpRequest  *request,
-               gint64      deadline,
-               GError    **error)
+loopback_wait (CpComm        *comm,
+               CpRequest     *request,
+               gint64         deadline,
+               GCancellable  *cancellable,
+               GError       **error)
 {
-  return wait_request ((LoopbackTransport *) comm->transport, request, deadline, error);
+  return wait_request ((LoopbackTransport *) comm->transport, request, deadline, cancellable,
+                       error);
 }
 
 /* ---- lifetime ---- */

@@ -22,9 +22,11 @@ G_BEGIN_DECLS
  *
  * Every blocking operation takes an absolute deadline in g_get_monotonic_time()
  * microseconds and fails with CP_MESH_ERROR_TIMED_OUT (or PEER_LOST) rather
- * than wait past it.  A wait that an asynchronous call runs also ends as
- * soon as that call is cancelled (cp-task-private.h), with
- * CP_MESH_ERROR_CANCELLED: a failure like a timeout.
+ * than wait past it.  It also takes the cancellable of the call it runs
+ * for (NULL: none; an asynchronous call's, cp-task-private.h), and ends
+ * as soon as that is cancelled, with CP_MESH_ERROR_CANCELLED: a failure
+ * like a timeout.  A transport learns of a cancellation only from that
+ * argument.
  *
  * A failure breaks the whole transport, on every rank: a rank whose
  * operation times out, loses a peer or gets a message it cannot use
@@ -141,6 +143,7 @@ struct _CpTransportOps
   gboolean   (*collective)     (CpComm        *comm,
                                 CpCollective  *coll,
                                 gint64         deadline,
+                                GCancellable  *cancellable,
                                 GError       **error);
 
   /* Non-blocking point-to-point; @peer is a communicator index.  The
@@ -158,6 +161,7 @@ struct _CpTransportOps
   gboolean   (*wait)           (CpComm        *comm,
                                 CpRequest     *request,
                                 gint64         deadline,
+                                GCancellable  *cancellable,
                                 GError       **error);
 
   /* Optional: makes progress without blocking, unless another thread is
@@ -166,9 +170,9 @@ struct _CpTransportOps
   void       (*poll)           (CpTransport   *transport);
 
   /* Optional, for backends whose waits sleep: wakes this rank's waits,
-   * from any thread, so that they see at once that the asynchronous call
-   * running them was cancelled (_cp_task_cancelled()).  Backends whose
-   * waits poll look at it in every round instead. */
+   * from any thread, so that they see at once that the cancellable they
+   * were given was cancelled.  Backends whose waits poll look at it in
+   * every round instead. */
   void       (*interrupt)      (CpTransport   *transport);
 
   /* Records @failure, which this rank suffered outside any wait of the
@@ -265,6 +269,7 @@ void         _cp_transport_fail        (CpTransport      *transport,
 gboolean     _cp_comm_collective       (CpComm           *comm,
                                         CpCollective     *coll,
                                         gint64            deadline,
+                                        GCancellable     *cancellable,
                                         GError          **error);
 CpRequest   *_cp_comm_isend            (CpComm           *comm,
                                         int               peer,
@@ -277,6 +282,7 @@ CpRequest   *_cp_comm_irecv            (CpComm           *comm,
 gboolean     _cp_comm_wait             (CpComm           *comm,
                                         CpRequest        *request,
                                         gint64            deadline,
+                                        GCancellable     *cancellable,
                                         GError          **error);
 
 /* Copies @height rows of @width bytes from @src, in memory of kind

@@ -11,7 +11,6 @@
 #include "cp-error.h"
 #include "cp-fault-private.h"
 #include "cp-memory-private.h"
-#include "cp-task-private.h"
 #include "cp-ucx-private.h"
 #include "cp-ucx-wire-private.h"
 
@@ -634,9 +633,10 @@ find_failure (UcxTransport    *self,
 }
 
 /* Waits until every op of @ops completed, or fails: the mesh broke, an op
- * failed, a peer was lost, @deadline passed, or @cancellable or the
- * asynchronous call running the wait was cancelled (which it sees within
- * a round of progress).  The ops are cleared either way.  Before it reports success
+ * failed, a peer was lost, @deadline passed, or @joining (a join's,
+ * G_IO_ERROR_CANCELLED) or @cancellable (the call's the wait runs for,
+ * CP_MESH_ERROR_CANCELLED) was cancelled, which it sees within a round of
+ * progress.  The ops are cleared either way.  Before it reports success
  * it looks for notices once more, so that a rank that finished its part
  * of a call a peer failed fails too. */
 static gboolean
@@ -645,6 +645,7 @@ wait_for (UcxTransport     *self,
           guint             n,
           const Operation  *op,
           gint64            deadline,
+          GCancellable     *joining,
           GCancellable     *cancellable,
           GError          **error)
 {
@@ -670,8 +671,8 @@ wait_for (UcxTransport     *self,
       if (failure == NULL && late)
         set_timeout (self, ops, n, op->what, g_get_monotonic_time () - started, &failure);
       if (failure == NULL)
-        g_cancellable_set_error_if_cancelled (cancellable, &failure);
-      if (failure == NULL && _cp_task_cancelled ())
+        g_cancellable_set_error_if_cancelled (joining, &failure);
+      if (failure == NULL && g_cancellable_is_cancelled (cancellable))
         set_cancelled (self, ops, n, op->what, &failure);
       if (failure != NULL)
         {
@@ -705,7 +706,7 @@ wait_ops (UcxTransport  *self,
   Operation op = { what, "", 0, 0 };
 
   g_strlcpy (op.label, what, sizeof op.label);
-  return wait_for (self, ops, n, &op, deadline, cancellable, error);
+  return wait_for (self, ops, n, &op, deadline, cancellable, NULL, error);
 }
 
 /* With the lock held: whether @op may post anything; else @error says
@@ -878,6 +879,7 @@ typedef struct
   CpCollective *coll;
   guint32 sequence;
   Operation op;
+  GCancellable *cancellable; /* the call's the collective runs for */
 } Call;
 
 static void
@@ -966,7 +968,7 @@ exchange_descriptors (Call     *call,
       }
   unlock (self);
   descs[me] = call->coll;
-  if (ok && wait_for (self, ops, n_ops, &call->op, deadline, NULL, error) &&
+  if (ok && wait_for (self, ops, n_ops, &call->op, deadline, NULL, call->cancellable, error) &&
       unpack_descriptors (call, inbox, ops, descs, error))
     return descs;
   descriptors_free (descs, n, me);
@@ -1029,7 +1031,7 @@ exchange_regions (Call        *call,
                       collective_tag (comm->id, call->sequence, phase, me), fault);
     }
   unlock (self);
-  return ok && wait_for (self, ops, n_ops, &call->op, deadline, NULL, error);
+  return ok && wait_for (self, ops, n_ops, &call->op, deadline, NULL, call->cancellable, error);
 }
 
 static void
@@ -1334,11 +1336,12 @@ static gboolean
 ucx_collective (CpComm        *parent,
                 CpCollective  *coll,
                 gint64         deadline,
+                GCancellable  *cancellable,
                 GError       **error)
 {
   UcxComm *comm = (UcxComm *) parent;
   /* The Nth collective is "#N" in messages and N in its tags. */
-  Call call = { comm, coll, ++comm->sequence };
+  Call call = { comm, coll, ++comm->sequence, .cancellable = cancellable };
   Scratch scratch = { NULL, 0, NULL, 0 };
   CpCollective **descs;
   gboolean ok;
@@ -1463,12 +1466,13 @@ wait_send (UcxComm          *comm,
            CpRequest        *request,
            const Operation  *op,
            gint64            deadline,
+           GCancellable     *cancellable,
            GError          **error)
 {
   CpMessage expected;
 
   if (!wait_for (comm->transport, request->ops, G_N_ELEMENTS (request->ops), op, deadline, NULL,
-                 error))
+                 cancellable, error))
     return FALSE;
   if (request->ack.accepted)
     return TRUE;
@@ -1483,6 +1487,7 @@ wait_recv (UcxComm          *comm,
            CpRequest        *request,
            const Operation  *op,
            gint64            deadline,
+           GCancellable     *cancellable,
            GError          **error)
 {
   UcxTransport *self = comm->transport;
@@ -1492,7 +1497,7 @@ wait_recv (UcxComm          *comm,
   Region data, ack = contiguous (&request->ack, sizeof request->ack);
   CpFaultKind fault;
 
-  if (!wait_for (self, &request->ops[P2P_HEADER], 1, op, deadline, NULL, error))
+  if (!wait_for (self, &request->ops[P2P_HEADER], 1, op, deadline, NULL, cancellable, error))
     return FALSE;
   _cp_ucx_message_from_wire (&sent, &request->header);
   accepted = _cp_message_matches (&sent, request->message);
@@ -1511,7 +1516,7 @@ wait_recv (UcxComm          *comm,
     }
   unlock (self);
   request->ops[P2P_DATA].may_truncate = !accepted;
-  if (!wait_for (self, &request->ops[P2P_DATA], 2, op, deadline, NULL, error))
+  if (!wait_for (self, &request->ops[P2P_DATA], 2, op, deadline, NULL, cancellable, error))
     return FALSE;
   if (accepted)
     return TRUE;
@@ -1520,10 +1525,11 @@ wait_recv (UcxComm          *comm,
 }
 
 static gboolean
-ucx_wait (CpComm     *parent,
-          CpRequest  *request,
-          gint64      deadline,
-          GError    **error)
+ucx_wait (CpComm        *parent,
+          CpRequest     *request,
+          gint64         deadline,
+          GCancellable  *cancellable,
+          GError       **error)
 {
   UcxComm *comm = (UcxComm *) parent;
   GError *unusable = NULL;
@@ -1533,9 +1539,9 @@ ucx_wait (CpComm     *parent,
   name_message (&op, request);
   ok = check_usable (comm->transport, &op, &unusable);
   if (ok && request->is_send)
-    ok = wait_send (comm, request, &op, deadline, error);
+    ok = wait_send (comm, request, &op, deadline, cancellable, error);
   else if (ok)
-    ok = wait_recv (comm, request, &op, deadline, error);
+    ok = wait_recv (comm, request, &op, deadline, cancellable, error);
   else
     {
       /* A send still in flight may be read by its peer: abort_ops closes

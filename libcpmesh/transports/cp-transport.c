@@ -192,9 +192,10 @@ gboolean
 _cp_comm_collective (CpComm        *comm,
                      CpCollective  *coll,
                      gint64         deadline,
+                     GCancellable  *cancellable,
                      GError       **error)
 {
-  return comm->transport->ops->collective (comm, coll, deadline, error);
+  return comm->transport->ops->collective (comm, coll, deadline, cancellable, error);
 }
 
 CpRequest *
@@ -216,12 +217,13 @@ _cp_comm_irecv (CpComm    *comm,
 }
 
 gboolean
-_cp_comm_wait (CpComm     *comm,
-               CpRequest  *request,
-               gint64      deadline,
-               GError    **error)
+_cp_comm_wait (CpComm        *comm,
+               CpRequest     *request,
+               gint64         deadline,
+               GCancellable  *cancellable,
+               GError       **error)
 {
-  return comm->transport->ops->wait (comm, request, deadline, error);
+  return comm->transport->ops->wait (comm, request, deadline, cancellable, error);
 }
 
 gboolean
