@@ -13,12 +13,10 @@
 #define TAG_KV  CP_MESH_INTERNAL_TAG (0x4b56)
 #define TAG_DKV CP_MESH_INTERNAL_TAG (0x644b56)
 
-/* One posted point-to-point transfer with a ring neighbour. */
-typedef struct
-{
-  CpMessage message;
-  CpRequest *request;
-} Transfer;
+/* One posted point-to-point transfer with a ring neighbour: the mesh
+ * posts it on the communicator that moves the tensor's memory, as it
+ * routes every other call. */
+typedef CpMeshTransfer Transfer;
 
 static void
 transfer_post (CpAttention *self,
@@ -31,12 +29,7 @@ transfer_post (CpAttention *self,
   int next = (comm->index + 1) % comm->size;
   int previous = (comm->index + comm->size - 1) % comm->size;
 
-  g_assert (transfer->request == NULL);
-  _cp_message_from_tensor (&transfer->message, tensor);
-  if (send)
-    transfer->request = _cp_comm_isend (comm, next, tag, &transfer->message);
-  else
-    transfer->request = _cp_comm_irecv (comm, previous, tag, &transfer->message);
+  _cp_mesh_transfer_post (self->mesh, transfer, tensor, send, send ? next : previous, tag);
 }
 
 /* Completes every posted transfer of @transfers, in place (a posted
@@ -49,18 +42,11 @@ transfers_wait (CpAttention     *self,
                 guint            n,
                 GError         **error)
 {
-  CpComm *comm = _cp_attention_get_comm (self);
   gboolean ok = TRUE;
 
   for (guint i = 0; i < n; i++)
-    {
-      if (transfers[i]->request == NULL)
-        continue;
-      ok = _cp_comm_wait (comm, g_steal_pointer (&transfers[i]->request),
-                          _cp_mesh_deadline (self->mesh), _cp_mesh_cancellable (self->mesh),
-                          ok ? error : NULL) && ok;
-      _cp_message_clear (&transfers[i]->message);
-    }
+    ok = _cp_mesh_transfer_wait (self->mesh, transfers[i], _cp_mesh_deadline (self->mesh),
+                                 ok ? error : NULL) && ok;
   return ok;
 }
 
@@ -90,7 +76,7 @@ _cp_attention_forward_ring (CpAttention  *self,
   for (int step = 0; step < plan->size; step++)
     {
       int source = (plan->rank - step + plan->size) % plan->size;
-      Transfer transfers[2] = { { { 0 } } };
+      Transfer transfers[2] = { { 0 } };
       gboolean last = step == plan->size - 1;
 
       if (!last)
@@ -202,7 +188,7 @@ _cp_attention_backward_ring (CpAttention        *self,
     .kv32 = bufs->kv32,
     .partial = { bufs->partial[0], bufs->partial[1], bufs->partial[2] },
   };
-  Transfer final = { { 0 } };
+  Transfer final = { 0 };
   gboolean ok = TRUE;
 
   for (int step = 0; ok && step < plan->size; step++)

@@ -76,6 +76,35 @@ GCancellable *_cp_mesh_cancellable  (CpMesh              *self);
 void      _cp_message_from_tensor   (CpMessage           *message,
                                      CpTensor            *tensor);
 
+/* One point-to-point transfer of a whole tensor, posted on the
+ * communicator that moves its memory, as every call of the mesh routes
+ * its operands (an attention ring's hand-overs).  Zero-filled: nothing
+ * posted. */
+typedef struct
+{
+  CpComm *comm;
+  CpMessage message;
+  CpRequest *request;
+} CpMeshTransfer;
+
+/* Posts the send of @tensor to communicator rank @peer (@send) or the
+ * receive into it from @peer, with @tag; @tensor must be in memory a
+ * communicator of @self moves (host memory always is).  The transfer
+ * holds @tensor's storage until it has been waited for. */
+void      _cp_mesh_transfer_post    (CpMesh              *self,
+                                     CpMeshTransfer      *transfer,
+                                     CpTensor            *tensor,
+                                     gboolean             send,
+                                     int                  peer,
+                                     guint64              tag);
+
+/* Completes @transfer, if posted, before @deadline (and the cancellable
+ * of the call running on this thread), and leaves it unposted. */
+gboolean  _cp_mesh_transfer_wait    (CpMesh              *self,
+                                     CpMeshTransfer      *transfer,
+                                     gint64               deadline,
+                                     GError             **error);
+
 /* One small all-gather that makes every rank agree before any of them
  * changes anything.  Each rank contributes @n_values (at most 4) numbers
  * named by @names.  The call fails identically on every rank when a rank

@@ -1650,6 +1650,41 @@ check_peer (CpMesh      *self,
   return check_operand (self, tensor, what, "the tensor", error);
 }
 
+void
+_cp_mesh_transfer_post (CpMesh          *self,
+                        CpMeshTransfer  *transfer,
+                        CpTensor        *tensor,
+                        gboolean         send,
+                        int              peer,
+                        guint64          tag)
+{
+  g_assert (transfer->request == NULL);
+  transfer->comm = route (self, cp_tensor_get_device (tensor));
+  g_assert (transfer->comm != NULL);
+  _cp_message_from_tensor (&transfer->message, tensor);
+  if (send)
+    transfer->request = _cp_comm_isend (transfer->comm, peer, tag, &transfer->message);
+  else
+    transfer->request = _cp_comm_irecv (transfer->comm, peer, tag, &transfer->message);
+}
+
+gboolean
+_cp_mesh_transfer_wait (CpMesh          *self,
+                        CpMeshTransfer  *transfer,
+                        gint64           deadline,
+                        GError         **error)
+{
+  gboolean ok;
+
+  if (transfer->request == NULL)
+    return TRUE;
+  ok = _cp_comm_wait (transfer->comm, g_steal_pointer (&transfer->request), deadline,
+                      _cp_mesh_cancellable (self), error);
+  _cp_message_clear (&transfer->message);
+  transfer->comm = NULL;
+  return ok;
+}
+
 /* Posts every operation before waiting for any, so that exchanges in a
  * ring cannot deadlock. */
 static gboolean
@@ -1662,33 +1697,18 @@ exchange_routed (CpMesh    *self,
                  GError   **error)
 {
   gint64 deadline = _cp_mesh_deadline (self);
-  GCancellable *cancellable = _cp_mesh_cancellable (self);
-  CpComm *send_comm = send_tensor ? route (self, cp_tensor_get_device (send_tensor)) : NULL;
-  CpComm *recv_comm = recv_tensor ? route (self, cp_tensor_get_device (recv_tensor)) : NULL;
-  CpMessage sent, received;
-  CpRequest *send_request = NULL;
-  CpRequest *recv_request = NULL;
+  CpMeshTransfer sent = { 0 }, received = { 0 };
   GError *recv_error = NULL;
   gboolean ok = TRUE;
 
   if (send_tensor != NULL)
-    {
-      _cp_message_from_tensor (&sent, send_tensor);
-      send_request = _cp_comm_isend (send_comm, dst, tag, &sent);
-    }
+    _cp_mesh_transfer_post (self, &sent, send_tensor, TRUE, dst, tag);
   if (recv_tensor != NULL)
     {
-      _cp_message_from_tensor (&received, recv_tensor);
-      recv_request = _cp_comm_irecv (recv_comm, src, tag, &received);
-      ok = _cp_comm_wait (recv_comm, recv_request, deadline, cancellable, &recv_error);
+      _cp_mesh_transfer_post (self, &received, recv_tensor, FALSE, src, tag);
+      ok = _cp_mesh_transfer_wait (self, &received, deadline, &recv_error);
     }
-  if (send_request != NULL)
-    ok = _cp_comm_wait (send_comm, send_request, deadline, cancellable, recv_error ? NULL : error)
-         && ok;
-  if (send_tensor != NULL)
-    _cp_message_clear (&sent);
-  if (recv_tensor != NULL)
-    _cp_message_clear (&received);
+  ok = _cp_mesh_transfer_wait (self, &sent, deadline, recv_error ? NULL : error) && ok;
   if (recv_error != NULL)
     g_propagate_error (error, recv_error);
   return ok;

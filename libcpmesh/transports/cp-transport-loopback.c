@@ -95,6 +95,7 @@ typedef struct
 {
   CpTransport parent;
   Peer *peers;        /* per world rank; fd -1 for this rank */
+  gint sends;         /* point-to-point sends posted, for tests */
 } LoopbackTransport;
 
 typedef struct
@@ -669,6 +670,7 @@ loopback_isend (CpComm          *comm,
                 guint64          tag,
                 const CpMessage *message)
 {
+  g_atomic_int_inc (&((LoopbackTransport *) comm->transport)->sends);
   return post_send ((LoopbackComm *) comm, peer, tag, message,
                     _cp_region_get_address (&message->data), message->nbytes);
 }
@@ -750,6 +752,16 @@ loopback_fail (CpTransport  *transport,
                const char   *operation,
                const GError *failure)
 {
+}
+
+static const CpTransportOps loopback_ops;
+
+guint
+_cp_transport_loopback_count_sends (CpTransport *transport)
+{
+  g_return_val_if_fail (transport->ops == &loopback_ops, 0);
+
+  return (guint) g_atomic_int_get (&((LoopbackTransport *) transport)->sends);
 }
 
 static const CpTransportOps loopback_ops = {

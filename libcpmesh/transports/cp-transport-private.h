@@ -426,5 +426,8 @@ CpTransport  *_cp_transport_local_connect   (const CpMeshConfig  *config,
 CpTransport  *_cp_transport_loopback_connect (const CpMeshConfig  *config,
                                               GCancellable        *cancellable,
                                               GError             **error);
+/* How many point-to-point sends the loopback transport @transport has
+ * posted: which communicator a call's messages took. */
+guint         _cp_transport_loopback_count_sends (CpTransport *transport);
 
 G_END_DECLS
