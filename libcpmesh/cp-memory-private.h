@@ -227,8 +227,11 @@ gboolean  _cp_memory_equal_region     (const CpRegion     *a,
 /* Waits for everything issued on the device that holds @storage. */
 gboolean  _cp_memory_synchronize_storage (CpStorage       *storage,
                                           GError         **error);
-/* Where @region's first byte is for the kernels of its device. */
+/* Where @region's first byte, or byte @offset of @storage, is for the
+ * kernels of its device. */
 gpointer  _cp_memory_kernel_address_region (const CpRegion *region);
+gpointer  _cp_memory_kernel_address_at     (CpStorage      *storage,
+                                            gsize           offset);
 
 /* A 2-D copy between addresses of memory @dst_kind and @src_kind, one of
  * them host memory or both the same kind: what the transports move. */

@@ -392,8 +392,18 @@ _cp_memory_synchronize_storage (CpStorage  *storage,
 gpointer
 _cp_memory_kernel_address_region (const CpRegion *region)
 {
-  guint8 *address = _cp_region_get_address (region);
-  const CpMemoryOps *ops = region_ops (region);
+  return _cp_memory_kernel_address_at (region->storage, region->offset);
+}
+
+gpointer
+_cp_memory_kernel_address_at (CpStorage *storage,
+                              gsize      offset)
+{
+  guint8 *data = cp_storage_get_data (storage);
+  guint8 *address = data != NULL ? data + offset : NULL;
+  const CpMemoryOps *ops = _cp_storage_get_memory (storage);
+
+  g_assert (ops != NULL);
 
   if (address == NULL || ops->kernel_address == NULL)
     return address;

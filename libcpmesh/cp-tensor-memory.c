@@ -133,10 +133,11 @@ _cp_memory_synchronize (CpTensor *tensor,
   return _cp_memory_synchronize_storage (cp_tensor_get_storage (tensor), error);
 }
 
+/* Called for every operand of every kernel launch: storage and offset
+ * straight, no region on the stack. */
 gpointer
 _cp_memory_kernel_address (CpTensor *tensor)
 {
-  CpRegion region = region_of (tensor);
-
-  return _cp_memory_kernel_address_region (&region);
+  return _cp_memory_kernel_address_at (cp_tensor_get_storage (tensor),
+                                       cp_tensor_get_storage_offset (tensor));
 }
