@@ -67,6 +67,7 @@ typedef struct
   GArray *q_runs;           /* CpAttnRun */
   GArray *real_end;         /* gint64, batch × n_docs */
   CpAttnProblem problem;
+  gboolean in_place;        /* the ring reads peers' K/V where it lies */
 } Plan;
 
 void      _cp_attention_plan_clear       (Plan *plan);

@@ -76,7 +76,27 @@ gboolean
 _cp_attention_reads_in_place (CpAttention *self,
                               const Plan  *plan)
 {
-  return _cp_comm_can_share (_cp_attention_get_comm (self), CP_DEVICE_KIND_HOST);
+  return plan->in_place;
+}
+
+/* Says how the ring moved K/V, so a slower path never goes unnoticed and
+ * a benchmark can count the bytes: 0 when every shard was read in place. */
+static void
+report_ring (CpAttention *self,
+             const Plan  *plan,
+             const char  *pass,
+             gsize        bytes_per_step)
+{
+  const char *transport = _cp_transport_get_name (_cp_attention_get_comm (self)->transport);
+
+  if (plan->in_place)
+    g_debug ("attention: %s ring of %d steps over %s read every peer's K/V in place: "
+             "0 K/V bytes copied per step", pass, plan->size, transport);
+  else
+    g_debug ("attention: %s ring of %d steps over %s passed %" G_GSIZE_FORMAT
+             " K/V bytes per step%s", pass, plan->size, transport, bytes_per_step,
+             _cp_comm_can_share (_cp_attention_get_comm (self), CP_DEVICE_KIND_HOST)
+               ? " (CPMESH_ATTENTION_IN_PLACE=0)" : "");
 }
 
 /* Lends this rank's K/V pack @kv to every peer for the call and learns
@@ -97,8 +117,6 @@ lend_kv (CpAttention  *self,
     .address = _cp_memory_kernel_address (kv),
   };
 
-  g_debug ("attention: the ring reads its peers' K/V in place (%s)",
-           _cp_transport_get_name (_cp_attention_get_comm (self)->transport));
   return _cp_comm_share (_cp_attention_get_comm (self), &loan, loans,
                          _cp_mesh_deadline (self->mesh), error);
 }
@@ -134,6 +152,7 @@ forward_in_place (CpAttention  *self,
 
       _cp_attention_forward_at (plan, fwd, loans.addresses[source], numel, source, 1);
     }
+  report_ring (self, plan, "forward", 0);
   return return_kv (self, &loans, error);
 }
 
@@ -169,6 +188,7 @@ _cp_attention_forward_ring (CpAttention  *self,
       if (!last)
         swap_tensors (&current, &next);
     }
+  report_ring (self, plan, "forward", cp_tensor_get_nbytes (bufs->kv));
   return TRUE;
 }
 
@@ -299,5 +319,7 @@ _cp_attention_backward_ring (CpAttention        *self,
   ok = ring_wait_all (self, &ring, ok ? error : NULL) && ok;
   if (in_place)
     ok = return_kv (self, &ring.loans, ok ? error : NULL) && ok;
+  if (ok)
+    report_ring (self, plan, "backward", in_place ? 0 : cp_tensor_get_nbytes (bufs->kv));
   return ok;
 }
