@@ -364,8 +364,24 @@ set_documents (CpAttention *self,
   plan->n_docs = 1;
 }
 
-/* Checks one call's inputs and plans it; @dout, @out and @lse are NULL
- * for forward. */
+/* The ring reads its peers' K/V packs where they lie whenever the ranks
+ * can lend each other memory; CPMESH_ATTENTION_IN_PLACE=0 makes it pass
+ * shards instead, for comparison.  Part of the agreement, so ranks told
+ * differently fail together instead of waiting for each other. */
+static gboolean
+reads_in_place (CpAttention *self,
+                CpComm      *comm)
+{
+  const char *setting = g_getenv ("CPMESH_ATTENTION_IN_PLACE");
+
+  if (comm->size == 1 || self->options->rotate_method == CP_ROTATE_METHOD_ALLGATHER)
+    return FALSE;
+  if (setting != NULL && g_str_equal (setting, "0"))
+    return FALSE;
+  /* The K/V packs the ring lends are host memory (buffer_new_own_kv). */
+  return _cp_mesh_can_share (self->mesh, CP_DEVICE_KIND_HOST);
+}
+
 gboolean
 _cp_attention_plan_build (CpAttention  *self,
                           Plan         *plan,
@@ -382,6 +398,7 @@ _cp_attention_plan_build (CpAttention  *self,
   plan->thd = self->thd_layout != NULL;
   plan->rank = comm->index;
   plan->size = comm->size;
+  plan->in_place = reads_in_place (self, comm);
   if (!read_query (plan, q, error) ||
       !check_heads (self, plan, q, k, error) ||
       !check_operands (plan, k, v, dout, out, lse, error) ||
@@ -417,6 +434,7 @@ enum {
   DESC_ROTATE,
   DESC_LAYOUT,
   DESC_PADDING,
+  DESC_IN_PLACE,
   N_DESC
 };
 
@@ -425,6 +443,7 @@ static const char * const desc_names[N_DESC] = {
   "the batch size", "n_heads", "n_kv_heads", "the head dimension", "the local length", "causal",
   "the scale", "the rotate method", "the layout (load balance, cu_seqlens_padded)",
   "the real lengths (seq_lens, cu_seqlens)",
+  "whether the ring reads K/V in place (CPMESH_ATTENTION_IN_PLACE)",
 };
 
 static guint64
@@ -460,6 +479,7 @@ describe_call (CpAttention *self,
   desc[DESC_LAYOUT] = (gint64) cp_layout_fingerprint (plan->layout);
   desc[DESC_PADDING] = (gint64) hash_lengths (hash_lengths (17, self->options->seq_lens),
                                               self->options->cu_seqlens);
+  desc[DESC_IN_PLACE] = plan->in_place;
 }
 
 /* A descriptor field's value as the user would have written it; the
@@ -480,6 +500,7 @@ format_field (int    field,
       break;
     case DESC_PACKED:
     case DESC_CAUSAL:
+    case DESC_IN_PLACE:
       return g_strdup (value ? "true" : "false");
     case DESC_SCALE:
       memcpy (&scale, &value, sizeof scale);

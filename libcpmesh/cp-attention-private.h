@@ -67,6 +67,7 @@ typedef struct
   GArray *q_runs;           /* CpAttnRun */
   GArray *real_end;         /* gint64, batch × n_docs */
   CpAttnProblem problem;
+  gboolean in_place;        /* the ring reads peers' K/V where it lies */
 } Plan;
 
 void      _cp_attention_plan_clear       (Plan *plan);
@@ -120,12 +121,30 @@ void      _cp_attention_forward_on       (const Plan         *plan,
                                           int                 first_rank,
                                           int                 n_ranks);
 
+/* The same for @kv_numel elements of the call's dtype at kernel address
+ * @kv, which may be a peer's memory, read in place and never written. */
+void      _cp_attention_forward_at       (const Plan         *plan,
+                                          Forward            *fwd,
+                                          gconstpointer       kv,
+                                          gsize               kv_numel,
+                                          int                 first_rank,
+                                          int                 n_ranks);
+
 /* Adds to @dkv the gradients of the keys of @kv, a K/V block of @n_ranks
  * ranks from @first_rank; @kv32 takes its float32 copy if the kernel
  * needs one. */
 void      _cp_attention_backward_on      (const Plan         *plan,
                                           const CpAttnGrads  *grads,
                                           CpTensor           *kv,
+                                          CpTensor           *kv32,
+                                          int                 first_rank,
+                                          int                 n_ranks,
+                                          CpTensor           *dkv);
+
+void      _cp_attention_backward_at      (const Plan         *plan,
+                                          const CpAttnGrads  *grads,
+                                          gconstpointer       kv,
+                                          gsize               kv_numel,
                                           CpTensor           *kv32,
                                           int                 first_rank,
                                           int                 n_ranks,
@@ -171,6 +190,13 @@ guint     _cp_attention_lse_shape        (const Plan         *plan,
 
 /* cp-attention-ring.c: K/V shards travel around the ring, each transfer
  * posted before the previous shard is computed. */
+
+/* Whether the ring reads each peer's K/V where it lies, lent for the
+ * call (_cp_comm_share()), instead of passing shards on: ranks that are
+ * threads of one process, or processes whose transport maps each other's
+ * memory.  The same answer on every rank. */
+gboolean  _cp_attention_reads_in_place   (CpAttention        *self,
+                                          const Plan         *plan);
 
 gboolean  _cp_attention_forward_ring     (CpAttention        *self,
                                           const Plan         *plan,

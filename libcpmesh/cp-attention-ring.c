@@ -60,6 +60,81 @@ swap_tensors (CpTensor **a,
   *b = swap;
 }
 
+gboolean
+_cp_attention_reads_in_place (CpAttention *self,
+                              const Plan  *plan)
+{
+  return plan->in_place;
+}
+
+/* Says how the ring moved K/V, so a slower path never goes unnoticed and
+ * a benchmark can count the bytes: 0 when every shard was read in place. */
+static void
+report_ring (CpAttention *self,
+             const Plan  *plan,
+             const char  *pass,
+             gsize        bytes_per_step)
+{
+  const char *transport = _cp_transport_get_name (_cp_attention_get_comm (self)->transport);
+
+  if (plan->in_place)
+    g_debug ("attention: %s ring of %d steps over %s read every peer's K/V in place: "
+             "0 K/V bytes copied per step", pass, plan->size, transport);
+  else
+    g_debug ("attention: %s ring of %d steps over %s passed %" G_GSIZE_FORMAT
+             " K/V bytes per step%s", pass, plan->size, transport, bytes_per_step,
+             _cp_mesh_can_share (self->mesh, CP_DEVICE_KIND_HOST)
+               ? " (CPMESH_ATTENTION_IN_PLACE=0)" : "");
+}
+
+/* Lends this rank's K/V pack @kv to every peer for the call and learns
+ * where theirs are: the ring then reads each shard where it lies, with no
+ * copy, and no rank writes or frees its pack until every rank has passed
+ * the unshare at the end (_cp_comm_unshare()). */
+static gboolean
+lend_kv (CpAttention  *self,
+         CpTensor     *kv,
+         CpLoans      *loans,
+         GError      **error)
+{
+  return _cp_mesh_share (self->mesh, kv, loans, error);
+}
+
+/* Ends the loan of lend_kv() once this rank has read every peer's pack:
+ * every rank waits there until no peer reads its pack any more. */
+static gboolean
+return_kv (CpAttention  *self,
+           CpLoans      *loans,
+           GError      **error)
+{
+  _cp_loans_clear (loans);
+  return _cp_mesh_unshare (self->mesh, CP_DEVICE_KIND_HOST, error);
+}
+
+/* The ring with every shard read where it lies: the steps of the ring,
+ * in its order, so the bits are those of the ring that passes shards. */
+static gboolean
+forward_in_place (CpAttention  *self,
+                  const Plan   *plan,
+                  Forward      *fwd,
+                  Buffers      *bufs,
+                  GError      **error)
+{
+  CpLoans loans;
+  gsize numel = (gsize) cp_tensor_get_numel (bufs->kv);
+
+  if (!lend_kv (self, bufs->kv, &loans, error))
+    return FALSE;
+  for (int step = 0; step < plan->size; step++)
+    {
+      int source = (plan->rank - step + plan->size) % plan->size;
+
+      _cp_attention_forward_at (plan, fwd, loans.addresses[source], numel, source, 1);
+    }
+  report_ring (self, plan, "forward", 0);
+  return return_kv (self, &loans, error);
+}
+
 /* The ring: at step i this rank holds the shard of rank (r − i) mod C and
  * has already posted its hand-over to the next rank, so the transfer of
  * the following shard runs while this one is computed. */
@@ -73,6 +148,8 @@ _cp_attention_forward_ring (CpAttention  *self,
   CpTensor *current = bufs->kv;
   CpTensor *next = bufs->kv_next;
 
+  if (_cp_attention_reads_in_place (self, plan))
+    return forward_in_place (self, plan, fwd, bufs, error);
   for (int step = 0; step < plan->size; step++)
     {
       int source = (plan->rank - step + plan->size) % plan->size;
@@ -90,6 +167,7 @@ _cp_attention_forward_ring (CpAttention  *self,
       if (!last)
         swap_tensors (&current, &next);
     }
+  report_ring (self, plan, "forward", cp_tensor_get_nbytes (bufs->kv));
   return TRUE;
 }
 
@@ -107,7 +185,18 @@ typedef struct
   Transfer kv_moves[2];
   Transfer partial_in;
   Transfer partial_out;
+  CpLoans loans;           /* the peers' packs, when read in place */
 } Ring;
+
+/* Where the kernel reads the shard of rank @source at this step. */
+static gconstpointer
+ring_shard (Ring *ring,
+            int   source)
+{
+  if (ring->loans.addresses != NULL)
+    return ring->loans.addresses[source];
+  return _cp_memory_kernel_address (ring->kv[0]);
+}
 
 static gboolean
 ring_wait_all (CpAttention  *self,
@@ -155,17 +244,21 @@ ring_step (CpAttention        *self,
   int source = (plan->rank - step + plan->size) % plan->size;
   gboolean last = step == plan->size - 1;
 
-  if (!last)
+  gboolean moves = ring->loans.addresses == NULL && !last;
+
+  if (moves)
     {
       transfer_post (self, &ring->kv_moves[0], ring->kv[1], FALSE, TAG_KV);
       transfer_post (self, &ring->kv_moves[1], ring->kv[0], TRUE, TAG_KV);
     }
   if (step > 0)
     transfer_post (self, &ring->partial_in, ring->partial[1], FALSE, TAG_DKV);
-  _cp_attention_backward_on (plan, grads, ring->kv[0], ring->kv32, source, 1, ring->partial[0]);
+  _cp_attention_backward_at (plan, grads, ring_shard (ring, source),
+                             (gsize) cp_tensor_get_numel (ring->kv[0]), ring->kv32, source, 1,
+                             ring->partial[0]);
   if (!ring_pass_partial (self, plan, ring, step, error))
     return FALSE;
-  if (!last)
+  if (moves)
     {
       Transfer *wait[] = { &ring->kv_moves[0], &ring->kv_moves[1] };
 
@@ -189,17 +282,23 @@ _cp_attention_backward_ring (CpAttention        *self,
     .partial = { bufs->partial[0], bufs->partial[1], bufs->partial[2] },
   };
   Transfer final = { 0 };
+  gboolean in_place = _cp_attention_reads_in_place (self, plan);
   gboolean ok = TRUE;
 
+  if (in_place && !lend_kv (self, bufs->kv, &ring.loans, error))
+    return FALSE;
   for (int step = 0; ok && step < plan->size; step++)
     ok = ring_step (self, plan, grads, &ring, step, error);
-  if (!ok)
+  if (ok)
     {
-      ring_wait_all (self, &ring, NULL);
-      return FALSE;
+      /* The last hand-over brings this rank's own shard home. */
+      transfer_post (self, &final, bufs->dkv, FALSE, TAG_DKV);
+      ok = transfers_wait (self, (Transfer *[]) { &final }, 1, error);
     }
-  /* The last hand-over brings this rank's own shard home. */
-  transfer_post (self, &final, bufs->dkv, FALSE, TAG_DKV);
-  ok = transfers_wait (self, (Transfer *[]) { &final }, 1, error);
-  return ring_wait_all (self, &ring, ok ? error : NULL) && ok;
+  ok = ring_wait_all (self, &ring, ok ? error : NULL) && ok;
+  if (in_place)
+    ok = return_kv (self, &ring.loans, ok ? error : NULL) && ok;
+  if (ok)
+    report_ring (self, plan, "backward", in_place ? 0 : cp_tensor_get_nbytes (bufs->kv));
+  return ok;
 }

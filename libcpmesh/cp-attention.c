@@ -395,6 +395,25 @@ as_operand (const Plan *plan,
   return as_float32 (plan, tensor, copy);
 }
 
+/* The same for @n elements of the call's dtype at kernel address @data,
+ * which may be a peer's memory read in place: never written. */
+static gpointer
+as_operand_at (const Plan    *plan,
+               gconstpointer  data,
+               gsize          n,
+               CpTensor      *copy)
+{
+  float *values;
+
+  if (!converts_operands (plan))
+    return (gpointer) data;
+  g_assert (plan->dtype == CP_DTYPE_BFLOAT16);
+  g_assert (copy != NULL && (gsize) cp_tensor_get_numel (copy) >= n);
+  values = _cp_memory_kernel_address (copy);
+  plan->kernel->bfloat16_to_float32 (values, data, n);
+  return values;
+}
+
 static gsize
 operand_size (const Plan *plan)
 {
@@ -536,6 +555,46 @@ buffer_new_rows (CpTensor   **slot,
   return buffer_new (slot, CP_DTYPE_FLOAT32, &n_rows, 1, FALSE, error);
 }
 
+static gsize
+pack_bytes (CpDType       dtype,
+            const gint64 *shape,
+            guint         n_dims)
+{
+  gsize n = cp_dtype_get_size (dtype);
+
+  for (guint d = 0; d < n_dims; d++)
+    n *= (gsize) shape[d];
+  return n;
+}
+
+/* This rank's K/V pack, which the ring's peers read in place when they
+ * can: in memory the transport can lend, if it proposes any. */
+static gboolean
+buffer_new_own_kv (CpAttention  *self,
+                   const Plan   *plan,
+                   CpTensor    **slot,
+                   GError      **error)
+{
+  gint64 shape[5] = { 2 };
+  guint n_dims = _cp_attention_operand_shape (plan, plan->n_kv_heads, shape + 1) + 1;
+  g_autoptr(CpStorage) storage = NULL;
+  GError *local_error = NULL;
+
+  shape[kv_seq_dim (plan)] = plan->local_len;
+  if (_cp_attention_reads_in_place (self, plan))
+    storage = _cp_mesh_alloc_shared (self->mesh, CP_DEVICE_KIND_HOST,
+                                     pack_bytes (plan->dtype, shape, n_dims), &local_error);
+  if (local_error != NULL)
+    {
+      g_propagate_error (error, local_error);
+      return FALSE;
+    }
+  if (storage == NULL)
+    return buffer_new (slot, plan->dtype, shape, n_dims, FALSE, error);
+  *slot = cp_tensor_new_from_storage (plan->dtype, shape, n_dims, storage, 0, error);
+  return *slot != NULL;
+}
+
 /* What forward and backward both need. */
 static gboolean
 buffers_new_common (CpAttention  *self,
@@ -546,8 +605,8 @@ buffers_new_common (CpAttention  *self,
 {
   gboolean convert = converts_operands (plan);
 
-  return buffer_new_kv (&bufs->kv, plan, plan->dtype, plan->local_len, FALSE, error) &&
-         (!uses_ring (self, plan) ||
+  return buffer_new_own_kv (self, plan, &bufs->kv, error) &&
+         (!uses_ring (self, plan) || _cp_attention_reads_in_place (self, plan) ||
           buffer_new_kv (&bufs->kv_next, plan, plan->dtype, plan->local_len, FALSE, error)) &&
          (!convert ||
           buffer_new_kv (&bufs->kv32, plan, CP_DTYPE_FLOAT32, kv_block_rows (self, plan), FALSE, error)) &&
@@ -663,7 +722,19 @@ _cp_attention_forward_on (const Plan *plan,
                           int         first_rank,
                           int         n_ranks)
 {
-  gpointer data = as_operand (plan, kv, fwd->kv32);
+  _cp_attention_forward_at (plan, fwd, _cp_memory_kernel_address (kv),
+                            (gsize) cp_tensor_get_numel (kv), first_rank, n_ranks);
+}
+
+void
+_cp_attention_forward_at (const Plan    *plan,
+                          Forward       *fwd,
+                          gconstpointer  kv,
+                          gsize          kv_numel,
+                          int            first_rank,
+                          int            n_ranks)
+{
+  gpointer data = as_operand_at (plan, kv, kv_numel, fwd->kv32);
   g_autoptr(GArray) runs = g_array_new (FALSE, FALSE, sizeof (CpAttnRun));
   CpAttnKeys keys;
 
@@ -823,7 +894,21 @@ _cp_attention_backward_on (const Plan        *plan,
                            int                n_ranks,
                            CpTensor          *dkv)
 {
-  gpointer data = as_operand (plan, kv, kv32);
+  _cp_attention_backward_at (plan, grads, _cp_memory_kernel_address (kv),
+                             (gsize) cp_tensor_get_numel (kv), kv32, first_rank, n_ranks, dkv);
+}
+
+void
+_cp_attention_backward_at (const Plan        *plan,
+                           const CpAttnGrads *grads,
+                           gconstpointer      kv,
+                           gsize              kv_numel,
+                           CpTensor          *kv32,
+                           int                first_rank,
+                           int                n_ranks,
+                           CpTensor          *dkv)
+{
+  gpointer data = as_operand_at (plan, kv, kv_numel, kv32);
   g_autoptr(GArray) runs = g_array_new (FALSE, FALSE, sizeof (CpAttnRun));
   g_autoptr(GArray) unused = g_array_new (FALSE, FALSE, sizeof (CpAttnRun));
   CpAttnKeys keys, dkeys;

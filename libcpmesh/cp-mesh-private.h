@@ -105,6 +105,31 @@ gboolean  _cp_mesh_transfer_wait    (CpMesh              *self,
                                      gint64               deadline,
                                      GError             **error);
 
+/* Whether the ranks of @self can lend each other memory of kind @device
+ * to read in place (_cp_comm_can_share() of the communicator that moves
+ * it); the same answer on every rank. */
+gboolean  _cp_mesh_can_share        (CpMesh              *self,
+                                     CpDeviceKind         device);
+/* Storage of @size bytes that the communicator moving @device memory can
+ * lend, or NULL without an error when any memory will do. */
+CpStorage *_cp_mesh_alloc_shared    (CpMesh              *self,
+                                     CpDeviceKind         device,
+                                     gsize                size,
+                                     GError             **error);
+
+/* Lends @tensor to every rank of @self for them to read where it lies,
+ * on the communicator that moves its memory, and fills @loans
+ * (_cp_comm_share()); _cp_mesh_unshare() ends every loan of that memory
+ * kind.  Both are collectives of the mesh, under its deadline and the
+ * cancellable of the call running on this thread. */
+gboolean  _cp_mesh_share            (CpMesh              *self,
+                                     CpTensor            *tensor,
+                                     CpLoans             *loans,
+                                     GError             **error);
+gboolean  _cp_mesh_unshare          (CpMesh              *self,
+                                     CpDeviceKind         device,
+                                     GError             **error);
+
 /* One small all-gather that makes every rank agree before any of them
  * changes anything.  Each rank contributes @n_values (at most 4) numbers
  * named by @names.  The call fails identically on every rank when a rank

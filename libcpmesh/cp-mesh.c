@@ -1669,6 +1669,52 @@ _cp_mesh_transfer_post (CpMesh          *self,
 }
 
 gboolean
+_cp_mesh_can_share (CpMesh       *self,
+                    CpDeviceKind  device)
+{
+  CpComm *comm = route (self, device);
+
+  return comm != NULL && _cp_comm_can_share (comm, device);
+}
+
+CpStorage *
+_cp_mesh_alloc_shared (CpMesh        *self,
+                       CpDeviceKind   device,
+                       gsize          size,
+                       GError       **error)
+{
+  CpComm *comm = route (self, device);
+
+  return comm != NULL ? _cp_transport_alloc_shared (comm->transport, size, error) : NULL;
+}
+
+gboolean
+_cp_mesh_share (CpMesh    *self,
+                CpTensor  *tensor,
+                CpLoans   *loans,
+                GError   **error)
+{
+  CpRegion mine;
+  gboolean ok;
+
+  _cp_tensor_get_region (tensor, &mine);
+  ok = _cp_comm_share (route (self, cp_tensor_get_device (tensor)), &mine, loans,
+                                _cp_mesh_deadline (self), _cp_mesh_cancellable (self), error);
+
+  _cp_region_clear (&mine);
+  return ok;
+}
+
+gboolean
+_cp_mesh_unshare (CpMesh        *self,
+                  CpDeviceKind   device,
+                  GError       **error)
+{
+  return _cp_comm_unshare (route (self, device), _cp_mesh_deadline (self),
+                           _cp_mesh_cancellable (self), error);
+}
+
+gboolean
 _cp_mesh_transfer_wait (CpMesh          *self,
                         CpMeshTransfer  *transfer,
                         gint64           deadline,

@@ -151,21 +151,27 @@ run_clear (Run *run)
 }
 
 static void
-test_ring_routed (void)
+test_ring_routed (gconstpointer data)
 {
+  gboolean in_place = GPOINTER_TO_INT (data);
   GList *meshes = routed_group ();
   Run plain = { { NULL } }, routed = { { NULL } };
 
   g_test_summary ("Ring attention's hand-overs go over the communicator the mesh routes host "
-                  "memory to, as every other call's do, with the same results");
+                  "memory to, as every other call's do, with the same results; read in place, "
+                  "only the dK/dV partials travel");
+  if (!in_place)
+    g_setenv ("CPMESH_ATTENTION_IN_PLACE", "0", TRUE);
   cp_test_run_group ("cp", RANKS, run_rank, &plain);
   cp_test_run_ranks (meshes, run_rank, &routed);
+  g_unsetenv ("CPMESH_ATTENTION_IN_PLACE");
   for (int r = 0; r < RANKS; r++)
     {
-      /* Forward hands K/V on C − 1 times; backward hands K/V on C − 1
-       * times and the dK/dV partials C times. */
+      /* Passing shards, forward hands K/V on C − 1 times; backward hands
+       * K/V on C − 1 times and the dK/dV partials C times.  Read in
+       * place, only the partials travel. */
       g_assert_cmpuint (plain.sends[r], ==, 0);
-      g_assert_cmpuint (routed.sends[r], ==, (RANKS - 1) + (RANKS - 1) + RANKS);
+      g_assert_cmpuint (routed.sends[r], ==, in_place ? RANKS : (RANKS - 1) + (RANKS - 1) + RANKS);
       g_assert_true (cp_tensor_equal (routed.out[r], plain.out[r]));
       g_assert_true (cp_tensor_equal (routed.dq[r], plain.dq[r]));
       g_assert_true (cp_tensor_equal (routed.dkv[r][0], plain.dkv[r][0]));
@@ -181,6 +187,9 @@ main (int    argc,
       char **argv)
 {
   g_test_init (&argc, &argv, NULL);
-  g_test_add_func ("/Cp/Attention/ring/routed", test_ring_routed);
+  g_test_add_data_func ("/Cp/Attention/ring/routed/passed", GINT_TO_POINTER (FALSE),
+                        test_ring_routed);
+  g_test_add_data_func ("/Cp/Attention/ring/routed/in-place", GINT_TO_POINTER (TRUE),
+                        test_ring_routed);
   return g_test_run ();
 }

@@ -724,6 +724,43 @@ test_deterministic (void)
   problem_clear (&second);
 }
 
+/* Runs @c with the ring reading K/V in place or passing shards. */
+static void
+run_ring_mode (Problem      *p,
+               const Config *c,
+               gboolean      in_place)
+{
+  problem_init (p, c, 7);
+  if (!in_place)
+    g_setenv ("CPMESH_ATTENTION_IN_PLACE", "0", TRUE);
+  run_problem (p);
+  g_unsetenv ("CPMESH_ATTENTION_IN_PLACE");
+}
+
+static void
+test_ring_in_place (gconstpointer data)
+{
+  CpDType dtype = GPOINTER_TO_INT (data);
+
+  g_test_summary ("The ring that reads every peer's K/V where it lies gives the bits of the "
+                  "ring that passes shards, forward and backward, causal or not, C = 2 to 4");
+  for (int size = 2; size <= 4; size++)
+    for (int causal = 0; causal < 2; causal++)
+      {
+        Config c = bshd (size, CP_ROTATE_METHOD_ALLTOALL, causal, 2, 64);
+        Problem in_place, passed;
+
+        c.dtype = dtype;
+        run_ring_mode (&in_place, &c, TRUE);
+        run_ring_mode (&passed, &c, FALSE);
+        for (int what = 0; what < 5; what++)
+          for (int r = 0; r < c.cp_size; r++)
+            g_assert_true (cp_tensor_equal (in_place.pieces[what][r], passed.pieces[what][r]));
+        problem_clear (&in_place);
+        problem_clear (&passed);
+      }
+}
+
 /* NaN and ±∞ in every input, at a real position (seen by some queries,
  * hidden by the causal mask from others) and, for v, at a padding
  * position, which nothing may see. */
@@ -931,6 +968,10 @@ main (int   argc,
   g_test_add_func ("/Cp/Attention/thd/float32", test_thd);
   g_test_add_func ("/Cp/Attention/thd/bfloat16", test_thd_bfloat16);
   g_test_add_func ("/Cp/Attention/deterministic", test_deterministic);
+  g_test_add_data_func ("/Cp/Attention/ring/in-place/float32", GINT_TO_POINTER (CP_DTYPE_FLOAT32),
+                        test_ring_in_place);
+  g_test_add_data_func ("/Cp/Attention/ring/in-place/bfloat16", GINT_TO_POINTER (CP_DTYPE_BFLOAT16),
+                        test_ring_in_place);
   g_test_add_func ("/Cp/Attention/thread-counts", test_thread_counts);
   g_test_add_func ("/Cp/Attention/non-finite/small", test_non_finite);
   g_test_add_func ("/Cp/Attention/non-finite/tiles", test_non_finite_tiles);

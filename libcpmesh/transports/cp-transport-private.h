@@ -182,6 +182,35 @@ struct _CpTransportOps
   void       (*fail)           (CpTransport   *transport,
                                 const char    *operation,
                                 const GError  *failure);
+
+  /* Optional, for backends whose ranks are processes that can map each
+   * other's memory: a collective by which every member lends the others
+   * @mine, host memory from alloc_shared(), and learns in @peers[i] the
+   * kernel address at which this rank reads member i's loan (its own
+   * included),
+   * readable until unshare().  Backends whose ranks share an address
+   * space need neither: the seam lends through an all-gather of
+   * addresses (_cp_comm_share()). */
+  gboolean   (*share)          (CpComm        *comm,
+                                const CpRegion *mine,
+                                gconstpointer *peers,
+                                gint64         deadline,
+                                GCancellable  *cancellable,
+                                GError       **error);
+  /* Ends the loans of the last share(): returns once no member reads
+   * another's memory any more, so every member may write or free its
+   * own again; a collective. */
+  gboolean   (*unshare)        (CpComm        *comm,
+                                gint64         deadline,
+                                GCancellable  *cancellable,
+                                GError       **error);
+  /* Optional: @size bytes of host memory that share() can lend (a
+   * sealed memfd another process can map), where the library allocates
+   * buffers its peers will read, as a GStreamer element proposes its
+   * allocator downstream. */
+  CpStorage *(*alloc_shared)   (CpTransport   *transport,
+                                gsize          size,
+                                GError       **error);
 };
 
 /* Told that the transport lost the process of world rank @rank.  Called
@@ -284,6 +313,49 @@ gboolean     _cp_comm_wait             (CpComm           *comm,
                                         gint64            deadline,
                                         GCancellable     *cancellable,
                                         GError          **error);
+
+/* What a rank learns from a share: where it reads each member's loan
+ * (its own included), in communicator order, and what it holds to keep
+ * the loans of peers in its own address space alive until it has read
+ * them, so that a lender that fails and frees its memory cannot pull it
+ * from under a reader. */
+typedef struct
+{
+  int n;
+  gconstpointer *addresses;
+  CpStorage **held;
+} CpLoans;
+
+/* Drops what @loans holds; once this rank has read the loans, or given
+ * up reading them. */
+void         _cp_loans_clear           (CpLoans          *loans);
+
+/* Whether the members of @comm can lend each other memory of kind
+ * @device to read where it lies (_cp_comm_share()): ranks that share an
+ * address space always can, processes when their backend maps each
+ * other's memory (host memory only).  The same answer on every member. */
+gboolean     _cp_comm_can_share        (CpComm           *comm,
+                                        CpDeviceKind      device);
+/* Lends @mine to every member of @comm and fills @loans with the kernel
+ * address of member i's loan, until _cp_comm_unshare(); both are
+ * collectives of @comm, with the agreement and failure rules of every
+ * other collective (a loan of another length on another rank is a
+ * verdict on every rank). */
+gboolean     _cp_comm_share            (CpComm           *comm,
+                                        const CpRegion   *mine,
+                                        CpLoans          *loans,
+                                        gint64            deadline,
+                                        GCancellable     *cancellable,
+                                        GError          **error);
+gboolean     _cp_comm_unshare          (CpComm           *comm,
+                                        gint64            deadline,
+                                        GCancellable     *cancellable,
+                                        GError          **error);
+/* Storage of @size bytes that @transport can lend, or NULL (no error)
+ * when any host memory will do or the transport lends none. */
+CpStorage   *_cp_transport_alloc_shared (CpTransport     *transport,
+                                         gsize            size,
+                                         GError         **error);
 
 /* Copies @height rows of @width bytes from @src, in memory of kind
  * @src_kind, to @dst, in memory of kind @dst_kind, through the memory

@@ -571,3 +571,160 @@ _cp_message_set_mismatch (GError          **error,
                "rank %d sent %s with tag %" G_GUINT64_FORMAT " but rank %d expected %s",
                src, what_sent, tag, dst, what_expected);
 }
+
+/* Loans. */
+
+gboolean
+_cp_comm_can_share (CpComm       *comm,
+                    CpDeviceKind  device)
+{
+  const CpTransportOps *ops = comm->transport->ops;
+
+  if (!(ops->device_kinds & CP_TRANSPORT_DEVICE (device)))
+    return FALSE;
+  if (ops->caps & CP_TRANSPORT_CAP_SHARED_ADDRESS_SPACE)
+    return TRUE;
+  return ops->share != NULL && device == CP_DEVICE_KIND_HOST;
+}
+
+/* Every member's loan, as an all-gather of (address, length) pairs sees
+ * it. */
+typedef struct
+{
+  guint64 address;
+  guint64 length;
+  guint64 storage;
+} LoanWords;
+
+void
+_cp_loans_clear (CpLoans *loans)
+{
+  for (int i = 0; loans->held != NULL && i < loans->n; i++)
+    g_clear_pointer (&loans->held[i], cp_storage_unref);
+  g_clear_pointer (&loans->held, g_free);
+  g_clear_pointer (&loans->addresses, g_free);
+  loans->n = 0;
+}
+
+/* A lender takes, before the exchange, the reference each reader will
+ * drop once it has read the loan: so no reader ever depends on the
+ * lender still being in the call. */
+static void
+lend_storage (CpStorage *storage,
+              int        n_readers)
+{
+  for (int i = 0; i < n_readers; i++)
+    cp_storage_ref (storage);
+}
+
+static void
+take_back_storage (CpStorage *storage,
+                   int        n_readers)
+{
+  for (int i = 0; i < n_readers; i++)
+    cp_storage_unref (storage);
+}
+
+/* Ranks that share an address space lend by telling each other where the
+ * memory is; every rank then checks every loan's length, so a mismatch is
+ * the same verdict everywhere. */
+static gboolean
+share_addresses (CpComm         *comm,
+                 const CpRegion *mine,
+                 CpLoans        *loans,
+                 gint64          deadline,
+                 GCancellable   *cancellable,
+                 GError        **error)
+{
+  LoanWords own = { (guint64) (guintptr) _cp_memory_kernel_address_region (mine), mine->length,
+                    (guint64) (guintptr) mine->storage };
+  g_autofree LoanWords *all = g_new0 (LoanWords, comm->size);
+  CpCollective coll = {
+    .kind = CP_COLL_ALL_GATHER,
+    .dtype = CP_DTYPE_INT64,
+    .n_dims = 1,
+    .shape = { 3 },
+    .outer = 1,
+    .block = sizeof own,
+    .device = CP_DEVICE_KIND_HOST,
+  };
+  gboolean ok;
+
+  _cp_region_init_host (&coll.send, &own, sizeof own);
+  _cp_region_init_host (&coll.recv, all, sizeof own * (gsize) comm->size);
+  lend_storage (mine->storage, comm->size - 1);
+  ok = comm->transport->ops->collective (comm, &coll, deadline, cancellable, error);
+  _cp_collective_clear (&coll);
+  if (!ok)
+    {
+      take_back_storage (mine->storage, comm->size - 1);
+      return FALSE;
+    }
+  loans->n = comm->size;
+  loans->addresses = g_new0 (gconstpointer, comm->size);
+  loans->held = g_new0 (CpStorage *, comm->size);
+  for (int i = 0; i < comm->size; i++)
+    {
+      loans->addresses[i] = (gconstpointer) (guintptr) all[i].address;
+      if (i != comm->index)
+        loans->held[i] = (CpStorage *) (guintptr) all[i].storage;
+    }
+  for (int i = 0; i < comm->size; i++)
+    if (all[i].length != all[0].length)
+      {
+        _cp_loans_clear (loans);
+        g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                     "rank %d lends %" G_GUINT64_FORMAT " bytes to read in place but rank %d "
+                     "lends %" G_GUINT64_FORMAT, comm->members[i], all[i].length,
+                     comm->members[0], all[0].length);
+        return FALSE;
+      }
+  return TRUE;
+}
+
+gboolean
+_cp_comm_share (CpComm         *comm,
+                const CpRegion *mine,
+                CpLoans        *loans,
+                gint64          deadline,
+                GCancellable   *cancellable,
+                GError        **error)
+{
+  g_return_val_if_fail (_cp_comm_can_share (comm, mine->device), FALSE);
+  g_return_val_if_fail (_cp_region_is_set (mine), FALSE);
+
+  memset (loans, 0, sizeof *loans);
+  if (comm->transport->ops->caps & CP_TRANSPORT_CAP_SHARED_ADDRESS_SPACE)
+    return share_addresses (comm, mine, loans, deadline, cancellable, error);
+  loans->n = comm->size;
+  loans->addresses = g_new0 (gconstpointer, comm->size);
+  if (!comm->transport->ops->share (comm, mine, loans->addresses, deadline, cancellable, error))
+    {
+      _cp_loans_clear (loans);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+gboolean
+_cp_comm_unshare (CpComm        *comm,
+                  gint64         deadline,
+                  GCancellable  *cancellable,
+                  GError       **error)
+{
+  CpCollective barrier = { .kind = CP_COLL_BARRIER, .device = CP_DEVICE_KIND_HOST };
+
+  if (comm->transport->ops->unshare != NULL)
+    return comm->transport->ops->unshare (comm, deadline, cancellable, error);
+  return comm->transport->ops->collective (comm, &barrier, deadline, cancellable, error);
+}
+
+CpStorage *
+_cp_transport_alloc_shared (CpTransport  *transport,
+                            gsize         size,
+                            GError      **error)
+{
+  if (transport->ops->alloc_shared == NULL)
+    return NULL;
+  return transport->ops->alloc_shared (transport, size, error);
+}
