@@ -619,6 +619,8 @@ run_all_reduce (Rank *self)
       if (dtype == CP_DTYPE_FLOAT32 || dtype == CP_DTYPE_INT64 || dtype == CP_DTYPE_BFLOAT16)
         check_all_reduce (self, dtype, op, (const gint64[]) { LARGE }, 1, t + 30);
     }
+  check_all_reduce (self, CP_DTYPE_FLOAT32, op, (const gint64[]) { 0 }, 1, 40);
+  check_all_reduce (self, CP_DTYPE_INT64, op, (const gint64[]) { 2, 0 }, 2, 41);
 }
 
 static void
@@ -663,6 +665,28 @@ run_broadcast_bad_root (Rank *self)
   g_assert_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_RANGE);
   say_verdict ("broadcast from a root outside the mesh", error);
   assert_input_of (t, CP_DTYPE_FLOAT32, (const gint64[]) { 3 }, 1, self->rank, 0, "refused broadcast");
+}
+
+/* A mesh of one rank: every collective is the identity (a gathered or
+ * exchanged tensor equal to the input), point-to-point aside. */
+static void
+run_one_rank (Rank *self)
+{
+  const gint64 shape[] = { 3, 5 };
+  g_autoptr(GError) error = NULL;
+
+  g_assert_cmpint (self->size, ==, 1);
+  g_assert_true (cp_mesh_barrier (self->mesh, &error));
+  g_assert_no_error (error);
+  for (guint t = 0; t < G_N_ELEMENTS (all_dtypes); t++)
+    {
+      check_all_gather (self, all_dtypes[t], shape, 2, 1, t);
+      check_all_to_all (self, all_dtypes[t], shape, 2, 0, t);
+      for (int op = CP_REDUCE_OP_SUM; op <= CP_REDUCE_OP_MIN; op++)
+        check_all_reduce (self, all_dtypes[t], op, shape, 2, t);
+      check_broadcast (self, all_dtypes[t], shape, 2, 0, t);
+    }
+  run_broadcast_bad_root (self);
 }
 
 /* ---- point to point ---- */
@@ -1158,6 +1182,7 @@ run_join (Rank *self)
 
 static const Case cases[] = {
   { "barrier/repeated", "Twenty barriers in a row", run_barriers, 3 },
+  { "world/one-rank", "a mesh of one rank: every collective of every dtype", run_one_rank, 1 },
   { "all-gather/every-dtype", "all_gather of every dtype along every dimension, -1 too", run_all_gather_dtypes, 3 },
   { "all-gather/odd-sizes", "all_gather of one element, prime counts, empty pieces and large ones",
     run_all_gather_sizes, 3 },

@@ -220,13 +220,6 @@ test_staged_device (void)
 }
 
 static void
-test_one_rank (void)
-{
-  run_on_loopback (1, check_collectives);
-  run_on_loopback (1, check_all_to_all);
-}
-
-static void
 test_all_to_all (void)
 {
   run_on_loopback (4, check_all_to_all);
@@ -315,7 +308,6 @@ main (int    argc,
 {
   g_test_init (&argc, &argv, NULL);
 
-  g_test_add_func ("/Cp/Transport/loopback/one-rank", test_one_rank);
   g_test_add_func ("/Cp/Transport/loopback/all-to-all", test_all_to_all);
   g_test_add_func ("/Cp/Transport/loopback/send-recv", test_send_recv);
   g_test_add_func ("/Cp/Transport/loopback/submesh", test_submesh);
