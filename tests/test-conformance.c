@@ -54,7 +54,8 @@
 #define LONG_TIMEOUT_MS 30000
 /* The timeout of the cases that wait for a rank that is gone. */
 #define FAULT_TIMEOUT_MS 1000
-/* Elements of a "large" message: past UCX's eager limit, and prime. */
+/* Elements of a large message (256 KiB of float32, so that a backend's
+ * protocol for large messages is used), prime. */
 #define LARGE 65537
 
 /* ---- backends ---- */
@@ -1299,44 +1300,53 @@ record_case (const char   *what,
   cp_test_record_error (who, what, error);
 }
 
-/* Every verdict one rank reported, every rank that reported it gave
- * alike (domain and code); rank 0's is recorded. */
+/* The lowest rank that reported a line starting with @prefix, or -1. */
+static int
+first_to_say (const Said *said,
+              int         n,
+              const char *prefix)
+{
+  for (int r = 0; r < n; r++)
+    if (said_find (&said[r], prefix) != NULL)
+      return r;
+  return -1;
+}
+
+/* Every rank that reported a verdict gave it alike (domain and code);
+ * the first rank's is recorded. */
 static void
-check_verdicts (Said *said,
-                int   n)
+check_verdicts (const Said *said,
+                int         n)
 {
   for (int r = 0; r < n; r++)
     for (guint i = 0; i < said[r].lines->len; i++)
       {
         const char *line = said[r].lines->pdata[i];
-        g_auto(GStrv) fields = NULL;
+        const char *tab = strchr (line, '\t');
+        g_autofree char *prefix = NULL;
+        g_autofree char *what = NULL;
         g_autoptr(GError) mine = NULL;
 
-        if (!g_str_has_prefix (line, "VERDICT "))
+        if (!g_str_has_prefix (line, "VERDICT ") || tab == NULL)
           continue;
-        fields = g_strsplit (line, "\t", 2);
+        prefix = g_strndup (line, (gsize) (tab - line) + 1);
+        what = g_strndup (line + strlen ("VERDICT "), (gsize) (tab - line) - strlen ("VERDICT "));
+        /* Checked once, from the first rank that reported it. */
+        if (first_to_say (said, n, prefix) != r)
+          continue;
         mine = parse_error (line, NULL);
-        for (int other = 0; other < n; other++)
+        for (int other = r + 1; other < n; other++)
           {
-            g_autoptr(GError) theirs = NULL;
-            g_autofree char *prefix = g_strconcat (fields[0], "\t", NULL);
             const char *their_line = said_find (&said[other], prefix);
+            g_autoptr(GError) theirs = their_line != NULL ? parse_error (their_line, NULL) : NULL;
 
-            if (their_line == NULL)
-              continue;
-            theirs = parse_error (their_line, NULL);
-            if (!g_error_matches (theirs, mine->domain, mine->code))
+            if (theirs != NULL && !g_error_matches (theirs, mine->domain, mine->code))
               g_error ("%s: %s: rank %d got %s %d (%s), rank %d %s %d (%s)", backend->name,
-                       fields[0] + strlen ("VERDICT "), r, g_quark_to_string (mine->domain), mine->code,
-                       mine->message, other, g_quark_to_string (theirs->domain), theirs->code, theirs->message);
+                       what, r, g_quark_to_string (mine->domain), mine->code,
+                       mine->message, other, g_quark_to_string (theirs->domain), theirs->code,
+                       theirs->message);
           }
-        if (r == 0 || said_find (&said[0], line) == NULL)
-          {
-            g_autofree char *prefix = g_strconcat (fields[0], "\t", NULL);
-
-            if (r == 0 || said_find (&said[0], prefix) == NULL)
-              record_case (fields[0] + strlen ("VERDICT "), mine);
-          }
+        record_case (what, mine);
       }
 }
 
