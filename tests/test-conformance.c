@@ -1101,6 +1101,58 @@ run_cancel (Rank *self)
   g_main_context_pop_thread_default (context);
 }
 
+static void
+barrier_done (GObject      *source,
+              GAsyncResult *result,
+              gpointer      user_data)
+{
+  AsyncCall *call = user_data;
+
+  g_assert_false (cp_mesh_barrier_finish (CP_MESH (source), result, &call->error));
+  g_main_loop_quit (call->loop);
+}
+
+/* The last rank's barrier_async waits for peers that come late, and is
+ * cancelled after 300 ms: it fails, CANCELLED, and so does the barrier
+ * each peer makes when it comes, at once. */
+static void
+run_cancel_late_peers (Rank *self)
+{
+  g_autoptr(GMainContext) context = g_main_context_new ();
+  g_autoptr(GCancellable) cancellable = g_cancellable_new ();
+  AsyncCall call = { NULL, NULL };
+  gint64 since;
+
+  g_main_context_push_thread_default (context);
+  call.loop = g_main_loop_new (context, FALSE);
+  if (self->rank == self->size - 1)
+    {
+      g_autoptr(GSource) timer = g_timeout_source_new (300);
+
+      since = g_get_monotonic_time ();
+      g_source_set_callback (timer, cancel_now, cancellable, NULL);
+      g_source_attach (timer, context);
+      cp_mesh_barrier_async (self->mesh, cancellable, barrier_done, &call);
+      g_main_loop_run (call.loop);
+      g_assert_error (call.error, CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED);
+      g_assert_cmpint (ms_since (since), <, 3000 * cp_test_time_factor ());
+      say_verdict ("barrier_async cancelled while its peers are late", call.error);
+    }
+  else
+    {
+      g_usleep (800 * G_TIME_SPAN_MILLISECOND * cp_test_time_factor ());
+      since = g_get_monotonic_time ();
+      g_assert_false (cp_mesh_barrier (self->mesh, &call.error));
+      g_assert_error (call.error, CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED);
+      g_assert_nonnull (strstr (call.error->message, "was cancelled"));
+      g_assert_cmpint (ms_since (since), <, 200 * cp_test_time_factor ());
+      say_verdict ("a barrier made after a peer's barrier_async was cancelled", call.error);
+    }
+  g_clear_error (&call.error);
+  g_main_loop_unref (call.loop);
+  g_main_context_pop_thread_default (context);
+}
+
 /* ---- test memory ---- */
 
 /* Every kind of call on tensors in test memory, which the library may
@@ -1228,6 +1280,9 @@ static const Case cases[] = {
     .timeout_ms = FAULT_TIMEOUT_MS, .shared_failure = TRUE },
   { "cancel/recv-async", "an async receive cancelled on one rank fails there and on its peer, CANCELLED, "
     "and every later call", run_cancel, 2, .timeout_ms = 20000,
+    .shared_failure = TRUE },
+  { "cancel/barrier-async", "a barrier_async cancelled while its peers are late fails, CANCELLED, and so "
+    "does each peer's barrier when it comes", run_cancel_late_peers, 3, .timeout_ms = 20000,
     .shared_failure = TRUE },
   { "device/test-memory", "every kind of call on tensors in test memory", run_test_memory, 3 },
 };
