@@ -1,6 +1,7 @@
 /* test-conformance.c: one suite of cases that every backend must pass
  *
- * Usage: test-conformance (with CP_TEST_TRANSPORT naming the backend)
+ * Usage: test-conformance, with CP_TEST_TRANSPORT naming the backend
+ * (local when unset)
  *
  * The cases are a table; the program runs all of them over the backend
  * CP_TEST_TRANSPORT names (tests/meson.build runs it once per backend:
