@@ -1262,6 +1262,8 @@ static const Case cases[] = {
     run_p2p_mismatch, 3, .shared_failure = TRUE },
   { "submesh/2d", "every collective on each dimension's submesh of a dp=2 × cp=2 mesh", run_submeshes, 4,
     "dp=2,cp=2" },
+  { "submesh/uneven", "every collective on each dimension's submesh of a dp=3 × cp=2 mesh", run_submeshes, 6,
+    "dp=3,cp=2" },
   { "disagree/shape", "ranks passing different shapes all fail alike", run_disagreement, 3,
     .data = GINT_TO_POINTER (DISAGREE_SHAPE) },
   { "disagree/dtype", "ranks passing different dtypes all fail alike", run_disagreement, 3,
