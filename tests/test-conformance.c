@@ -1156,6 +1156,97 @@ run_cancel_late_peers (Rank *self)
 
 /* ---- test memory ---- */
 
+/* @host (taken) in test memory. */
+static CpTensor *
+in_test_memory (CpTensor *host)
+{
+  g_autoptr(CpTensor) taken = host;
+  g_autoptr(GError) error = NULL;
+  CpTensor *moved = cp_tensor_to_device (taken, CP_DEVICE_KIND_TEST, &error);
+
+  g_assert_no_error (error);
+  return moved;
+}
+
+static void
+assert_in_test_memory (CpTensor *tensor)
+{
+  g_assert_cmpint (cp_tensor_get_device (tensor), ==, CP_DEVICE_KIND_TEST);
+}
+
+static void
+check_gather_in_test_memory (Rank *self)
+{
+  const gint64 shape[] = { 37 };
+  g_autoptr(CpTensor) t = in_test_memory (host_input (CP_DTYPE_FLOAT32, shape, 1, self->rank, 1));
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) gathered = cp_mesh_all_gather (self->mesh, t, 0, &error);
+
+  g_assert_no_error (error);
+  assert_in_test_memory (gathered);
+  for (int r = 0; r < self->size; r++)
+    {
+      g_autoptr(CpTensor) piece = cp_tensor_narrow (gathered, 0, r * shape[0], shape[0], &error);
+
+      g_assert_no_error (error);
+      assert_input_of (piece, CP_DTYPE_FLOAT32, shape, 1, r, 1, "all_gather in test memory");
+    }
+}
+
+static void
+check_broadcast_in_test_memory (Rank *self)
+{
+  const gint64 shape[] = { 37 };
+  g_autoptr(CpTensor) t = in_test_memory (host_input (CP_DTYPE_FLOAT64, shape, 1, self->rank, 2));
+  g_autoptr(GError) error = NULL;
+
+  g_assert_true (cp_mesh_broadcast (self->mesh, t, self->size - 1, &error));
+  g_assert_no_error (error);
+  assert_in_test_memory (t);
+  assert_input_of (t, CP_DTYPE_FLOAT64, shape, 1, self->size - 1, 2, "broadcast in test memory");
+}
+
+static void
+check_reduce_in_test_memory (Rank *self)
+{
+  const gint64 shape[] = { 37 };
+  int n = self->size;
+  g_autoptr(CpTensor) t = in_test_memory (cp_tensor_new_full (CP_DTYPE_INT64, shape, 1, self->rank + 1, NULL));
+  g_autoptr(CpTensor) host = NULL;
+  g_autoptr(GError) error = NULL;
+
+  g_assert_true (cp_mesh_all_reduce (self->mesh, t, CP_REDUCE_OP_SUM, &error));
+  g_assert_no_error (error);
+  assert_in_test_memory (t);
+  host = on_host (t);
+  for (gint64 i = 0; i < shape[0]; i++)
+    assert_element (host, i, n * (n + 1) / 2, "all_reduce in test memory");
+}
+
+static void
+check_exchange_in_test_memory (Rank *self)
+{
+  int n = self->size, rank = self->rank;
+  const gint64 shape[] = { 2 * n };
+  g_autoptr(CpTensor) t = in_test_memory (host_input (CP_DTYPE_INT32, shape, 1, rank, 3));
+  g_autoptr(CpTensor) in = in_test_memory (cp_tensor_new (CP_DTYPE_INT32, shape, 1, NULL));
+  g_autoptr(CpTensor) host = NULL;
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpTensor) exchanged = cp_mesh_all_to_all (self->mesh, t, 0, &error);
+
+  g_assert_no_error (error);
+  assert_in_test_memory (exchanged);
+  host = on_host (exchanged);
+  for (int s = 0; s < n; s++)
+    for (int k = 0; k < 2; k++)
+      assert_element (host, 2 * s + k, input_value (CP_DTYPE_INT32, s, 2 * rank + k, 3),
+                      "all_to_all in test memory");
+  g_assert_true (cp_mesh_send_recv (self->mesh, t, (rank + 1) % n, in, (rank + n - 1) % n, 3, &error));
+  g_assert_no_error (error);
+  assert_in_test_memory (in);
+  assert_input_of (in, CP_DTYPE_INT32, shape, 1, (rank + n - 1) % n, 3, "send_recv in test memory");
+}
+
 /* Every kind of call on tensors in test memory, which the library may
  * reach only through its memory interface: a backend that moves host
  * memory alone is staged through the host, and the results stay in
@@ -1163,73 +1254,22 @@ run_cancel_late_peers (Rank *self)
 static void
 run_test_memory (Rank *self)
 {
-  int n = self->size, rank = self->rank;
-  const gint64 shape[] = { 37 }, all_shape[] = { 2 * n };
-  g_autoptr(CpTensor) host = host_input (CP_DTYPE_FLOAT32, shape, 1, rank, 1);
-  g_autoptr(CpTensor) t = NULL;
-  g_autoptr(CpTensor) gathered = NULL;
-  g_autoptr(CpTensor) exchanged = NULL;
-  g_autoptr(CpTensor) in = NULL;
   g_autoptr(GError) error = NULL;
 
-  t = cp_tensor_to_device (host, CP_DEVICE_KIND_TEST, &error);
-  g_assert_no_error (error);
-  gathered = cp_mesh_all_gather (self->mesh, t, 0, &error);
-  g_assert_no_error (error);
-  g_assert_cmpint (cp_tensor_get_device (gathered), ==, CP_DEVICE_KIND_TEST);
-  for (int r = 0; r < n; r++)
-    {
-      g_autoptr(CpTensor) piece = cp_tensor_narrow (gathered, 0, r * 37, 37, &error);
-
-      g_assert_no_error (error);
-      assert_input_of (piece, CP_DTYPE_FLOAT32, shape, 1, r, 1, "all_gather in test memory");
-    }
-
-  g_assert_true (cp_mesh_broadcast (self->mesh, t, n - 1, &error));
-  g_assert_no_error (error);
-  g_assert_cmpint (cp_tensor_get_device (t), ==, CP_DEVICE_KIND_TEST);
-  assert_input_of (t, CP_DTYPE_FLOAT32, shape, 1, n - 1, 1, "broadcast in test memory");
-
-  g_clear_object (&t);
-  g_clear_object (&host);
-  host = cp_tensor_new_full (CP_DTYPE_INT64, shape, 1, rank + 1, NULL);
-  t = cp_tensor_to_device (host, CP_DEVICE_KIND_TEST, &error);
-  g_assert_true (cp_mesh_all_reduce (self->mesh, t, CP_REDUCE_OP_SUM, &error));
-  g_assert_no_error (error);
-  g_assert_cmpint (cp_tensor_get_device (t), ==, CP_DEVICE_KIND_TEST);
-  g_clear_object (&host);
-  host = on_host (t);
-  assert_element (host, 36, n * (n + 1) / 2, "all_reduce in test memory");
-
-  g_clear_object (&t);
-  g_clear_object (&host);
-  host = host_input (CP_DTYPE_INT32, all_shape, 1, rank, 2);
-  t = cp_tensor_to_device (host, CP_DEVICE_KIND_TEST, &error);
-  exchanged = cp_mesh_all_to_all (self->mesh, t, 0, &error);
-  g_assert_no_error (error);
-  g_assert_cmpint (cp_tensor_get_device (exchanged), ==, CP_DEVICE_KIND_TEST);
-  g_clear_object (&host);
-  host = on_host (exchanged);
-  for (int s = 0; s < n; s++)
-    for (int k = 0; k < 2; k++)
-      assert_element (host, 2 * s + k, input_value (CP_DTYPE_INT32, s, 2 * rank + k, 2), "all_to_all in test memory");
-
-  g_clear_object (&host);
-  host = cp_tensor_new (CP_DTYPE_INT32, all_shape, 1, NULL);
-  in = cp_tensor_to_device (host, CP_DEVICE_KIND_TEST, &error);
-  g_assert_no_error (error);
-  g_assert_true (cp_mesh_send_recv (self->mesh, t, (rank + 1) % n, in, (rank + n - 1) % n, 3, &error));
-  g_assert_no_error (error);
-  g_assert_cmpint (cp_tensor_get_device (in), ==, CP_DEVICE_KIND_TEST);
-  assert_input_of (in, CP_DTYPE_INT32, all_shape, 1, (rank + n - 1) % n, 2, "send_recv in test memory");
+  check_gather_in_test_memory (self);
+  check_broadcast_in_test_memory (self);
+  check_reduce_in_test_memory (self);
+  check_exchange_in_test_memory (self);
   g_assert_true (cp_mesh_barrier (self->mesh, &error));
   g_assert_no_error (error);
 }
 
+/* Never reached: no rank may join a mesh whose last rank never came. */
 static void
 run_join (Rank *self)
 {
-  g_assert_not_reached ();
+  g_error ("%s: rank %d joined a mesh of %d whose last rank never came", backend->name, self->rank,
+           self->size);
 }
 
 /* ---- the table ---- */
