@@ -1524,7 +1524,37 @@ join_thread (gpointer data)
   return NULL;
 }
 
-/* The meshes of @c's ranks on threads; a rank that could not join has
+/* The meshes of a local group of @c's shape, in rank order. */
+static CpMesh **
+make_local_group (const Case *c)
+{
+  CpMesh **meshes = g_new0 (CpMesh *, c->size);
+  g_auto(GStrv) names = NULL;
+  g_autofree int *sizes = NULL;
+  gsize n_dims = 0;
+  g_autoptr(GError) error = NULL;
+  GList *group;
+  int r = 0;
+
+  if (!parse_dims (c->dims, &names, &sizes, &n_dims))
+    {
+      names = g_strdupv ((char *[]) { "cp", NULL });
+      sizes = g_memdup2 (&c->size, sizeof (int));
+      n_dims = 1;
+    }
+  group = cp_mesh_new_local_group ((const char * const *) names, sizes, n_dims, &error);
+  g_assert_no_error (error);
+  for (GList *l = group; l != NULL; l = l->next, r++)
+    {
+      meshes[r] = l->data;
+      cp_mesh_set_timeout_ms (meshes[r], case_timeout (c));
+    }
+  g_list_free (group);
+  return meshes;
+}
+
+/* The meshes of @c's ranks, each joining on a thread of its own (all
+ * but the last when it never comes); a rank that could not join has
  * NULL, and its error said as "ERROR". */
 static CpMesh **
 join_on_threads (const Case *c,
@@ -1532,58 +1562,29 @@ join_on_threads (const Case *c,
 {
   static guint next_port = 1;
   CpMesh **meshes = g_new0 (CpMesh *, c->size);
-  g_auto(GStrv) names = NULL;
-  g_autofree int *sizes = NULL;
-  gsize n_dims = 0;
+  int joining = c->fault == FAULT_MISSING ? c->size - 1 : c->size;
+  g_autofree Join *joins = g_new0 (Join, joining);
+  g_autofree GThread **threads = g_new0 (GThread *, joining);
 
-  cp_harness_set_up_glib ();
-  if (backend->ranks == RANKS_LOCAL_GROUP)
+  /* The port only names the meeting among this process's threads. */
+  for (int r = 0; r < joining; r++)
     {
-      g_autoptr(GError) error = NULL;
-      GList *group;
-      int r = 0;
-
-      if (!parse_dims (c->dims, &names, &sizes, &n_dims))
-        {
-          names = g_strdupv ((char *[]) { "cp", NULL });
-          sizes = g_memdup2 (&c->size, sizeof (int));
-          n_dims = 1;
-        }
-      group = cp_mesh_new_local_group ((const char * const *) names, sizes, n_dims, &error);
-      g_assert_no_error (error);
-      for (GList *l = group; l != NULL; l = l->next, r++)
-        {
-          meshes[r] = l->data;
-          cp_mesh_set_timeout_ms (meshes[r], case_timeout (c));
-        }
-      g_list_free (group);
-      return meshes;
+      joins[r] = (Join) { r, c, next_port };
+      threads[r] = g_thread_new ("cp-join", join_thread, &joins[r]);
     }
-  else
+  next_port++;
+  for (int r = 0; r < joining; r++)
     {
-      int joining = c->fault == FAULT_MISSING ? c->size - 1 : c->size;
-      g_autofree Join *joins = g_new0 (Join, joining);
-      g_autofree GThread **threads = g_new0 (GThread *, joining);
-
-      for (int r = 0; r < joining; r++)
+      g_thread_join (threads[r]);
+      meshes[r] = joins[r].mesh;
+      if (joins[r].error != NULL)
         {
-          joins[r] = (Join) { r, c, next_port };
-          threads[r] = g_thread_new ("cp-join", join_thread, &joins[r]);
-        }
-      next_port++;
-      for (int r = 0; r < joining; r++)
-        {
-          g_thread_join (threads[r]);
-          meshes[r] = joins[r].mesh;
-          if (joins[r].error != NULL)
-            {
-              g_autofree char *flat = g_strdelimit (g_strdup (joins[r].error->message), "\t\n", ' ');
+          g_autofree char *flat = g_strdelimit (g_strdup (joins[r].error->message), "\t\n", ' ');
 
-              g_ptr_array_add (said[r].lines, g_strdup_printf ("ERROR\t%s\t%d\t%" G_GINT64_FORMAT "\t%s",
-                                                               g_quark_to_string (joins[r].error->domain),
-                                                               joins[r].error->code, joins[r].ms, flat));
-              g_clear_error (&joins[r].error);
-            }
+          g_ptr_array_add (said[r].lines, g_strdup_printf ("ERROR\t%s\t%d\t%" G_GINT64_FORMAT "\t%s",
+                                                           g_quark_to_string (joins[r].error->domain),
+                                                           joins[r].error->code, joins[r].ms, flat));
+          g_clear_error (&joins[r].error);
         }
     }
   return meshes;
@@ -1593,12 +1594,14 @@ static void
 run_on_threads (const Case *c,
                 Said       *said)
 {
-  g_autofree CpMesh **meshes = join_on_threads (c, said);
+  g_autofree CpMesh **meshes = NULL;
   g_autofree Rank *ranks = g_new0 (Rank, c->size);
   g_autofree gpointer *rank_data = g_new0 (gpointer, c->size);
   GList *joined = NULL;
   g_autoptr(GError) error = NULL;
 
+  cp_harness_set_up_glib ();
+  meshes = backend->ranks == RANKS_LOCAL_GROUP ? make_local_group (c) : join_on_threads (c, said);
   for (int r = c->size - 1; r >= 0; r--)
     {
       said[r].exited = TRUE;
