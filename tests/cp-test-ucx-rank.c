@@ -23,12 +23,6 @@
  *                of their errors), and keeps its mesh until its stdin ends
  *   async        joins with cp_mesh_connect_async and runs a barrier with
  *                cp_mesh_barrier_async on a main loop
- *   cancel       each rank waits for a message from the other, which
- *                never sends it: rank 0 in cp_mesh_recv, rank 1 in
- *                cp_mesh_recv_async on a main loop, whose cancellable it
- *                cancels after 300 ms; each reports its failure
- *                ("FAILED CODE MS MESSAGE", MS since its call began), then
- *                that of a barrier made after it ("LATER CODE MS MESSAGE")
  *   soak         joins, all_reduces and leaves CP_TEST_CYCLES times
  *                (1000 unless set), then reports its resident memory and
  *                open descriptors after the first tenth of the cycles
@@ -646,61 +640,6 @@ play_async (void)
   return 0;
 }
 
-/* ---- cancellation ---- */
-
-static void
-recv_done (GObject      *source,
-           GAsyncResult *result,
-           gpointer      user_data)
-{
-  AsyncState *state = user_data;
-
-  g_assert_false (cp_mesh_recv_finish (CP_MESH (source), result, &state->error));
-  g_main_loop_quit (state->loop);
-}
-
-static gboolean
-cancel_now (gpointer cancellable)
-{
-  g_cancellable_cancel (cancellable);
-  return G_SOURCE_REMOVE;
-}
-
-static void
-report_failure (const char   *what,
-                const GError *error,
-                gint64        since)
-{
-  g_assert_nonnull (error);
-  printf ("%s %d %" G_GINT64_FORMAT " %s\n", what, error->code, (g_get_monotonic_time () - since) / 1000,
-          error->message);
-}
-
-static void
-play_cancel (CpMesh *mesh)
-{
-  g_autoptr(CpTensor) t = cp_tensor_new (CP_DTYPE_FLOAT32, (const gint64[]) { 4 }, 1, NULL);
-  g_autoptr(GCancellable) cancellable = g_cancellable_new ();
-  AsyncState state = { g_main_loop_new (NULL, FALSE), mesh, NULL };
-  gint64 since = g_get_monotonic_time ();
-
-  if (cp_mesh_get_rank (mesh) == 0)
-    g_assert_false (cp_mesh_recv (mesh, t, 1, 9, &state.error));
-  else
-    {
-      g_timeout_add (300, cancel_now, cancellable);
-      cp_mesh_recv_async (mesh, t, 0, 9, cancellable, recv_done, &state);
-      g_main_loop_run (state.loop);
-    }
-  report_failure ("FAILED", state.error, since);
-  g_clear_error (&state.error);
-  since = g_get_monotonic_time ();
-  g_assert_false (cp_mesh_barrier (mesh, &state.error));
-  report_failure ("LATER", state.error, since);
-  g_clear_error (&state.error);
-  g_main_loop_unref (state.loop);
-}
-
 int
 main (int   argc,
       char *argv[])
@@ -731,8 +670,6 @@ main (int   argc,
     play_wait_lost (mesh);
   else if (g_str_equal (scenario, "stop-loop"))
     play_stop_loop (mesh);
-  else if (g_str_equal (scenario, "cancel"))
-    play_cancel (mesh);
   else
     {
       g_assert_true (cp_mesh_barrier (mesh, &error));

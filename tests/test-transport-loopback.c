@@ -2,6 +2,10 @@
  * only the test variant of the library has: proof that a backend is a
  * source file and one line of the backend table
  *
+ * The cases every backend must pass are test-conformance.c's, which
+ * runs them on loopback too (conformance-loopback); here are the ones
+ * of this backend alone, and a local mesh routed over it.
+ *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
@@ -216,28 +220,9 @@ test_staged_device (void)
 }
 
 static void
-test_one_rank (void)
-{
-  run_on_loopback (1, check_collectives);
-  run_on_loopback (1, check_all_to_all);
-}
-
-static void
-test_collectives (void)
-{
-  run_on_loopback (3, check_collectives);
-}
-
-static void
 test_all_to_all (void)
 {
   run_on_loopback (4, check_all_to_all);
-}
-
-static void
-test_disagreement (void)
-{
-  run_on_loopback (3, check_disagreement);
 }
 
 static void
@@ -323,10 +308,7 @@ main (int    argc,
 {
   g_test_init (&argc, &argv, NULL);
 
-  g_test_add_func ("/Cp/Transport/loopback/one-rank", test_one_rank);
-  g_test_add_func ("/Cp/Transport/loopback/collectives", test_collectives);
   g_test_add_func ("/Cp/Transport/loopback/all-to-all", test_all_to_all);
-  g_test_add_func ("/Cp/Transport/loopback/disagreement", test_disagreement);
   g_test_add_func ("/Cp/Transport/loopback/send-recv", test_send_recv);
   g_test_add_func ("/Cp/Transport/loopback/submesh", test_submesh);
   g_test_add_func ("/Cp/Transport/loopback/meet-timeout", test_meet_timeout);

@@ -1,7 +1,9 @@
 /* test-ucx.c: multi-process meshes over UCX
  *
  * Each case starts ranks as processes of cp-test-ucx-rank over loopback
- * and checks what they report.
+ * and checks what they report.  The cases every backend must pass
+ * (cancellation among them) are test-conformance.c's, which runs them
+ * over UCX too (conformance-ucx).
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -435,58 +437,6 @@ test_async (void)
   cp_test_group_clear (&group);
 }
 
-/* The code, milliseconds and message of the line @prefix ("FAILED 13 312
- * …") of @rank; the message is recorded for the reliability table. */
-static GError *
-dup_reported_error (Rank       *rank,
-                    const char *prefix,
-                    gint64     *ms)
-{
-  const char *line = cp_test_rank_find_line (rank, prefix);
-  int code = -1, offset = 0;
-
-  g_assert_nonnull (line);
-  line += strlen (prefix);
-  g_assert_cmpint (sscanf (line, " %d %" G_GINT64_FORMAT " %n", &code, ms, &offset), ==, 2);
-  return g_error_new_literal (CP_MESH_ERROR, code, line + offset);
-}
-
-/* Rank 1 cancels its recv_async while rank 0 waits in a recv from it:
- * both fail within a fraction of the timeout, and later calls at once. */
-static void
-test_async_cancel (void)
-{
-  guint16 port = cp_test_free_port ();
-  Group group = { 0 };
-
-  g_test_summary ("An async call cancelled on one process fails there and on its peer with "
-                  "CANCELLED, well within the timeout, and breaks the mesh on both");
-  for (int r = 0; r < 2; r++)
-    cp_test_group_spawn (&group, "cancel", r, 2, port, SETTINGS ("CPMESH_TIMEOUT_MS=20000"));
-  cp_test_run_until (group.ranks, group.n, cp_test_all_done);
-  for (int r = 0; r < 2; r++)
-    {
-      g_autoptr(GError) failed = NULL;
-      g_autoptr(GError) later = NULL;
-      gint64 failed_ms = 0, later_ms = 0;
-
-      cp_test_assert_exit (group.ranks[r], 0);
-      failed = dup_reported_error (group.ranks[r], "FAILED", &failed_ms);
-      later = dup_reported_error (group.ranks[r], "LATER", &later_ms);
-      g_test_message ("rank %d: %s (%" G_GINT64_FORMAT " ms); later: %s", r, failed->message,
-                      failed_ms, later->message);
-      CP_TEST_ASSERT_CASE (failed, CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED, "CpMesh (ucx)",
-                           r == 1 ? "recv_async cancelled while it waits for the other process"
-                                  : "recv waiting for a process whose recv_async was cancelled");
-      g_assert_nonnull (strstr (failed->message, "rank 1 was cancelled"));
-      g_assert_cmpint (failed_ms, <, 3000 * cp_test_time_factor ());
-      g_assert_error (later, CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED);
-      g_assert_nonnull (strstr (later->message, "mesh broken: rank 1 was cancelled"));
-      g_assert_cmpint (later_ms, <, 200 * cp_test_time_factor ());
-    }
-  cp_test_group_clear (&group);
-}
-
 /* ---- settings, in this process ---- */
 
 static void
@@ -885,7 +835,6 @@ main (int   argc,
   g_test_add_func ("/Cp/Ucx/failure/rank-lost", test_rank_lost);
   g_test_add_func ("/Cp/Ucx/failure/sigstop", test_sigstop);
   g_test_add_func ("/Cp/Ucx/async/connect-barrier", test_async);
-  g_test_add_func ("/Cp/Ucx/async/cancel", test_async_cancel);
 
   return g_test_run ();
 }
