@@ -366,7 +366,8 @@ run_attention_rank (CpMesh                       *mesh,
   g_autofree char *digest = NULL;
   double seconds;
 
-  if (!cpmesh_bench_attention_rank (mesh, options->attention_seq, &seconds, &digest, &error))
+  if (!cpmesh_bench_attention_rank (mesh, options->attention_seq, TRUE, &seconds, &digest,
+                                    &error))
     {
       cp_harness_report ("ERROR %d %s", error->code, error->message);
       return 1;

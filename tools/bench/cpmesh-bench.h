@@ -195,9 +195,11 @@ char     *cpmesh_mpi_describe        (int              n_ranks);
  * D = 128 over @mesh on its head-tail share of a sequence of @seq_len
  * whose inputs every rank computes alike: the slowest rank's seconds, and
  * a digest of the rank's outputs, by which a run over processes is
- * checked against one over threads. */
+ * checked against one over threads.  Only the side @checked is altered
+ * by CPMESH_BENCH_TEST=corrupt-result. */
 gboolean  cpmesh_bench_attention_rank (CpMesh         *mesh,
                                        gint64          seq_len,
+                                       gboolean        checked,
                                        double         *seconds,
                                        char          **digest,
                                        GError        **error);
