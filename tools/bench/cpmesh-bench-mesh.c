@@ -352,12 +352,12 @@ int
 cpmesh_bench_mesh (int    argc,
                    char **argv)
 {
-  CpmeshMeshBenchOptions options = { .n_ranks = DEFAULT_RANKS, .rounds = 5 };
+  CpmeshMeshBenchOptions options = { .n_ranks = DEFAULT_RANKS, .rounds = CPMESH_MESH_DEFAULT_ROUNDS };
   CpmeshOption entries[] = {
     CPMESH_OPTION_CP (&options.n_ranks, ": threads (default 4), or processes (default: 2, "
                       "then 4)"),
-    { "mib", 'm', CPMESH_VALUE_INT, &options.mib, "Mebibytes per rank (default 64, 4 with "
-      "--quick; over processes 1 and 64, 1 with --quick)", "M", 1, 1 << 16, NULL, FALSE },
+    { "mib", 'm', CPMESH_VALUE_INT, &options.mib, "Mebibytes per rank of the in-process "
+      "run (default 64, 4 with --quick); over processes the sizes are 1 and 64 MiB", "M", 1, 1 << 16, NULL, FALSE },
     CPMESH_OPTION_REPS (&options.reps, " (default 7, 3 with --quick; over processes the calls "
                         "timed in each round: 50 at 1 MiB and 5 at 64 MiB, 20 with --quick)"),
     CPMESH_OPTION_QUICK (&options.run.quick, ": 4 MiB per rank; over processes 1 MiB only, "
@@ -400,7 +400,8 @@ cpmesh_bench_mesh (int    argc,
                              entries, NULL, &argc, &argv))
     return CPMESH_EXIT_USAGE;
   if (options.attention_seq == 0)
-    options.attention_seq = options.run.quick ? 1024 : 16384;
+    options.attention_seq = options.run.quick ? CPMESH_MESH_QUICK_ATTENTION_SEQ
+                                              : CPMESH_MESH_ATTENTION_SEQ;
   if (options.backend != CPMESH_MESH_BACKEND_LOCAL)
     return cpmesh_bench_mesh_processes (&options, entries);
   return run_local (&options, entries);

@@ -49,9 +49,6 @@
 #define MAX_FAILURE_S 1.0
 #define MAX_ATTENTION_VS_THREADS 1.05
 
-#define DEFAULT_ROUNDS 5
-#define DEFAULT_ATTENTION_SEQ 16384
-#define QUICK_ATTENTION_SEQ 1024
 #define ATTENTION_RANKS 4
 
 static CpmeshMeshPlan
@@ -1229,7 +1226,7 @@ check_options (CpmeshMeshBenchOptions *options,
                                !cpmesh_option_given (entries, "cp") &&
                                !cpmesh_option_given (entries, "reps") &&
                                !cpmesh_option_given (entries, "attention-seq") &&
-                               options->rounds >= DEFAULT_ROUNDS && !options->skip_failure &&
+                               options->rounds >= CPMESH_MESH_DEFAULT_ROUNDS && !options->skip_failure &&
                                !options->skip_attention,
                                "the default sizes, at least 5 rounds, with Open MPI");
   return FALSE;

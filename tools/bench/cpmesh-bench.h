@@ -112,6 +112,12 @@ typedef enum
 
 extern const char * const cpmesh_mesh_backend_names[];
 
+/* Over processes: the rounds the targets ask for at least, and the
+ * sequence length of the attention runs, by default and with --quick. */
+#define CPMESH_MESH_DEFAULT_ROUNDS 5
+#define CPMESH_MESH_ATTENTION_SEQ 16384
+#define CPMESH_MESH_QUICK_ATTENTION_SEQ 1024
+
 /* The options of `cpmesh bench mesh`, with threads or, with --backend ucx
  * or shm, processes (cpmesh-bench-processes.c) as ranks. */
 typedef struct
