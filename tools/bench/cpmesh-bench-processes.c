@@ -724,7 +724,7 @@ typedef struct
   Spread memcpy_gbps;
   double ms;         /* our median time per call */
   double bound;      /* busbw at our copies per byte */
-  double mpi_bound;
+  double of_bound;   /* ours / bound, round by round */
 } Case;
 
 static Case
@@ -740,6 +740,8 @@ case_of (const CpmeshMeshBenchOptions *options,
   g_autofree double *ratio = g_new (double, rounds);
   g_autofree double *copy = g_new (double, rounds);
   g_autofree double *ms = g_new (double, rounds);
+  g_autofree double *of_bound = g_new (double, rounds);
+  double copies = copies_per_byte (options->backend, coll, world->n);
   Case c = { { 0 } };
 
   for (int r = 0; r < rounds; r++)
@@ -749,12 +751,13 @@ case_of (const CpmeshMeshBenchOptions *options,
       ratio[r] = ours[r] / mpi[r];
       copy[r] = world->memcpy_gbps[r][s];
       ms[r] = world->ours[r].seconds[coll][s] * 1e3;
+      of_bound[r] = ours[r] / (copy[r] / copies);
     }
   c.ours = spread_of (ours, rounds);
   c.memcpy_gbps = spread_of (copy, rounds);
   c.ms = cpmesh_bench_median (ms, (gsize) rounds);
-  c.bound = c.memcpy_gbps.median / copies_per_byte (options->backend, coll, world->n);
-  c.mpi_bound = c.memcpy_gbps.median / MPI_COPIES_PER_BYTE;
+  c.bound = c.memcpy_gbps.median / copies;
+  c.of_bound = cpmesh_bench_median (of_bound, (gsize) rounds);
   if (world->mpi != NULL)
     {
       c.mpi = spread_of (mpi, rounds);
@@ -795,7 +798,7 @@ print_case (const CpmeshMeshBenchOptions *options,
   printf ("| %d | %-10s | %6s | %7.3f | %s | %7.2f | %s | %7s | %s | %6.2f | %6.2f | %5.2f | %10.2f |\n",
           n, cpmesh_coll_names[coll], size_name (size), c->ms, ours, spread_ratio (c->ours), theirs,
           theirs_spread, vs, c->memcpy_gbps.median, copies_per_byte (options->backend, coll, n),
-          c->bound, c->ours.median / c->bound);
+          c->bound, c->of_bound);
 }
 
 static void
@@ -811,8 +814,9 @@ print_worlds (const CpmeshMeshBenchOptions *options,
           "slowest rank's time per call of %u (1 MiB) or %u (64 MiB) calls after a barrier\n",
           options->rounds, plan->calls[0], plan->n_sizes > 1 ? plan->calls[1] : plan->calls[0]);
   printf ("bound: memcpy GB/s of each of N threads copying at once (measured in every round) / "
-          "copies per byte of %s; Open MPI's single-copy shared memory would be bounded by "
-          "memcpy / %.0f\n\n", backend_name (options), MPI_COPIES_PER_BYTE);
+          "copies per byte of %s, and ours/bound taken round by round; Open MPI's single-copy "
+          "shared memory would be bounded by memcpy / %.0f\n\n", backend_name (options),
+          MPI_COPIES_PER_BYTE);
   printf ("| N | collective |   size | ms/call | %-20s | max/min | %-20s | max/min | %-20s | memcpy | copies | bound | ours/bound |\n",
           "busbw", "Open MPI busbw", "ours / Open MPI");
   printf ("|---|------------|--------|---------|----------------------|---------|----------------------|---------|----------------------|--------|--------|-------|------------|\n");
