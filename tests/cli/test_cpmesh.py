@@ -1208,6 +1208,13 @@ class BenchMeshProcesses(unittest.TestCase):
         self.assertEqual(result.returncode, 0, result.stderr)
         return result
 
+    def assert_ratio(self, ratio, numerator, denominator):
+        """RATIO is NUMERATOR / DENOMINATOR, each printed to two places."""
+        ratio, numerator, denominator = float(ratio), float(numerator), float(denominator)
+        low = (numerator - 0.005) / (denominator + 0.005) - 0.005
+        high = (numerator + 0.005) / max(denominator - 0.005, 1e-9) + 0.005
+        self.assertTrue(low <= ratio <= high, (ratio, numerator, denominator))
+
     def assert_spread(self, median, low, high):
         self.assertLessEqual(float(low), float(median))
         self.assertLessEqual(float(median), float(high))
@@ -1240,8 +1247,8 @@ class BenchMeshProcesses(unittest.TestCase):
                          copy, copies, bound, share) in rows.items():
             with self.subTest(collective=collective):
                 self.assert_spread(median, low, high)
-                self.assertAlmostEqual(float(spread), float(high) / float(low), delta=0.011)
-                self.assertAlmostEqual(float(bound), float(copy) / float(copies), delta=0.011)
+                self.assert_ratio(spread, high, low)
+                self.assert_ratio(bound, copy, copies)
                 self.assertGreater(float(share), 0)
                 if with_mpi:
                     self.assert_spread(*re.fullmatch(self.SPREAD, theirs).groups())
