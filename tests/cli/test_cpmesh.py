@@ -346,9 +346,14 @@ USAGE_ERRORS = (
     ("bench mesh: --cp negative", ["bench", "mesh", "--cp", "-1"], "--cp -1 must be at least 1"),
     ("bench mesh: --mib 0", ["bench", "mesh", "--mib", "0"], "--mib 0 must be at least 1"),
     ("bench mesh: --backend names no backend", ["bench", "mesh", "--backend", "tcp"],
-     "--backend tcp: use one of local, ucx"),
+     "--backend tcp: use one of local, ucx, shm"),
     ("bench mesh: --no-perftest without --backend ucx", ["bench", "mesh", "--no-perftest"],
-     "--no-perftest and --no-failure go with --backend ucx"),
+     "--no-perftest goes with --backend ucx or shm"),
+    ("bench mesh: --rounds 0", ["bench", "mesh", "--backend", "shm", "--rounds", "0"],
+     "--rounds 0 must be at least 1"),
+    ("bench mesh: --attention-seq not a multiple of 2·C",
+     ["bench", "mesh", "--backend", "shm", "--cp", "3", "--attention-seq", "100"],
+     "--attention-seq 100 is not a multiple of 2·C = 6 (--cp 3)"),
     ("bench mesh: --check-targets at sizes without targets",
      ["bench", "mesh", "--quick", "--check-targets"], "--check-targets: the targets are stated for"),
     ("bench batch: an unknown option", ["bench", "batch", "--frobnicate"],
@@ -1078,8 +1083,8 @@ SPEED = re.compile(r"GB/s|GF/s|ms \(median|× memcpy")
 
 
 def quick_ucx_bench():
-    return (["bench", "mesh"], ["--backend", "ucx", "--quick", "--cp", "2"],
-            "every rank's all_gather and all_reduce output checked")
+    return (["bench", "mesh"], ["--backend", "ucx", "--quick", "--cp", "2", "--rounds", "2"],
+            "every rank's all_gather, all_reduce and all_to_all output checked")
 
 
 class Bench(unittest.TestCase):
@@ -1182,6 +1187,135 @@ class Bench(unittest.TestCase):
             self.assertEqual(target_lines(self, line), [verdict])
         with self.assertRaises(AssertionError):
             target_lines(self, "target: shard: 0.93× ≥ 0.80×: missed")
+
+
+class BenchMeshProcesses(unittest.TestCase):
+    """bench mesh over processes at its smallest: the structure of its
+    report (every case, Open MPI's column or why it is empty, the bound,
+    failure and attention sections, the targets), never its figures."""
+
+    ARGS = ["--quick", "--cp", "2", "--rounds", "2", "--reps", "2", "--attention-seq", "64"]
+    CHECKED = "every rank's all_gather, all_reduce and all_to_all output checked"
+    NUMBER = r"\d+\.\d+"
+    SPREAD = r"(\d+\.\d+) \[(\d+\.\d+)–(\d+\.\d+)\]"
+
+    def setUp(self):
+        if not has_ucx():
+            self.skipTest("this libcpmesh has no UCX")
+
+    def bench(self, *args, env=None):
+        result = run("bench", "mesh", "--backend", "ucx", *self.ARGS, *args, timeout=110, env=env)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return result
+
+    def assert_ratio(self, ratio, numerator, denominator):
+        """RATIO is NUMERATOR / DENOMINATOR, each printed to two places."""
+        ratio, numerator, denominator = float(ratio), float(numerator), float(denominator)
+        low = (numerator - 0.005) / (denominator + 0.005) - 0.005
+        high = (numerator + 0.005) / max(denominator - 0.005, 1e-9) + 0.005
+        self.assertTrue(low <= ratio <= high, (ratio, numerator, denominator))
+
+    def assert_spread(self, median, low, high):
+        self.assertLessEqual(float(low), float(median))
+        self.assertLessEqual(float(median), float(high))
+
+    def case_rows(self, out):
+        """(collective, busbw spread, max/min, Open MPI cells, memcpy,
+        copies, bound, ours/bound) of each row of the table."""
+        rows = {}
+        for line in out.splitlines():
+            match = re.match(r"\| 2 \| (\w+) +\|  1 MiB \| +%s \| %s +\| +(%s) \| (.*?) +\| +(\S+) \| "
+                             r"(.*?) +\| +(%s) \| +(%s) \| +(%s) \| +(%s) \|$"
+                             % (self.NUMBER, self.SPREAD, self.NUMBER, self.NUMBER, self.NUMBER,
+                                self.NUMBER, self.NUMBER), line)
+            if match:
+                rows[match.group(1)] = match.groups()[1:]
+        return rows
+
+    def test_report(self):
+        result = self.bench()
+        out = result.stdout
+        self.assertTrue(out.startswith("cpmesh bench mesh --backend ucx: processes on this host"))
+        self.assertLess(out.index(self.CHECKED), SPEED.search(out).start())
+        with_mpi = re.search(r"^Open MPI: Open MPI v\S+.* -np 2 \S+ -c SCRIPT$", out, re.MULTILINE)
+        if not with_mpi:
+            self.assertRegex(out, r"\nOpen MPI: not measured: .*\(Debian: .*\); the benchmark "
+                                  r"installs nothing\n")
+        rows = self.case_rows(out)
+        self.assertEqual(set(rows), {"all_gather", "all_reduce", "all_to_all"}, out)
+        for collective, (median, low, high, spread, theirs, their_spread, versus,
+                         copy, copies, bound, share) in rows.items():
+            with self.subTest(collective=collective):
+                self.assert_spread(median, low, high)
+                self.assert_ratio(spread, high, low)
+                self.assert_ratio(bound, copy, copies)
+                self.assertGreater(float(share), 0)
+                if with_mpi:
+                    self.assert_spread(*re.fullmatch(self.SPREAD, theirs).groups())
+                    self.assert_spread(*re.fullmatch(self.SPREAD, versus).groups())
+                    float(their_spread)
+                else:
+                    self.assertEqual((theirs, their_spread, versus), ("-", "-", "-"))
+        # UCX copies twice through its shared-memory FIFO; all_reduce adds
+        # the copy of its scratch result (N/(2(N−1)) = 1 of the bus bytes).
+        self.assertEqual([rows[c][8] for c in ("all_gather", "all_reduce", "all_to_all")],
+                         ["2.00", "3.00", "2.00"])
+        self.assertRegex(out, r"\n  2 processes over ucx: %s s\n  2 threads of one process: %s s\n"
+                              r"  processes / threads: %s\n  K/V bytes copied per ring step: not "
+                              r"measured" % (self.SPREAD, self.SPREAD, self.SPREAD))
+        failures = re.findall(r"^  run (\d): rank (\d) killed; survivors: (%s) s \(([\w-]+)\); "
+                              r"teardown at most \d+ ms$" % self.NUMBER, out, re.MULTILINE)
+        self.assertEqual([(run, victim) for run, victim, _, _ in failures], [("1", "1"), ("2", "0")])
+        for _, _, seconds, code in failures:
+            self.assertIn(code, ("peer-lost", "timed-out"))
+            self.assertGreater(float(seconds), 0)
+        self.assertRegex(out, r"\n  every survivor: %s s over 2 errors; the last survivor of each "
+                              r"run: %s s over 2 runs\n" % (self.SPREAD, self.SPREAD))
+        verdicts = target_lines(self, out)
+        self.assertEqual(set(verdicts), {"not judged"})
+        self.assertEqual(len(verdicts), 2 * 3 + 2)
+        for what in ("N=2 all_reduce 1 MiB: busbw against Open MPI's", "N=2 all_to_all 1 MiB: "
+                     "busbw max/min over the rounds", "failure: seconds until every survivor's error",
+                     "attention: wall time over processes against threads"):
+            self.assertIn("\ntarget: " + what, out)
+        lines = progress_lines(self, ["bench", "mesh"], result)
+        self.assertEqual(any("Open MPI" in line for line in lines), bool(with_mpi))
+
+    def test_without_open_mpi(self):
+        # No mpirun on PATH: said, the columns left empty, the rest as
+        # before.  Nothing else of the quick run looks at PATH.
+        with tempfile.TemporaryDirectory() as empty:
+            result = self.bench("--no-failure", "--no-attention", env={"PATH": empty})
+        out = result.stdout
+        said = re.search(r"^Open MPI: (.*)$", out, re.MULTILINE).group(1)
+        self.assertEqual(said, "not measured: mpirun is not on PATH (Debian: openmpi-bin); the "
+                               "benchmark installs nothing")
+        self.assertIn(self.CHECKED + "\n", out)
+        rows = self.case_rows(out)
+        self.assertEqual(len(rows), 3, out)
+        for row in rows.values():
+            self.assertEqual((row[4], row[5], row[6]), ("-", "-", "-"))
+        self.assertNotIn("failure:", out)
+        self.assertNotIn("ring attention", out)
+        self.assertIn("n/a ≥ 1.00×", out)
+        record_outcome(self, "cpmesh", "bench mesh over processes without mpirun",
+                       "Open MPI not measured, exit status 0", said)
+
+    def test_shm_is_never_replaced(self):
+        # Where the library has no shm transport the benchmark says so and
+        # measures nothing; where it has one, the report names it.
+        result = run("bench", "mesh", "--backend", "shm", *self.ARGS, "--no-mpi", "--no-failure",
+                     "--no-attention", timeout=110)
+        if result.returncode == 0:
+            self.assertTrue(result.stdout.startswith("cpmesh bench mesh --backend shm: "))
+            self.assertEqual([row[8] for row in self.case_rows(result.stdout).values()],
+                             ["1.00"] * 3)
+            return
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertEqual(result.stdout, "")
+        self.assertRegex(result.stderr, r"cpmesh bench mesh: --backend shm: the ranks cannot run "
+                                        r"over shm, and the benchmark measures no other: \S")
+        record_failure(self, "bench mesh --backend shm where the library cannot run shm", result)
 
 
 class BenchAttention(unittest.TestCase):

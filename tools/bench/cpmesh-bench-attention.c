@@ -625,19 +625,8 @@ torch_fits (gint64 s)
   return bytes <= memory / 2;
 }
 
-/* The interpreter that looks for PyTorch: $CPMESH_PYTHON, else the one
- * the build found (Meson's own, Debian's /usr/bin/python3), never the
- * python3 first on PATH, which may be a pyenv shim without torch. */
-static const char *
-torch_python (void)
-{
-  const char *python = g_getenv ("CPMESH_PYTHON");
-
-  return python != NULL && *python != '\0' ? python : CPMESH_DEFAULT_PYTHON;
-}
-
 /* Times PyTorch computing the same causal attention as matmul + mask +
- * softmax + matmul, when torch_python () can import torch. */
+ * softmax + matmul, when cpmesh_bench_python () can import torch. */
 static double
 torch_gflops (CpDType dtype,
               gint64  s)
@@ -657,7 +646,7 @@ torch_gflops (CpDType dtype,
     "    best = min(best, time.perf_counter() - t)\n"
     "print(best)\n",
     (int) g_get_num_processors (), dtype == CP_DTYPE_FLOAT32 ? "float32" : "bfloat16", s);
-  const char *argv[] = { torch_python (), "-c", script, NULL };
+  const char *argv[] = { cpmesh_bench_python (), "-c", script, NULL };
   g_autofree char *output = NULL;
   int status = 0;
 
@@ -669,11 +658,11 @@ torch_gflops (CpDType dtype,
   return forward_flops (s, 16, 128) / g_ascii_strtod (output, NULL) / 1e9;
 }
 
-/* The version of torch that torch_python () imports, or NULL. */
+/* The version of torch that cpmesh_bench_python () imports, or NULL. */
 static char *
 torch_version (void)
 {
-  const char *argv[] = { torch_python (), "-c", "import torch; print(torch.__version__)", NULL };
+  const char *argv[] = { cpmesh_bench_python (), "-c", "import torch; print(torch.__version__)", NULL };
   g_autofree char *output = NULL;
   int status = 1;
 
@@ -693,9 +682,9 @@ describe_torch (gboolean    skipped,
     return g_strdup_printf ("skipped (%s)", quick ? "--quick" : "--no-torch");
   if (version == NULL)
     return g_strdup_printf ("skipped (%s cannot import torch; set CPMESH_PYTHON to an "
-                            "interpreter that can)", torch_python ());
+                            "interpreter that can)", cpmesh_bench_python ());
   return g_strdup_printf ("torch %s from %s; \"-\" where its S x S scores would not fit in "
-                          "half the memory", version, torch_python ());
+                          "half the memory", version, cpmesh_bench_python ());
 }
 
 /* Prints the best times and the median of each run's ratio to its own

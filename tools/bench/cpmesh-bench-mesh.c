@@ -320,8 +320,13 @@ run_local (CpmeshMeshBenchOptions *options,
   g_auto(MeshBench) bench = { options, NULL, rows, NULL };
   g_autoptr(GError) error = NULL;
 
-  if (cpmesh_option_given (entries, "no-perftest") || cpmesh_option_given (entries, "no-failure"))
-    return cpmesh_fail (CPMESH_EXIT_USAGE, "--no-perftest and --no-failure go with --backend ucx");
+  static const char * const process_options[] = { "no-perftest", "no-failure", "no-mpi",
+                                                   "no-attention", "rounds", "attention-seq" };
+
+  for (gsize i = 0; i < G_N_ELEMENTS (process_options); i++)
+    if (cpmesh_option_given (entries, process_options[i]))
+      return cpmesh_fail (CPMESH_EXIT_USAGE, "--%s goes with --backend ucx or shm",
+                          process_options[i]);
   if (options->mib == 0)
     options->mib = options->run.quick ? 4 : DEFAULT_MIB;
   if (options->reps == 0)
@@ -341,37 +346,63 @@ run_local (CpmeshMeshBenchOptions *options,
   return cpmesh_bench_end (&options->run);
 }
 
+const char * const cpmesh_mesh_backend_names[] = { "local", "ucx", "shm", NULL };
+
 int
 cpmesh_bench_mesh (int    argc,
                    char **argv)
 {
-  CpmeshMeshBenchOptions options = { .n_ranks = DEFAULT_RANKS };
+  CpmeshMeshBenchOptions options = { .n_ranks = DEFAULT_RANKS, .rounds = CPMESH_MESH_DEFAULT_ROUNDS };
   CpmeshOption entries[] = {
-    CPMESH_OPTION_CP (&options.n_ranks, ": threads, or with --backend ucx processes (default 4)"),
-    { "mib", 'm', CPMESH_VALUE_INT, &options.mib, "Mebibytes per rank (default 64, 4 with "
-      "--quick; over UCX 1 and 64)", "M", 1, 1 << 16, NULL, FALSE },
-    CPMESH_OPTION_REPS (&options.reps, " (default 7, 3 with --quick; over UCX 200 calls at "
-                        "1 MiB and 10 at 64 MiB, 20 with --quick)"),
-    CPMESH_OPTION_QUICK (&options.run.quick, ": 4 MiB per rank; over UCX 1 MiB only, without "
-                         "ucx_perftest or the failure run"),
-    CPMESH_OPTION_BACKEND (&options.backend, " (default local)"),
+    CPMESH_OPTION_CP (&options.n_ranks, ": threads (default 4), or processes (default: 2, "
+                      "then 4)"),
+    { "mib", 'm', CPMESH_VALUE_INT, &options.mib, "Mebibytes per rank of the in-process "
+      "run (default 64, 4 with --quick); over processes the sizes are 1 and 64 MiB", "M", 1, 1 << 16, NULL, FALSE },
+    CPMESH_OPTION_REPS (&options.reps, " (default 7, 3 with --quick; over processes the calls "
+                        "timed in each round: 50 at 1 MiB and 5 at 64 MiB, 20 with --quick)"),
+    CPMESH_OPTION_QUICK (&options.run.quick, ": 4 MiB per rank; over processes 1 MiB only, "
+                         "attention at S = 1024, no ucx_perftest"),
+    /* The program's --backend, and shm. */
+    { "backend", 0, CPMESH_VALUE_CHOICE, &options.backend, "Where the ranks run: local, threads "
+      "of this process, or ucx, processes over UCX (default local); or shm, processes over the "
+      "intra-host shared-memory transport, which this libcpmesh must have", "NAME", 0, 0,
+      cpmesh_mesh_backend_names, FALSE },
+    { "rounds", 0, CPMESH_VALUE_INT, &options.rounds, "Over processes: rounds of every case, "
+      "of Open MPI's alternating with the library's, of failure runs and of attention runs; "
+      "figures are their median and range (default 5)", "R", 1, 1000, NULL, FALSE },
+    { "no-mpi", 0, CPMESH_VALUE_FLAG, &options.skip_mpi,
+      "Over processes: do not measure Open MPI (mpirun, mpi4py) alongside", NULL, 0, 0, NULL, FALSE },
     { "no-perftest", 0, CPMESH_VALUE_FLAG, &options.skip_perftest,
-      "Over UCX: skip the ucx_perftest baseline", NULL, 0, 0, NULL, FALSE },
+      "Over UCX: skip the ucx_perftest reference", NULL, 0, 0, NULL, FALSE },
     { "no-failure", 0, CPMESH_VALUE_FLAG, &options.skip_failure,
-      "Over UCX: skip the failure-detection run", NULL, 0, 0, NULL, FALSE },
+      "Over processes: skip the failure-detection runs", NULL, 0, 0, NULL, FALSE },
+    { "no-attention", 0, CPMESH_VALUE_FLAG, &options.skip_attention,
+      "Over processes: skip ring attention over processes against threads", NULL, 0, 0, NULL,
+      FALSE },
+    { "attention-seq", 0, CPMESH_VALUE_INT64, &options.attention_seq, "Over processes: the "
+      "sequence length of the attention runs, a multiple of 2·C (default 16384, 1024 with "
+      "--quick)", "S", 1, 1 << 22, NULL, FALSE },
     CPMESH_OPTION_CHECK_TARGETS (&options.run.check_targets),
     CPMESH_OPTION_END
   };
 
   if (!cpmesh_parse_options ("Time all_gather of M MiB per rank over C in-process ranks "
                              "against memcpy of the same bytes by the same threads, and "
-                             "all_reduce against memcpy of its buffer; or, with --backend ucx, "
-                             "all_gather and all_reduce between C processes over UCX against "
-                             "ucx_perftest, then how fast the others notice a killed rank. "
-                             "Every rank's outputs are checked before any figure is printed.",
+                             "all_reduce against memcpy of its buffer; or, with --backend ucx "
+                             "or shm, all_gather, all_reduce and all_to_all between 2 and 4 "
+                             "processes of this host over that transport at 1 MiB and 64 MiB "
+                             "per rank, in rounds alternating with Open MPI's figures for the "
+                             "same calls (when mpirun and mpi4py are installed) and memcpy on "
+                             "as many threads, which bounds them; then how fast the survivors "
+                             "of a killed rank report their error, and ring attention over 4 "
+                             "processes against 4 threads. Every rank's outputs are checked "
+                             "before any figure is printed.",
                              entries, NULL, &argc, &argv))
     return CPMESH_EXIT_USAGE;
-  if (options.backend == CPMESH_BACKEND_UCX)
-    return cpmesh_bench_mesh_ucx (&options, entries);
+  if (options.attention_seq == 0)
+    options.attention_seq = options.run.quick ? CPMESH_MESH_QUICK_ATTENTION_SEQ
+                                              : CPMESH_MESH_ATTENTION_SEQ;
+  if (options.backend != CPMESH_MESH_BACKEND_LOCAL)
+    return cpmesh_bench_mesh_processes (&options, entries);
   return run_local (&options, entries);
 }

@@ -12,13 +12,21 @@
 
 const CpmeshCommand cpmesh_bench_commands[CPMESH_N_BENCH_COMMANDS] = {
   { "layout", "Shard and unshard a 256 MiB tensor against memcpy", cpmesh_bench_layout },
-  { "mesh", "all_gather and all_reduce against memcpy, or over UCX against ucx_perftest",
+  { "mesh", "Collectives against memcpy, or between processes (ucx, shm) against Open MPI",
     cpmesh_bench_mesh },
   { "batch", "Prepare, enter and exit of a batch on C ranks against memcpy", cpmesh_bench_batch },
   { "thd", "THD conversion and partition on C ranks against memcpy", cpmesh_bench_thd },
   { "attention", "Causal attention forward and backward against oneDNN matmul",
     cpmesh_bench_attention },
 };
+
+const char *
+cpmesh_bench_python (void)
+{
+  const char *python = g_getenv ("CPMESH_PYTHON");
+
+  return python != NULL && *python != '\0' ? python : CPMESH_DEFAULT_PYTHON;
+}
 
 /* ---- one run: targets and verdict ---- */
 

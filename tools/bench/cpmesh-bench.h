@@ -16,7 +16,7 @@ extern const CpmeshCommand cpmesh_bench_commands[CPMESH_N_BENCH_COMMANDS];
 
 #define CPMESH_BENCH_ABOUT \
   "Measure libcpmesh against a baseline measured in the same run (memcpy of the same bytes, " \
-  "oneDNN's matmul, ucx_perftest). Every benchmark first checks its results against a " \
+  "oneDNN's matmul, Open MPI's collectives between the same processes). Every benchmark first checks its results against a " \
   "computation of its own and prints no speed for wrong results (exit status 1); then it " \
   "prints each target as met or missed, and with --check-targets a missed target makes the " \
   "exit status 3. Progress goes to stderr. Figures vary on shared machines: compare ratios, " \
@@ -101,23 +101,122 @@ void      cpmesh_bench_corrupt       (CpTensor        *tensor);
 
 /* ---- bench mesh ---- */
 
-/* The options of `cpmesh bench mesh`, with threads or, with --backend ucx,
- * processes (cpmesh-bench-ucx.c) as ranks. */
+/* The values of bench mesh's --backend: the program's (local, ucx) and
+ * shm, processes over the intra-host shared-memory transport. */
+typedef enum
+{
+  CPMESH_MESH_BACKEND_LOCAL = CPMESH_BACKEND_LOCAL,
+  CPMESH_MESH_BACKEND_UCX = CPMESH_BACKEND_UCX,
+  CPMESH_MESH_BACKEND_SHM,
+} CpmeshMeshBackend;
+
+extern const char * const cpmesh_mesh_backend_names[];
+
+/* Over processes: the rounds the targets ask for at least, and the
+ * sequence length of the attention runs, by default and with --quick. */
+#define CPMESH_MESH_DEFAULT_ROUNDS 5
+#define CPMESH_MESH_ATTENTION_SEQ 16384
+#define CPMESH_MESH_QUICK_ATTENTION_SEQ 1024
+
+/* The options of `cpmesh bench mesh`, with threads or, with --backend ucx
+ * or shm, processes (cpmesh-bench-processes.c) as ranks. */
 typedef struct
 {
   int n_ranks;
   int mib;                  /* 0: the backend's default */
   int reps;                 /* 0: the backend's default */
-  int backend;              /* a CpmeshBackend */
+  int rounds;               /* processes: alternating rounds of every case */
+  int backend;              /* a CpmeshMeshBackend */
+  gint64 attention_seq;     /* processes: S of the attention comparison */
   gboolean skip_perftest;
   gboolean skip_failure;
+  gboolean skip_mpi;
+  gboolean skip_attention;
   CpmeshBench run;
 } CpmeshMeshBenchOptions;
 
-/* Runs the benchmark over UCX, after checking the options that only it
- * takes; a rank of it when started as one. */
-int       cpmesh_bench_mesh_ucx      (CpmeshMeshBenchOptions *options,
-                                      CpmeshOption    *entries);
+/* Runs the benchmark over processes, after checking the options that only
+ * it takes; a rank of it when started as one. */
+int       cpmesh_bench_mesh_processes (CpmeshMeshBenchOptions *options,
+                                       CpmeshOption    *entries);
+
+/* The interpreter the benchmarks' Python parts run on: $CPMESH_PYTHON,
+ * else the one the build found (Debian's /usr/bin/python3), never the
+ * python3 first on PATH, which may be a pyenv shim. */
+const char *cpmesh_bench_python      (void);
+
+/* ---- bench mesh: Open MPI's figures from the same run ---- */
+
+/* The collectives of bench mesh over processes, in the order of its
+ * tables and of the RESULT lines of its ranks and of Open MPI's. */
+typedef enum
+{
+  CPMESH_COLL_ALL_GATHER,
+  CPMESH_COLL_ALL_REDUCE,
+  CPMESH_COLL_ALL_TO_ALL,
+  CPMESH_N_COLLS
+} CpmeshColl;
+
+extern const char * const cpmesh_coll_names[CPMESH_N_COLLS];
+
+#define CPMESH_MESH_MAX_SIZES 2
+
+/* What each process run measures: the per-rank sizes and the timed calls
+ * at each. */
+typedef struct
+{
+  gsize sizes[CPMESH_MESH_MAX_SIZES];
+  guint calls[CPMESH_MESH_MAX_SIZES];
+  guint n_sizes;
+} CpmeshMeshPlan;
+
+/* Seconds per call of every collective at every size, the slowest
+ * rank's, from one round. */
+typedef struct
+{
+  double seconds[CPMESH_N_COLLS][CPMESH_MESH_MAX_SIZES];
+} CpmeshMeshRound;
+
+/* Whether Open MPI can be measured here: mpirun on PATH and mpi4py and
+ * numpy importable by cpmesh_bench_python (); otherwise @why says what is
+ * missing and which Debian package has it.  @version: the library's. */
+gboolean  cpmesh_mpi_available       (char           **version,
+                                      char           **why);
+
+/* The seconds of one mpirun of @n_ranks processes doing Allgather,
+ * Allreduce and Alltoall on numpy float32 buffers of @plan's sizes, timed
+ * as the library's ranks are; the script checks every rank's results
+ * first and gives CPMESH_BENCH_ERROR_WRONG_RESULT when they are wrong. */
+gboolean  cpmesh_mpi_measure         (int              n_ranks,
+                                      const CpmeshMeshPlan *plan,
+                                      CpmeshMeshRound *round,
+                                      GError         **error);
+
+/* The mpirun command line bench mesh runs, for its report. */
+char     *cpmesh_mpi_describe        (int              n_ranks);
+
+/* ---- bench mesh: attention over processes and over threads ---- */
+
+/* A rank's forward + backward of ring CP attention at B = 1, H = 16,
+ * D = 128 over @mesh on its head-tail share of a sequence of @seq_len
+ * whose inputs every rank computes alike: the slowest rank's seconds, and
+ * a digest of the rank's outputs, by which a run over processes is
+ * checked against one over threads.  Only the side @checked is altered
+ * by CPMESH_BENCH_TEST=corrupt-result. */
+gboolean  cpmesh_bench_attention_rank (CpMesh         *mesh,
+                                       gint64          seq_len,
+                                       gboolean        checked,
+                                       double         *seconds,
+                                       char          **digest,
+                                       GError        **error);
+
+/* The same on @n_ranks threads of this process: the slowest rank's
+ * seconds and every rank's digest (@digests, n_ranks strings). */
+gboolean  cpmesh_bench_attention_threads (int           n_ranks,
+                                          gint64        seq_len,
+                                          double       *seconds,
+                                          GStrv        *digests,
+                                          GError      **error);
 
 /* ---- checks ---- */
 
