@@ -31,21 +31,17 @@ mesh_from_transport (CpTransport         *transport,
   return mesh;
 }
 
-/* Connects with the backend @config asks for, or the default one; lost
- * peers are reported in @context. */
+/* Connects with the backend @config asks for, or the one the default
+ * chain picks; lost peers are reported in @context. */
 static CpMesh *
 connect_mesh (const CpMeshConfig  *config,
               GMainContext        *context,
               GCancellable        *cancellable,
               GError             **error)
 {
-  const CpTransportBackend *backend = _cp_transport_backend_find (config->transport, error);
-  CpTransport *transport;
+  CpTransport *transport = _cp_transport_connect (config, cancellable, error);
   CpMesh *mesh;
 
-  if (backend == NULL)
-    return NULL;
-  transport = backend->connect (config, cancellable, error);
   if (transport == NULL)
     return NULL;
   mesh = mesh_from_transport (transport, config, context, error);

@@ -78,7 +78,8 @@ arm_fault (const char *description)
   g_assert_cmpuint (n, >=, 4);
   fault.kind = (CpFaultKind) index_of (kinds, G_N_ELEMENTS (kinds), words[0]);
   fault.step = (CpFaultStep) index_of (steps, G_N_ELEMENTS (steps), words[1]);
-  fault.backend = "ucx";
+  /* A hello is the rendezvous's, whichever backends the rank offers. */
+  fault.backend = fault.step == CP_FAULT_STEP_HELLO ? "bootstrap" : "ucx";
   fault.rank = atoi (words[2]);
   fault.operation = (guint) atoi (words[3]);
   fault.delay_ms = n > 4 ? (guint) atoi (words[4]) : 0;

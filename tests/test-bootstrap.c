@@ -80,6 +80,7 @@ test_hello_altered_proof (void)
   CpMeshConfig config, joiner;
   guint8 challenge[CP_BOOTSTRAP_NONCE_SIZE], nonce[CP_BOOTSTRAP_NONCE_SIZE];
   g_autoptr(GBytes) blob = g_bytes_new_static ("an address", 10);
+  g_autoptr(CpBootstrapOffer) offer = _cp_bootstrap_offer_new ();
   g_autoptr(GBytes) payload = NULL;
   gsize size = 0;
   const guint8 *bytes;
@@ -92,7 +93,8 @@ test_hello_altered_proof (void)
   joiner.rank = 1;
   g_assert_true (_cp_bootstrap_fill_nonce (challenge, NULL));
   g_assert_true (_cp_bootstrap_fill_nonce (nonce, NULL));
-  payload = _cp_bootstrap_pack_hello (&joiner, challenge, nonce, blob);
+  _cp_bootstrap_offer_add (offer, "test", blob);
+  payload = _cp_bootstrap_pack_hello (&joiner, challenge, nonce, offer);
   g_assert_cmpint (judge_payload (&config, challenge, payload, &why), ==, CP_BOOTSTRAP_ACCEPTED);
   g_assert_null (why);
   bytes = g_bytes_get_data (payload, &size);
@@ -136,7 +138,7 @@ test_hello_other_protocol (void)
   g_test_message ("%s", why);
   g_assert_null (strstr (why, CP_VERSION_S));
   g_assert_null (strstr (why, "0.1-visitor"));
-  g_assert_nonnull (strstr (why, "it speaks rendezvous protocol 1; rank 0 speaks 2"));
+  g_assert_nonnull (strstr (why, "it speaks rendezvous protocol 1; rank 0 speaks 3"));
   error = g_error_new_literal (CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED, why);
   cp_test_record_error (SUBJECT, "an unproven visitor speaking another rendezvous protocol (rank 0's "
                         "answer names no libcpmesh version)", error);
@@ -160,11 +162,13 @@ run_rank_0 (gpointer data)
   CpMeshConfig config;
   CpBootstrapRoute route;
   g_autoptr(GBytes) blob = g_bytes_new_static ("rank 0", 6);
+  g_autoptr(CpBootstrapOffer) offer = _cp_bootstrap_offer_new ();
   g_autoptr(GPtrArray) blobs = NULL;
 
+  _cp_bootstrap_offer_add (offer, "test", blob);
   g_assert_true (_cp_mesh_config_init (&config, 0, 2, "0.0.0.0", gate->port, TOKEN, NULL, NULL, 0, 60000, NULL));
   g_assert_true (_cp_bootstrap_find_route (&config, &route, NULL));
-  blobs = _cp_bootstrap_exchange (&config, &route, "test", blob, NULL, NULL,
+  blobs = _cp_bootstrap_exchange (&config, &route, offer, NULL, 0,
                                   g_get_monotonic_time () + 60 * G_TIME_SPAN_SECOND, gate->cancellable,
                                   &gate->error);
   g_assert_null (blobs);
