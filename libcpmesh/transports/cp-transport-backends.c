@@ -25,9 +25,8 @@ local_probe (const CpMeshConfig  *config,
     return TRUE;
   built = _cp_transport_backend_list ();
   g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED,
-               "rank %d of %d: transport \"local\" joins the threads of one process, "
-               "not %d processes; this libcpmesh has %s (rebuild with -Ducx=enabled "
-               "for processes)", config->rank, config->world_size, config->world_size, built);
+               "it joins the threads of one process, not %d processes; this libcpmesh has %s "
+               "(rebuild with -Ducx=enabled for processes)", config->world_size, built);
   return FALSE;
 }
 
