@@ -448,7 +448,7 @@ take_blob (GVariant    *blob,
   if (size > 0 && size <= CP_BOOTSTRAP_BLOB_MAX)
     return g_variant_get_data_as_bytes (blob);
   g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
-               "a malformed %s: a %s address of %" G_GSIZE_FORMAT " bytes, not 1 to %d", what, backend, size,
+               "a malformed %s: a %s blob of %" G_GSIZE_FORMAT " bytes, not 1 to %d", what, backend, size,
                CP_BOOTSTRAP_BLOB_MAX);
   return NULL;
 }
