@@ -377,6 +377,43 @@ test_connect_default_one_rank (void)
   g_assert_no_error (error);
 }
 
+#if CP_HAS_UCX
+/* UCX in unified mode reads peers' addresses unchecked: the library
+ * refuses to run it so, which makes UCX unusable here. */
+static void
+test_override_unusable_here (void)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = NULL;
+
+  g_test_summary ("CPMESH_TRANSPORT naming a backend that is built but cannot run here fails with "
+                  "CP_MESH_ERROR_UNSUPPORTED saying why; no other backend is tried");
+  g_setenv ("UCX_UNIFIED_MODE", "y", TRUE);
+  mesh = cp_test_connect (SETTINGS ("CPMESH_TRANSPORT=ucx"), NULL, &error);
+  g_unsetenv ("UCX_UNIFIED_MODE");
+  g_assert_null (mesh);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED, "CPMESH_TRANSPORT",
+                       "name a transport that is built but cannot run here (UCX in unified mode)");
+  g_assert_nonnull (strstr (error->message, "transport \"ucx\" was asked for"));
+  g_assert_nonnull (strstr (error->message, "UCX_UNIFIED_MODE=y"));
+}
+
+static void
+test_default_passes_over_unusable (void)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = NULL;
+
+  g_test_summary ("The default chain passes over a backend that cannot run here: a mesh of one "
+                  "process whose UCX is unusable connects in-process");
+  g_setenv ("UCX_UNIFIED_MODE", "y", TRUE);
+  mesh = cp_test_connect (SETTINGS (NULL), NULL, &error);
+  g_unsetenv ("UCX_UNIFIED_MODE");
+  g_assert_no_error (error);
+  g_assert_cmpstr (cp_mesh_get_backend (mesh), ==, "local");
+}
+#endif
+
 static void
 test_capability_shared_address_space (void)
 {
@@ -588,6 +625,8 @@ main (int    argc,
   g_test_add_func ("/Cp/MeshOptions/new/environment", test_options_environment);
 #if CP_HAS_UCX
   g_test_add_func ("/Cp/MeshOptions/new/ucx", test_options_ucx);
+  g_test_add_func ("/Cp/Transport/override/unusable-here", test_override_unusable_here);
+  g_test_add_func ("/Cp/Transport/default/passes-over-unusable", test_default_passes_over_unusable);
 #endif
   return g_test_run ();
 }

@@ -1798,23 +1798,11 @@ ucx_abandon (gpointer state)
   g_free (offer);
 }
 
-/* UCX reads its configuration (UCX_TLS, UCX_NET_DEVICES, …) before it
- * starts anything: a configuration it refuses makes it unusable here. */
 static gboolean
 ucx_probe (const CpMeshConfig  *config,
            GError             **error)
 {
-  ucp_config_t *ucp_config = NULL;
-  ucs_status_t status = ucp_config_read (NULL, NULL, &ucp_config);
-
-  if (status == UCS_OK)
-    {
-      ucp_config_release (ucp_config);
-      return TRUE;
-    }
-  g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED,
-               "UCX refuses its configuration (the UCX_* environment): %s", ucs_status_string (status));
-  return FALSE;
+  return _cp_ucx_worker_probe (error);
 }
 
 /* The worker, confined to what reaches the other ranks: its address is
