@@ -111,6 +111,32 @@ test_wrong_world (void)
                    "a rank joins with other mesh dimensions than rank 0's");
 }
 
+/* Every rank reaches one verdict at once when one of them cannot offer
+ * UCX: that rank joins the rendezvous offering nothing. */
+static void
+test_rank_without_backend (void)
+{
+  guint16 port = cp_test_free_port ();
+  Group group = { 0 };
+  gint64 started = g_get_monotonic_time ();
+
+  g_test_summary ("When one rank cannot run UCX, every rank of a process mesh fails with "
+                  "CP_MESH_ERROR_UNSUPPORTED at once, the others naming that rank, rather than at the "
+                  "timeout");
+  cp_test_group_spawn (&group, "join", 0, 3, port, SETTINGS ("CPMESH_TIMEOUT_MS=60000"));
+  cp_test_group_spawn (&group, "join", 1, 3, port, SETTINGS ("CPMESH_TIMEOUT_MS=60000"));
+  cp_test_group_spawn (&group, "join", 2, 3, port, SETTINGS ("CPMESH_TIMEOUT_MS=60000", "UCX_UNIFIED_MODE=y"));
+  cp_test_run_until (group.ranks, group.n, cp_test_all_done);
+  g_assert_cmpint (g_get_monotonic_time () - started, <, 30 * G_TIME_SPAN_SECOND);
+  assert_join_error (group.ranks[0], CP_MESH_ERROR_UNSUPPORTED, "ucx (rank 2 does not offer it",
+                     "one rank of a process mesh cannot run UCX: rank 0");
+  assert_join_error (group.ranks[1], CP_MESH_ERROR_UNSUPPORTED, "ucx (rank 2 does not offer it",
+                     "one rank of a process mesh cannot run UCX: another rank");
+  assert_join_error (group.ranks[2], CP_MESH_ERROR_UNSUPPORTED, "ucx (UCX_UNIFIED_MODE=y",
+                     "one rank of a process mesh cannot run UCX: that rank, which says why");
+  cp_test_group_clear (&group);
+}
+
 /* Two processes claim rank 1: whichever comes second is refused. */
 static void
 test_duplicate_rank (void)
@@ -877,6 +903,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Ucx/rendezvous/wrong-token", test_wrong_token);
   g_test_add_func ("/Cp/Ucx/rendezvous/wrong-world", test_wrong_world);
   g_test_add_func ("/Cp/Ucx/rendezvous/duplicate-rank", test_duplicate_rank);
+  g_test_add_func ("/Cp/Ucx/rendezvous/rank-without-backend", test_rank_without_backend);
   g_test_add_func ("/Cp/Ucx/rendezvous/garbage", test_garbage);
   g_test_add_func ("/Cp/Ucx/rendezvous/rejoin", test_rejoin);
   g_test_add_func ("/Cp/Ucx/rendezvous/nobody-listens", test_nobody_listens);
