@@ -177,6 +177,7 @@ char *
 _cp_transport_describe_backends (void)
 {
   g_autoptr(GPtrArray) rows = rows_by_priority ();
+  g_autoptr(GPtrArray) chain = NULL;
   GString *text = g_string_new (NULL);
 
   for (guint i = 0; i < rows->len; i++)
@@ -188,8 +189,13 @@ _cp_transport_describe_backends (void)
       g_string_append_printf (text, "  %-8s %-4s %s%s%s\n", row->name, usable ? "yes" : "no", row->summary,
                               usable ? "" : ": ", usable ? "" : error->message);
     }
-  g_string_append (text, "  default: the first usable on every rank of the mesh by this order; shm only "
-                         "when every rank is on one host, so ranks on several hosts use ucx for the whole "
-                         "mesh (no hierarchy of shm within a host and ucx between hosts)\n");
+  chain = _cp_transport_backend_candidates (NULL, NULL);
+  g_string_append (text, "  default chain:");
+  for (guint i = 0; i < chain->len; i++)
+    g_string_append_printf (text, "%s %s", i > 0 ? "," : "", ((const CpTransportBackend *) chain->pdata[i])->name);
+  /* What a mesh whose ranks span hosts gets: no composition yet. */
+  g_string_append (text, "; a backend for one host is passed over when the ranks are on several, and the "
+                         "whole mesh uses the next (no hierarchy of a backend within hosts and another "
+                         "between them)\n");
   return g_string_free (text, FALSE);
 }
