@@ -20,7 +20,7 @@
  *   joiner → rank 0   hello frame
  *   rank 0 → joiner   verdict frame: accepted, or why not
  *   rank 0 → joiner   (accepted joiners, once every rank is in) table
- *                     frame: every rank's blob, or the error rank 0 gave
+ *                     frame: every rank's offer, or the error rank 0 gave
  *                     up with
  *
  * A frame is a length (4 bytes) and that many bytes: a serialized GVariant
