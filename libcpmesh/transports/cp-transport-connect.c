@@ -272,6 +272,10 @@ connect_candidates (CpTransportCandidate *candidates,
   if (picked < 0)
     return NULL;
   g_debug ("transport: rank %d of %d connects over %s", config->rank, config->world_size, story);
+  /* The others' sockets and workers go before the pick connects. */
+  for (guint i = 0; i < n; i++)
+    if ((int) i != picked)
+      candidate_clear (&candidates[i]);
   return finish (&candidates[picked], config, table, deadline, cancellable, error);
 }
 
