@@ -17,6 +17,7 @@ static const CpTransportBackend backends[] = {
 #if CP_HAS_UCX
   { "ucx", CP_TRANSPORT_DEVICE (CP_DEVICE_KIND_HOST), _cp_transport_ucx_connect },
 #endif
+  { "shm", CP_TRANSPORT_DEVICE (CP_DEVICE_KIND_HOST), _cp_transport_shm_connect },
   { "local", CP_TRANSPORT_DEVICE (CP_DEVICE_KIND_HOST), _cp_transport_local_connect },
 #ifdef CP_TEST_BACKENDS
   { "loopback", CP_TRANSPORT_DEVICE (CP_DEVICE_KIND_HOST), _cp_transport_loopback_connect },

@@ -401,6 +401,61 @@ CpTransport  *_cp_transport_ucx_connect     (const CpMeshConfig  *config,
                                              GCancellable        *cancellable,
                                              GError             **error);
 
+/* The intra-host backend (cp-transport-shm.c, doc/mesh-shm.md): ranks
+ * that are processes of one host copy straight out of each other's
+ * buffers with process_vm_readv.  At most this many processes. */
+#define CP_SHM_MAX_WORLD_SIZE 64
+
+/* Whether this host lets the shm backend work, before any rendezvous:
+ * sealed memfds, pidfds and process_vm_readv work, and Yama lets sibling
+ * processes read each other (kernel.yama.ptrace_scope at most 1); else
+ * FALSE with CP_MESH_ERROR_UNSUPPORTED saying what is refused
+ * ("process_vm_readv is refused here: Operation not permitted").  Cheap:
+ * `cpmesh info` and default-chain probes call it. */
+__attribute__((visibility ("default")))
+gboolean      _cp_transport_shm_probe       (GError             **error);
+
+/* Connecting is three steps, so that one rendezvous can carry the blobs
+ * of several backends:
+ *
+ *   offer = _cp_transport_shm_offer (config, &error);
+ *   blobs = _cp_bootstrap_exchange (…, _cp_transport_shm_offer_get_blob (offer),
+ *                                   _cp_transport_shm_check_blob, NULL, …);
+ *   transport = _cp_transport_shm_finish (offer, config, blobs, deadline, …);
+ *   _cp_transport_shm_offer_free (offer);
+ *
+ * The offer probes the host, listens on a fresh abstract Unix socket and
+ * packs this rank's blob (host and namespace identity, uid, pid, the
+ * socket's name); UNSUPPORTED when the shm backend cannot work here.
+ * The check parses a peer's blob strictly (TRANSPORT when malformed); it
+ * needs no user data.  Finish, given every rank's blob in rank order,
+ * fails with UNSUPPORTED naming the rank and what differs unless all
+ * ranks share this host, namespaces and uid — every rank gets the same
+ * table and reaches the same verdict, so the caller may then fall back
+ * to another backend on every rank — and otherwise hands the control
+ * segment over (rank 0) or takes it (the others), checks every peer and
+ * returns the transport, all before @deadline.  The offer's socket is
+ * closed by finish, or by freeing the offer. */
+typedef struct _CpShmOffer CpShmOffer;
+
+CpShmOffer   *_cp_transport_shm_offer       (const CpMeshConfig  *config,
+                                             GError             **error);
+GBytes       *_cp_transport_shm_offer_get_blob (CpShmOffer       *offer);
+void          _cp_transport_shm_offer_free  (CpShmOffer          *offer);
+gboolean      _cp_transport_shm_check_blob  (GBytes              *blob,
+                                             gpointer             user_data,
+                                             GError             **error);
+CpTransport  *_cp_transport_shm_finish      (CpShmOffer          *offer,
+                                             const CpMeshConfig  *config,
+                                             GBytes * const      *blobs,
+                                             gint64               deadline,
+                                             GCancellable        *cancellable,
+                                             GError             **error);
+/* All three steps with a rendezvous of its own: the backend table's entry. */
+CpTransport  *_cp_transport_shm_connect     (const CpMeshConfig  *config,
+                                             GCancellable        *cancellable,
+                                             GError             **error);
+
 /* The in-process backend as a table entry: a mesh of one rank. */
 CpTransport  *_cp_transport_local_connect   (const CpMeshConfig  *config,
                                              GCancellable        *cancellable,
