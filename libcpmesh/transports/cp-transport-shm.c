@@ -2273,7 +2273,7 @@ _cp_shm_check_segment (int          fd,
   if (fstat (fd, &st) != 0 || !S_ISREG (st.st_mode) || (guint64) st.st_size != size)
     {
       g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
-                   "%s handed over a control segment of %" G_GINT64_FORMAT " bytes; this mesh's is %"
+                   "%s handed over a control segment of the wrong size, %" G_GINT64_FORMAT " bytes; this mesh's is %"
                    G_GSIZE_FORMAT, sender, (gint64) st.st_size, size);
       return FALSE;
     }
