@@ -79,6 +79,7 @@ static const CpTransportBackend * const backends[] = {
 #if CP_HAS_UCX
   &_cp_transport_ucx_backend,
 #endif
+  &_cp_transport_shm_backend,
   &local_backend,
 #ifdef CP_TEST_BACKENDS
   &loopback_backend,

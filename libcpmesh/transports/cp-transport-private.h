@@ -491,6 +491,51 @@ char        *_cp_transport_describe_backends (void);
 /* The UCX backend's row.  Only built when CP_HAS_UCX. */
 extern const CpTransportBackend _cp_transport_ucx_backend;
 
+/* The intra-host backend (cp-transport-shm.c, doc/mesh-shm.md): ranks
+ * that are processes of one host copy straight out of each other's
+ * buffers with process_vm_readv.  At most this many processes. */
+#define CP_SHM_MAX_WORLD_SIZE 64
+
+/* Whether this host lets the shm backend work, before any rendezvous:
+ * sealed memfds, pidfds and process_vm_readv work, and Yama lets sibling
+ * processes read each other (kernel.yama.ptrace_scope at most 1); else
+ * FALSE with CP_MESH_ERROR_UNSUPPORTED saying what is refused
+ * ("process_vm_readv is refused here: Operation not permitted").  Cheap:
+ * `cpmesh info` and default-chain probes call it. */
+__attribute__((visibility ("default")))
+gboolean      _cp_transport_shm_probe       (GError             **error);
+
+/* The shm backend's row, and the steps it is made of (tests call them):
+ * the offer probes the host, listens on a fresh abstract Unix socket and
+ * packs this rank's blob (host and namespace identity, uid, pid, the
+ * socket's name); UNSUPPORTED when the shm backend cannot work here.
+ * The check parses a peer's blob strictly (TRANSPORT when malformed); it
+ * needs no user data.  Finish, given every rank's blob in rank order,
+ * fails with UNSUPPORTED naming the rank and what differs unless all
+ * ranks share this host, namespaces and uid — the row's usable_with
+ * decides that before finish, from the blobs alone, so the default chain
+ * passes shm over on every rank — and otherwise hands the control
+ * segment over (rank 0) or takes it (the others), checks every peer and
+ * returns the transport, all before @deadline.  The offer's socket is
+ * closed by finish, or by freeing the offer. */
+extern const CpTransportBackend _cp_transport_shm_backend;
+
+typedef struct _CpShmOffer CpShmOffer;
+
+CpShmOffer   *_cp_transport_shm_offer       (const CpMeshConfig  *config,
+                                             GError             **error);
+GBytes       *_cp_transport_shm_offer_get_blob (CpShmOffer       *offer);
+void          _cp_transport_shm_offer_free  (CpShmOffer          *offer);
+gboolean      _cp_transport_shm_check_blob  (GBytes              *blob,
+                                             gpointer             user_data,
+                                             GError             **error);
+CpTransport  *_cp_transport_shm_finish      (CpShmOffer          *offer,
+                                             const CpMeshConfig  *config,
+                                             GBytes * const      *blobs,
+                                             gint64               deadline,
+                                             GCancellable        *cancellable,
+                                             GError             **error);
+
 /* The in-process backend as a table entry: a mesh of one rank. */
 CpTransport  *_cp_transport_local_connect   (const CpMeshConfig  *config,
                                              GCancellable        *cancellable,

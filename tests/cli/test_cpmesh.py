@@ -450,6 +450,8 @@ class Info(unittest.TestCase):
     def test_backends(self):
         self.assertRegex(self.result.stdout, r"\n  local\s+yes\s")
         self.assertRegex(self.result.stdout, r"\n  ucx\s+(yes|no)\s")
+        # shm is always built; where it cannot run, the line says why.
+        self.assertRegex(self.result.stdout, r"\n  shm\s+(yes\s[^;\n]*|no\s.*; unusable here: .+)\n")
         self.assertRegex(self.result.stdout,
                          r"\n  cuda\s+(yes|no|built with CUDA; no driver:|built with CUDA; no device:)\s")
 
