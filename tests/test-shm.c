@@ -99,6 +99,30 @@ test_collectives (gconstpointer data)
   cp_test_group_clear (&group);
 }
 
+/* ---- the default chain ---- */
+
+static void
+test_default_one_host (void)
+{
+  guint16 port = cp_test_free_port ();
+  Group group = { 0 };
+
+  g_test_summary ("Without CPMESH_TRANSPORT, processes of one host that all offer shm pick it in their "
+                  "one rendezvous, and every collective matches the in-process backend");
+  if (!shm_usable ())
+    return;
+  for (int r = 0; r < 3; r++)
+    spawn (&group, "collectives", r, 3, port,
+           SETTINGS ("CPMESH_TRANSPORT=", "CP_TEST_EXPECT_BACKEND=shm", "CPMESH_TIMEOUT_MS=30000"));
+  cp_test_run_until (group.ranks, group.n, cp_test_all_done);
+  for (int r = 0; r < 3; r++)
+    {
+      cp_test_assert_exit (group.ranks[r], 0);
+      g_assert_nonnull (cp_test_rank_find_line (group.ranks[r], "OK"));
+    }
+  cp_test_group_clear (&group);
+}
+
 /* ---- failures ---- */
 
 static gboolean
@@ -628,6 +652,7 @@ main (int   argc,
   g_test_add_data_func ("/Cp/Shm/collectives/2", &two, test_collectives);
   g_test_add_data_func ("/Cp/Shm/collectives/3-small-chunks", &three, test_collectives);
   g_test_add_data_func ("/Cp/Shm/collectives/4", &four, test_collectives);
+  g_test_add_func ("/Cp/Shm/default-chain/one-host", test_default_one_host);
   g_test_add_func ("/Cp/Shm/failure/sigkill", test_sigkill);
   g_test_add_func ("/Cp/Shm/failure/sigstop", test_sigstop);
   g_test_add_func ("/Cp/Shm/failure/rank-lost", test_rank_lost);

@@ -24,7 +24,8 @@ test_table_default (void)
   const CpTransportBackend *backend = _cp_transport_backend_find (NULL, &error);
 
   g_assert_no_error (error);
-  g_assert_cmpstr (backend->name, ==, CP_HAS_UCX ? "ucx" : "local");
+  /* shm, always built, leads the default chain. */
+  g_assert_cmpstr (backend->name, ==, "shm");
   g_assert_true (g_str_has_prefix (built, backend->name));
   g_assert_nonnull (strstr (built, "local"));
   g_assert_true (_cp_transport_backend_serves (backend, CP_DEVICE_KIND_HOST));
@@ -114,7 +115,8 @@ test_table_chain (void)
                   "test variant), most preferred first; a name makes the one backend it names the only "
                   "candidate");
   g_assert_no_error (error);
-  g_assert_cmpstr (((const CpTransportBackend *) chain->pdata[0])->name, ==, CP_HAS_UCX ? "ucx" : "local");
+  g_assert_cmpstr (((const CpTransportBackend *) chain->pdata[0])->name, ==, "shm");
+  g_assert_cmpstr (((const CpTransportBackend *) chain->pdata[1])->name, ==, CP_HAS_UCX ? "ucx" : "local");
   g_assert_true (has_candidate (chain, "local"));
   g_assert_false (has_candidate (chain, "loopback"));
   for (guint i = 1; i < chain->len; i++)
@@ -370,9 +372,11 @@ test_connect_default_one_rank (void)
   g_autoptr(GError) error = NULL;
   g_autoptr(CpMesh) mesh = cp_test_connect (SETTINGS (NULL), NULL, &error);
 
-  g_test_summary ("A mesh of one process connects over the most preferred backend of the default chain");
+  g_test_summary ("A mesh of one process connects over the most preferred backend of the default chain "
+                  "that can run here");
   g_assert_no_error (error);
-  g_assert_cmpstr (cp_mesh_get_backend (mesh), ==, CP_HAS_UCX ? "ucx" : "local");
+  g_assert_cmpstr (cp_mesh_get_backend (mesh), ==, _cp_transport_shm_probe (NULL) ? "shm"
+                                                   : CP_HAS_UCX ? "ucx" : "local");
   g_assert_true (cp_mesh_barrier (mesh, &error));
   g_assert_no_error (error);
 }
@@ -405,12 +409,13 @@ test_default_passes_over_unusable (void)
   g_autoptr(CpMesh) mesh = NULL;
 
   g_test_summary ("The default chain passes over a backend that cannot run here: a mesh of one "
-                  "process whose UCX is unusable connects in-process");
+                  "process whose UCX is unusable connects over shm, or in-process where shm cannot "
+                  "run either");
   g_setenv ("UCX_UNIFIED_MODE", "y", TRUE);
   mesh = cp_test_connect (SETTINGS (NULL), NULL, &error);
   g_unsetenv ("UCX_UNIFIED_MODE");
   g_assert_no_error (error);
-  g_assert_cmpstr (cp_mesh_get_backend (mesh), ==, "local");
+  g_assert_cmpstr (cp_mesh_get_backend (mesh), ==, _cp_transport_shm_probe (NULL) ? "shm" : "local");
 }
 #endif
 
