@@ -85,11 +85,12 @@ connect_here (const CpMeshConfig  *config,
  * (default 120000). `CPMESH_MESH_DIMS` names the dimensions, outermost
  * first, as in `dp=2,cp=4`; by default the mesh has one dimension `cp`
  * over all ranks. `CPMESH_TRANSPORT` names the one transport to use
- * ([property@Cp.Mesh:backend]): `ucx` or `local` for a mesh of one
- * process. Without it, the ranks pick, all alike, the first transport of
- * the default chain (`cpmesh info` lists it) that every rank can use,
- * from the offers they exchange in their one rendezvous; ranks on several
- * hosts use `ucx` for the whole mesh.
+ * ([property@Cp.Mesh:backend]): `shm` for processes of one host, `ucx`,
+ * or `local` for a mesh of one process. Without it, the ranks pick, all
+ * alike, the first transport of the default chain (`cpmesh info` lists
+ * it) that every rank can use, from the offers they exchange in their one
+ * rendezvous: `shm` when every rank is on one host, else `ucx` for the
+ * whole mesh.
  *
  * Programs started by `mpirun`, `srun`, torchrun or `cpmesh launch` run
  * unchanged. [signal@Cp.Mesh::rank-lost] is emitted in the thread-default

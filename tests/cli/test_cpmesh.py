@@ -462,9 +462,9 @@ class Info(unittest.TestCase):
 
     def test_transports(self):
         section = self.transports(self.result.stdout)
-        self.assertRegex(section, r"^  (ucx|local)\s+yes\s")
+        self.assertRegex(section, r"^  shm\s+(yes|no)\s")
         self.assertRegex(section, r"\n  local\s+yes\s")
-        self.assertRegex(section, r"\n  default chain: (ucx, )?local; [^\n]*several[^\n]*\n$")
+        self.assertRegex(section, r"\n  default chain: shm, (ucx, )?local; [^\n]*several[^\n]*\n$")
 
     def test_transport_unusable_here(self):
         """A transport that cannot run here says so, and why."""
