@@ -18,9 +18,9 @@
  *     valid names, their blobs of 1 byte to 64 KiB and 96 KiB together,
  *     as many offers as the world has ranks, dimension names and sizes
  *     that pair up, known collectives and dtypes, at most 8 dimensions);
- *   - the check of each backend this target knows (ucx) takes or refuses
- *     its blob of an accepted offer with a CpMeshError, as rank 0 runs
- *     it;
+ *   - the check of each backend this target knows (shm, ucx) takes or
+ *     refuses its blob of an accepted offer with a CpMeshError, as rank 0
+ *     runs it;
  *   - hellos and tables are canonical: packing what was parsed gives back
  *     exactly the bytes received; descriptors parse back to what they were
  *     packed from;
@@ -38,6 +38,7 @@
 #include "fuzz-common.h"
 
 #include "cp-bootstrap-private.h"
+#include "cp-transport-private.h"
 #include "cp-ucx-wire-private.h"
 
 #define TOKEN "fuzz token"
@@ -189,7 +190,10 @@ check_ucx_blob (GBytes    *blob,
 static void
 check_offer (const CpBootstrapOffer *offer)
 {
-  const CpBootstrapCheck checks[] = { { "ucx", check_ucx_blob, NULL } };
+  const CpBootstrapCheck checks[] = {
+    { "shm", _cp_transport_shm_check_blob, NULL },
+    { "ucx", check_ucx_blob, NULL },
+  };
 
   for (guint i = 0; i < _cp_bootstrap_offer_get_n_blobs (offer); i++)
     {

@@ -8,6 +8,10 @@
  * meet at MASTER_ADDR=fd00:cb::1 and every collective matches the
  * in-process backend.
  *
+ * The ranks name no transport: the default chain passes shm over, since
+ * the ranks' offers name two network namespaces, and the whole mesh runs
+ * on UCX (the rank program asserts that it does).
+ *
  * Needs root and iproute2; exits 77 (skipped) where namespaces cannot be
  * made.
  *
