@@ -1244,10 +1244,14 @@ slice_start (Call *call,
   return _cp_collective_slice_start (call->coll, call->comm->parent.size, r);
 }
 
+/* Elements of a reduce-scatter chunk: at most the chunk setting, and no
+ * more than the longest slice. */
 static gsize
 chunk_elements (Call *call)
 {
-  return MAX (call->comm->transport->chunk / cp_dtype_get_size (call->coll->dtype), 1);
+  gsize longest = call->coll->count / (gsize) call->comm->parent.size + 1;
+
+  return MAX (MIN (call->comm->transport->chunk / cp_dtype_get_size (call->coll->dtype), longest), 1);
 }
 
 /* Where an all-reduce's chunks of peers' elements go: after the result. */
