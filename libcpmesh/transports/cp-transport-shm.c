@@ -11,6 +11,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <sched.h>
+#include <signal.h>
 #include <stddef.h>
 #include <string.h>
 #include <linux/futex.h>
@@ -222,7 +223,7 @@ typedef struct
   CpTransport parent;
   guint8 *segment;
   Layout layout;
-  int *pidfds;             /* per world rank; -1 for this one */
+  int *pidfds;             /* per world rank; -1 for this one, or where pidfds are missing */
   guint32 *pids;
   gsize chunk;             /* bytes an all-reduce pulls from a peer at a time */
   volatile guint64 probe_word;
@@ -569,6 +570,25 @@ note_lost (ShmTransport *self,
   return first;
 }
 
+/* Without a pidfd (kernels before 5.3, valgrind): whether @pid is gone
+ * or a zombie.  A recycled pid could fool it; a pidfd cannot be. */
+static gboolean
+process_gone (guint32 pid)
+{
+  g_autofree char *path = NULL;
+  g_autofree char *stat = NULL;
+  const char *end;
+
+  if (kill ((pid_t) pid, 0) != 0 && errno == ESRCH)
+    return TRUE;
+  path = g_strdup_printf ("/proc/%u/stat", pid);
+  if (!g_file_get_contents (path, &stat, NULL, NULL))
+    return TRUE;
+  /* "pid (comm) state …" */
+  end = strrchr (stat, ')');
+  return end != NULL && end[1] == ' ' && (end[2] == 'Z' || end[2] == 'X');
+}
+
 /* The first of world ranks @ranks (@n of them) that is gone, and why, or
  * -1.  A rank whose process exited or that freed its transport can take
  * no part any more. */
@@ -594,6 +614,14 @@ find_lost (ShmTransport  *self,
           lost = r;
           break;
         }
+      if (self->pidfds[r] < 0 && process_gone (self->pids[r]))
+        {
+          *why = "its process exited";
+          lost = r;
+          break;
+        }
+      if (self->pidfds[r] < 0)
+        continue;
       fds[n_fds] = (struct pollfd) { self->pidfds[r], POLLIN, 0 };
       map[n_fds++] = r;
     }
@@ -1950,9 +1978,11 @@ _cp_transport_shm_probe (GError **error)
       return set_unsupported (error, "sealing a memfd", errsv);
     }
   close (fd);
-  if ((fd = (int) syscall (SYS_pidfd_open, getpid (), 0)) < 0)
+  /* Without pidfds, peers are watched through /proc instead. */
+  if ((fd = (int) syscall (SYS_pidfd_open, getpid (), 0)) < 0 && errno != ENOSYS)
     return set_unsupported (error, "pidfd_open", errno);
-  close (fd);
+  if (fd >= 0)
+    close (fd);
   errno = 0;
   if (process_vm_readv (getpid (), &local, 1, &remote, 1, 0) != sizeof copy || copy != word)
     return set_unsupported (error, "process_vm_readv", errno != 0 ? errno : EFAULT);
@@ -2369,6 +2399,8 @@ open_pidfds (ShmTransport     *self,
       if (r == self->parent.rank)
         continue;
       self->pidfds[r] = (int) syscall (SYS_pidfd_open, (pid_t) peers[r].pid, 0);
+      if (self->pidfds[r] < 0 && errno == ENOSYS && !process_gone (peers[r].pid))
+        continue;
       if (self->pidfds[r] < 0)
         {
           g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_PEER_LOST,
