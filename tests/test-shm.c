@@ -330,6 +330,145 @@ test_cancel (void)
   cp_test_group_clear (&group);
 }
 
+/* ---- injected faults (cp-test-fault-rank, in builds with fault injection) ---- */
+
+#define FAULT_TIMEOUT_MS 2000
+#define SLACK_MS 2000
+
+static gboolean
+fault_rank_built (void)
+{
+  g_autofree char *path = g_test_build_filename (G_TEST_BUILT, "cp-test-fault-rank", NULL);
+
+  if (g_file_test (path, G_FILE_TEST_IS_EXECUTABLE))
+    return shm_usable ();
+  g_test_skip ("libcpmesh was built without fault injection");
+  return FALSE;
+}
+
+/* Two ranks run the fault helper's all-reduce scenario with @fault armed;
+ * a rank that fails waits @linger_ms before it leaves. */
+static void
+run_fault_pair (Group      *group,
+                const char *fault,
+                guint       linger_ms)
+{
+  g_autofree char *fault_setting = g_strdup_printf ("CP_TEST_FAULT=%s", fault);
+  g_autofree char *linger = g_strdup_printf ("CP_TEST_LINGER_MS=%u", linger_ms);
+  guint16 port = cp_test_free_port ();
+
+  group->program = "cp-test-fault-rank";
+  for (int r = 0; r < 2; r++)
+    spawn (group, "all-reduce", r, 2, port,
+           SETTINGS (fault_setting, linger, "CPMESH_TIMEOUT_MS=" G_STRINGIFY (FAULT_TIMEOUT_MS)));
+  cp_test_run_until (group->ranks, group->n, cp_test_all_done);
+}
+
+/* "RESULT DOMAIN CODE MS INTACT" and "MESSAGE …" of a fault rank. */
+static void
+assert_fault_result (Rank       *rank,
+                     GQuark      domain,
+                     int         code,
+                     gint64      bound_ms,
+                     const char *what)
+{
+  const char *line = cp_test_rank_find_line (rank, "RESULT ");
+  const char *message = cp_test_rank_find_line (rank, "MESSAGE ");
+  char got_domain[64] = "";
+  int got_code = -1, intact = 0;
+  gint64 ms = -1;
+  g_autoptr(GError) error = NULL;
+
+  g_assert_nonnull (line);
+  g_assert_cmpint (sscanf (line, "RESULT %63s %d %" G_GINT64_FORMAT " %d", got_domain, &got_code, &ms,
+                           &intact), ==, 4);
+  g_test_message ("%s; %s", line, message ? message : "");
+  if (domain == 0)
+    {
+      g_assert_cmpstr (got_domain, ==, "-");
+      cp_test_assert_exit (rank, 0);
+      return;
+    }
+  g_assert_nonnull (message);
+  error = g_error_new_literal (g_quark_from_string (got_domain), got_code, message + strlen ("MESSAGE "));
+  CP_TEST_ASSERT_CASE (error, domain, code, SUBJECT, what);
+  g_assert_cmpint (ms, <=, bound_ms);
+  /* A failed all_reduce leaves the caller's tensor as it was. */
+  g_assert_true (intact);
+  cp_test_assert_exit (rank, 0);
+}
+
+static void
+test_fault_kill (gconstpointer data)
+{
+  const char *step = data;
+  g_autofree char *fault = g_strdup_printf ("kill %s 1 2", step);
+  g_autofree char *what = g_strdup_printf ("fault: a rank dies at the %s step of an all_reduce (its peer)",
+                                           step);
+  Group group = { 0 };
+
+  g_test_summary ("A rank that dies in an all_reduce fails its peer with PEER_LOST within a second, "
+                  "its tensor as it was");
+  if (!fault_rank_built ())
+    return;
+  run_fault_pair (&group, fault, 0);
+  g_assert_true (g_subprocess_get_if_signaled (group.ranks[1]->process));
+  assert_fault_result (group.ranks[0], CP_MESH_ERROR, CP_MESH_ERROR_PEER_LOST, 1000, what);
+  cp_test_group_clear (&group);
+}
+
+static void
+test_fault_drop (void)
+{
+  Group group = { 0 };
+
+  g_test_summary ("A rank that never arrives at an all_reduce fails both ranks with TIMED_OUT");
+  if (!fault_rank_built ())
+    return;
+  run_fault_pair (&group, "drop descriptor 1 2", 0);
+  for (int r = 0; r < 2; r++)
+    assert_fault_result (group.ranks[r], CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT, FAULT_TIMEOUT_MS + SLACK_MS,
+                         "fault: a rank never arrives at an all_reduce (both ranks)");
+  cp_test_group_clear (&group);
+}
+
+static void
+test_fault_delay (void)
+{
+  Group group = { 0 };
+
+  g_test_summary ("A rank late within the timeout is waited for; one late past it fails both");
+  if (!fault_rank_built ())
+    return;
+  run_fault_pair (&group, "delay descriptor 1 2 500", 0);
+  for (int r = 0; r < 2; r++)
+    assert_fault_result (group.ranks[r], 0, 0, 0, NULL);
+  cp_test_group_clear (&group);
+  run_fault_pair (&group, "delay descriptor 1 2 4000", 3000);
+  assert_fault_result (group.ranks[0], CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT, FAULT_TIMEOUT_MS + SLACK_MS,
+                       "fault: a rank arrives at an all_reduce later than the timeout (its peer)");
+  assert_fault_result (group.ranks[1], CP_MESH_ERROR, CP_MESH_ERROR_TIMED_OUT,
+                       2 * FAULT_TIMEOUT_MS + SLACK_MS,
+                       "fault: a rank arrives at an all_reduce later than the timeout (the late rank)");
+  cp_test_group_clear (&group);
+}
+
+static void
+test_fault_alloc (void)
+{
+  Group group = { 0 };
+
+  g_test_summary ("A rank that cannot allocate its all_reduce scratch fails both ranks with "
+                  "OUT_OF_MEMORY before any data moves");
+  if (!fault_rank_built ())
+    return;
+  run_fault_pair (&group, "alloc 1", 0);
+  for (int r = 0; r < 2; r++)
+    assert_fault_result (group.ranks[r], CP_TENSOR_ERROR, CP_TENSOR_ERROR_OUT_OF_MEMORY, SLACK_MS,
+                         "fault: a rank's all_reduce scratch allocation fails (both ranks)");
+  cp_test_group_clear (&group);
+}
+
 /* ---- outsiders ---- */
 
 /* The inodes of the sockets process @pid has open. */
@@ -657,6 +796,12 @@ main (int   argc,
   g_test_add_func ("/Cp/Shm/failure/sigstop", test_sigstop);
   g_test_add_func ("/Cp/Shm/failure/rank-lost", test_rank_lost);
   g_test_add_func ("/Cp/Shm/failure/cancel", test_cancel);
+  g_test_add_data_func ("/Cp/Shm/fault/kill/descriptor", "descriptor", test_fault_kill);
+  g_test_add_data_func ("/Cp/Shm/fault/kill/data", "data", test_fault_kill);
+  g_test_add_data_func ("/Cp/Shm/fault/kill/result", "result", test_fault_kill);
+  g_test_add_func ("/Cp/Shm/fault/drop", test_fault_drop);
+  g_test_add_func ("/Cp/Shm/fault/delay", test_fault_delay);
+  g_test_add_func ("/Cp/Shm/fault/alloc", test_fault_alloc);
   g_test_add_func ("/Cp/Shm/outsider/stranger-first", test_stranger_first);
   g_test_add_func ("/Cp/Shm/outsider/segment-check", test_segment_check);
   g_test_add_func ("/Cp/Shm/outsider/blob", test_blob);

@@ -11,6 +11,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <sched.h>
+#include <signal.h>
 #include <stddef.h>
 #include <string.h>
 #include <linux/futex.h>
@@ -148,6 +149,7 @@ typedef struct
   gint32 has_invalid;
   guint64 send;
   guint64 recv;
+  guint64 scratch;         /* all-reduce: where its reduced slice lies */
   Failure invalid;
 } Descriptor;
 
@@ -221,7 +223,7 @@ typedef struct
   CpTransport parent;
   guint8 *segment;
   Layout layout;
-  int *pidfds;             /* per world rank; -1 for this one */
+  int *pidfds;             /* per world rank; -1 for this one, or where pidfds are missing */
   guint32 *pids;
   gsize chunk;             /* bytes an all-reduce pulls from a peer at a time */
   volatile guint64 probe_word;
@@ -568,6 +570,25 @@ note_lost (ShmTransport *self,
   return first;
 }
 
+/* Without a pidfd (kernels before 5.3, valgrind): whether @pid is gone
+ * or a zombie.  A recycled pid could fool it; a pidfd cannot be. */
+static gboolean
+process_gone (guint32 pid)
+{
+  g_autofree char *path = NULL;
+  g_autofree char *stat = NULL;
+  const char *end;
+
+  if (kill ((pid_t) pid, 0) != 0 && errno == ESRCH)
+    return TRUE;
+  path = g_strdup_printf ("/proc/%u/stat", pid);
+  if (!g_file_get_contents (path, &stat, NULL, NULL))
+    return TRUE;
+  /* "pid (comm) state …" */
+  end = strrchr (stat, ')');
+  return end != NULL && end[1] == ' ' && (end[2] == 'Z' || end[2] == 'X');
+}
+
 /* The first of world ranks @ranks (@n of them) that is gone, and why, or
  * -1.  A rank whose process exited or that freed its transport can take
  * no part any more. */
@@ -593,6 +614,14 @@ find_lost (ShmTransport  *self,
           lost = r;
           break;
         }
+      if (self->pidfds[r] < 0 && process_gone (self->pids[r]))
+        {
+          *why = "its process exited";
+          lost = r;
+          break;
+        }
+      if (self->pidfds[r] < 0)
+        continue;
       fds[n_fds] = (struct pollfd) { self->pidfds[r], POLLIN, 0 };
       map[n_fds++] = r;
     }
@@ -1041,7 +1070,8 @@ shm_comm_free (CpComm *comm)
 
 static void
 post_descriptor (ShmComm            *comm,
-                 const CpCollective *coll)
+                 const CpCollective *coll,
+                 gconstpointer       scratch)
 {
   Descriptor *desc = descriptor_of (comm->transport, comm->slot, comm->syncs, comm->parent.index);
 
@@ -1056,6 +1086,7 @@ post_descriptor (ShmComm            *comm,
   desc->op = coll->op;
   desc->send = (guintptr) coll->send;
   desc->recv = (guintptr) coll->recv;
+  desc->scratch = (guintptr) scratch;
   desc->has_invalid = coll->invalid != NULL;
   if (coll->invalid != NULL)
     write_failure (&desc->invalid, coll->invalid);
@@ -1069,8 +1100,7 @@ read_descriptor (ShmComm       *comm,
                  guint64        sync,
                  int            index,
                  CpCollective  *coll,
-                 guint64       *send,
-                 guint64       *recv,
+                 guint64       *addresses,
                  GError       **error)
 {
   Descriptor desc;
@@ -1095,8 +1125,9 @@ read_descriptor (ShmComm       *comm,
   coll->op = desc.op;
   if (desc.has_invalid)
     coll->invalid = read_failure (&desc.invalid);
-  *send = desc.send;
-  *recv = desc.recv;
+  addresses[0] = desc.send;
+  addresses[1] = desc.recv;
+  addresses[2] = desc.scratch;
   return TRUE;
 }
 
@@ -1115,9 +1146,14 @@ typedef struct
   ShmComm *comm;
   CpCollective *coll;
   Operation op;
-  guint64 *sends;          /* every member's send and recv addresses */
+  guint64 *sends;          /* every member's send, recv and scratch addresses */
   guint64 *recvs;
-  guint8 *scratch;         /* all-reduce: [n][chunk] of peers' elements and [chunk] of the result */
+  guint64 *scratches;
+  /* All-reduce: [count] of the result, then [n][chunk] of the peers'
+   * elements; broadcast: [count] of the root's.  What the caller's tensor
+   * becomes only once every rank succeeded, so that a failed call leaves
+   * it as it was. */
+  guint8 *scratch;
   gsize scratch_size;
 } Call;
 
@@ -1221,7 +1257,7 @@ run_broadcast (Call    *call,
   ShmComm *comm = call->comm;
   CpCollective *coll = call->coll;
   gsize size = coll->count * cp_dtype_get_size (coll->dtype);
-  Region local = contiguous ((guintptr) coll->recv, size);
+  Region local = contiguous ((guintptr) call->scratch, size);
   Region remote = contiguous (call->recvs[coll->root], size);
 
   if (comm->parent.index == coll->root || size == 0)
@@ -1236,16 +1272,28 @@ slice_start (Call *call,
   return _cp_collective_slice_start (call->coll, call->comm->parent.size, r);
 }
 
+/* Elements of a reduce-scatter chunk: at most the chunk setting, and no
+ * more than the longest slice. */
 static gsize
 chunk_elements (Call *call)
 {
-  return MAX (call->comm->transport->chunk / cp_dtype_get_size (call->coll->dtype), 1);
+  gsize longest = call->coll->count / (gsize) call->comm->parent.size + 1;
+
+  return MAX (MIN (call->comm->transport->chunk / cp_dtype_get_size (call->coll->dtype), longest), 1);
+}
+
+/* Where an all-reduce's chunks of peers' elements go: after the result. */
+static guint8 *
+chunk_area (Call *call)
+{
+  gsize result = call->coll->count * cp_dtype_get_size (call->coll->dtype);
+
+  return call->scratch + round_up (result);
 }
 
 /* Reduce-scatter: this member's slice of every member's buffer, chunk by
- * chunk, pulled into scratch and reduced in buffer order, then written
- * over the slice in place.  Peers read only their own slices of this
- * buffer meanwhile. */
+ * chunk, pulled into scratch that stays in cache and reduced in buffer
+ * order into this member's slice of the result. */
 static gboolean
 reduce_own_slice (Call    *call,
                   GError **error)
@@ -1255,27 +1303,25 @@ reduce_own_slice (Call    *call,
   int n = comm->parent.size, me = comm->parent.index;
   gsize elsize = cp_dtype_get_size (coll->dtype), step = chunk_elements (call);
   gsize lo = slice_start (call, me), hi = slice_start (call, me + 1);
-  guint8 *result = call->scratch + (gsize) n * step * elsize;
+  guint8 *chunks = chunk_area (call);
   g_autofree gconstpointer *srcs = g_new (gconstpointer, n);
 
   for (gsize at = lo; at < hi; at += step)
     {
       gsize count = MIN (step, hi - at), bytes = count * elsize;
-      guint8 *mine = (guint8 *) coll->recv + at * elsize;
 
       for (int k = 1; k < n; k++)
         {
           int r = (me + k) % n;
-          Region local = contiguous ((guintptr) (call->scratch + (gsize) r * step * elsize), bytes);
+          Region local = contiguous ((guintptr) (chunks + (gsize) r * step * elsize), bytes);
           Region remote = contiguous (call->recvs[r] + at * elsize, bytes);
 
           if (!read_from (comm->transport, &call->op, world_rank (comm, r), &local, &remote, error))
             return FALSE;
         }
       for (int r = 0; r < n; r++)
-        srcs[r] = r == me ? mine : call->scratch + (gsize) r * step * elsize;
-      _cp_reduce_many (coll->dtype, coll->op, result, srcs, n, 0, count);
-      memcpy (mine, result, bytes);
+        srcs[r] = r == me ? (const guint8 *) coll->recv + at * elsize : chunks + (gsize) r * step * elsize;
+      _cp_reduce_many (coll->dtype, coll->op, call->scratch + at * elsize, srcs, n, 0, count);
     }
   return TRUE;
 }
@@ -1295,14 +1341,14 @@ static Region
 own_reduced_slice (Call *call,
                    int   r)
 {
-  return reduced_slice (call, (guintptr) call->coll->recv, r);
+  return reduced_slice (call, (guintptr) call->scratch, r);
 }
 
 static Region
 peer_reduced_slice (Call *call,
                     int   r)
 {
-  return reduced_slice (call, call->recvs[r], r);
+  return reduced_slice (call, call->scratches[r], r);
 }
 
 static gboolean
@@ -1327,12 +1373,29 @@ static void
 alloc_scratch (Call *call)
 {
   CpCollective *coll = call->coll;
+  gsize elsize = cp_dtype_get_size (coll->dtype);
 
-  if (coll->kind != CP_COLL_ALL_REDUCE || coll->invalid != NULL)
+  if (coll->invalid != NULL)
     return;
-  call->scratch_size = ((gsize) call->comm->parent.size + 1) * chunk_elements (call) *
-                       cp_dtype_get_size (coll->dtype);
-  call->scratch = _cp_host_alloc (call->scratch_size, FALSE, &coll->invalid);
+  if (coll->kind == CP_COLL_ALL_REDUCE)
+    call->scratch_size = round_up (coll->count * elsize) +
+                         (gsize) call->comm->parent.size * chunk_elements (call) * elsize;
+  else if (coll->kind == CP_COLL_BROADCAST && call->comm->parent.index != coll->root)
+    call->scratch_size = coll->count * elsize;
+  if (call->scratch_size > 0)
+    call->scratch = _cp_host_alloc (call->scratch_size, FALSE, &coll->invalid);
+}
+
+/* Once every rank succeeded: the all-reduce's result, or the root's
+ * broadcast, becomes the caller's tensor. */
+static void
+finish_in_place (Call *call)
+{
+  CpCollective *coll = call->coll;
+  gsize size = coll->count * cp_dtype_get_size (coll->dtype);
+
+  if (call->scratch != NULL && size > 0)
+    memcpy (coll->recv, call->scratch, size);
 }
 
 static gboolean
@@ -1371,14 +1434,19 @@ agree (Call     *call,
   for (int r = 0; ok && r < n; r++)
     {
       GError *malformed = NULL;
+      guint64 addresses[3];
 
       pointers[r] = &descs[r];
-      if (!read_descriptor (comm, sync, r, &descs[r], &call->sends[r], &call->recvs[r], &malformed))
+      if (!read_descriptor (comm, sync, r, &descs[r], addresses, &malformed))
         {
           fail_between_syncs (comm, &call->op, malformed);
           g_propagate_error (error, malformed);
           ok = FALSE;
+          break;
         }
+      call->sends[r] = addresses[0];
+      call->recvs[r] = addresses[1];
+      call->scratches[r] = addresses[2];
     }
   ok = ok && _cp_collective_check_agreement (pointers, n, comm->parent.transport->rank, error);
   clear_descriptors (descs, n);
@@ -1406,8 +1474,8 @@ shm_collective (CpComm        *parent,
 {
   ShmComm *comm = (ShmComm *) parent;
   ShmTransport *self = comm->transport;
-  g_autofree guint64 *addresses = g_new0 (guint64, 2 * (gsize) parent->size);
-  Call call = { comm, coll, { 0 }, addresses, addresses + parent->size, NULL, 0 };
+  g_autofree guint64 *addresses = g_new0 (guint64, 3 * (gsize) parent->size);
+  Call call = { comm, coll, { 0 }, addresses, addresses + parent->size, addresses + 2 * parent->size, NULL, 0 };
   guint64 sync = comm->syncs;
   gboolean ok;
 
@@ -1428,7 +1496,7 @@ shm_collective (CpComm        *parent,
     }
   else
     {
-      post_descriptor (comm, coll);
+      post_descriptor (comm, coll, call.scratch);
       ok = sync_point (comm, &call.op, error) && agree (&call, sync, error);
       if (ok && coll->kind != CP_COLL_BARRIER)
         {
@@ -1450,6 +1518,8 @@ shm_collective (CpComm        *parent,
             }
           /* Nobody returns, and reuses its buffers, while a peer reads them. */
           ok = ok && sync_point (comm, &call.op, error);
+          if (ok)
+            finish_in_place (&call);
         }
     }
   if (call.scratch != NULL)
@@ -1800,14 +1870,11 @@ static void
 shm_poll (CpTransport *transport)
 {
   ShmTransport *self = (ShmTransport *) transport;
-  g_autofree int *everyone = g_new (int, transport->world_size);
   const char *why;
 
+  /* Each peer alone, so that every lost one is reported (once). */
   for (int r = 0; r < transport->world_size; r++)
-    everyone[r] = r;
-  /* Reports each lost peer once; the first one found stops the scan, the
-   * next poll finds the others. */
-  find_lost (self, everyone, transport->world_size, &why);
+    find_lost (self, &r, 1, &why);
 }
 
 /* Wakes this rank's sleeping waits, which then see the cancellation. */
@@ -1911,9 +1978,11 @@ _cp_transport_shm_probe (GError **error)
       return set_unsupported (error, "sealing a memfd", errsv);
     }
   close (fd);
-  if ((fd = (int) syscall (SYS_pidfd_open, getpid (), 0)) < 0)
+  /* Without pidfds, peers are watched through /proc instead. */
+  if ((fd = (int) syscall (SYS_pidfd_open, getpid (), 0)) < 0 && errno != ENOSYS)
     return set_unsupported (error, "pidfd_open", errno);
-  close (fd);
+  if (fd >= 0)
+    close (fd);
   errno = 0;
   if (process_vm_readv (getpid (), &local, 1, &remote, 1, 0) != sizeof copy || copy != word)
     return set_unsupported (error, "process_vm_readv", errno != 0 ? errno : EFAULT);
@@ -2330,6 +2399,8 @@ open_pidfds (ShmTransport     *self,
       if (r == self->parent.rank)
         continue;
       self->pidfds[r] = (int) syscall (SYS_pidfd_open, (pid_t) peers[r].pid, 0);
+      if (self->pidfds[r] < 0 && errno == ENOSYS && !process_gone (peers[r].pid))
+        continue;
       if (self->pidfds[r] < 0)
         {
           g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_PEER_LOST,
@@ -2506,6 +2577,7 @@ _cp_transport_shm_finish (CpShmOffer          *offer,
   ShmTransport *self;
   gboolean ok = TRUE;
 
+  g_return_val_if_fail (n <= CP_SHM_MAX_WORLD_SIZE, NULL);
   for (int r = 0; ok && r < n; r++)
     ok = _cp_shm_parse_blob (blobs[r], &peers[r], error) &&
          (r == me || _cp_shm_peer_check_same_host (&offer->self, &peers[r], r, error));
