@@ -25,8 +25,9 @@ local_probe (const CpMeshConfig  *config,
     return TRUE;
   built = _cp_transport_backend_list ();
   g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED,
-               "it joins the threads of one process, not %d processes; this libcpmesh has %s "
-               "(rebuild with -Ducx=enabled for processes)", config->world_size, built);
+               "it joins the threads of one process, not %d processes; this libcpmesh has %s%s",
+               config->world_size, built,
+               CP_HAS_UCX ? "" : " (rebuild with -Ducx=enabled for processes on several hosts)");
   return FALSE;
 }
 
