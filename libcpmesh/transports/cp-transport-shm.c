@@ -825,6 +825,23 @@ fail_between_syncs (ShmComm         *comm,
   ring_bell (&slot->bell);
 }
 
+/* After this rank's own @failure between sync points: the error to
+ * report.  A read that failed because a peer gave up first (and freed
+ * its buffers: this rank was stopped, say) reports the first failure. */
+static GError *
+own_or_first (ShmTransport     *self,
+              const Operation  *op,
+              GError           *failure)
+{
+  guint64 broken = load64 (&header_of (self)->broken);
+  GError *first = NULL;
+
+  if (broken == 0 || (int) (broken & 0xffff) == self->parent.rank || !set_broken_error (self, op->what, &first))
+    return failure;
+  g_error_free (failure);
+  return first;
+}
+
 /* Fails @op at once when the mesh broke. */
 static gboolean
 check_usable (ShmTransport     *self,
@@ -1160,7 +1177,24 @@ typedef struct
    * it as it was. */
   guint8 *scratch;
   gsize scratch_size;
+  gboolean read_failed;    /* a pull failed, rather than a sync point */
 } Call;
+
+/* Pulls @remote of member @r into @local. */
+static gboolean
+pull (Call          *call,
+      int            r,
+      const Region  *local,
+      const Region  *remote,
+      GError       **error)
+{
+  ShmComm *comm = call->comm;
+
+  if (read_from (comm->transport, &call->op, world_rank (comm, r), local, remote, error))
+    return TRUE;
+  call->read_failed = TRUE;
+  return FALSE;
+}
 
 /* Piece r of a [outer][n][block] buffer at @base. */
 static Region
@@ -1194,7 +1228,7 @@ pull_from_all (Call       *call,
 
       if (region_size (&local) == 0)
         continue;
-      if (!read_from (comm->transport, &call->op, world_rank (comm, r), &local, &remote, error))
+      if (!pull (call, r, &local, &remote, error))
         return FALSE;
     }
   return TRUE;
@@ -1267,7 +1301,7 @@ run_broadcast (Call    *call,
 
   if (comm->parent.index == coll->root || size == 0)
     return TRUE;
-  return read_from (comm->transport, &call->op, world_rank (comm, coll->root), &local, &remote, error);
+  return pull (call, coll->root, &local, &remote, error);
 }
 
 static gsize
@@ -1324,7 +1358,7 @@ reduce_range (Call    *call,
           Region local = contiguous ((guintptr) (chunks + (gsize) r * step * elsize), bytes);
           Region remote = contiguous (call->recvs[r] + at * elsize, bytes);
 
-          if (!read_from (comm->transport, &call->op, world_rank (comm, r), &local, &remote, error))
+          if (!pull (call, r, &local, &remote, error))
             return FALSE;
         }
       for (int r = 0; r < n; r++)
@@ -1553,13 +1587,12 @@ shm_collective (CpComm        *parent,
             {
               /* A failed sync point broke the mesh already; a failed read
                * breaks it now. */
-              if (load64 (&comm_slot (self, comm->slot)->ticket) & BROKEN_BIT)
-                g_propagate_error (error, failure);
-              else
+              if (call.read_failed)
                 {
                   fail_between_syncs (comm, &call.op, failure);
-                  g_propagate_error (error, failure);
+                  failure = own_or_first (self, &call.op, failure);
                 }
+              g_propagate_error (error, failure);
               ok = FALSE;
             }
           /* Nobody returns, and reuses its buffers, while a peer reads them. */
@@ -1857,7 +1890,7 @@ receive_taken (ShmComm          *comm,
       if (!cas32 (&envelope->state, TAKEN, FAILED))
         store32 (&envelope->state, EMPTY);
       ring_bell (&rank_slot (self, from)->bell);
-      g_propagate_error (error, failure);
+      g_propagate_error (error, own_or_first (self, op, failure));
       return FALSE;
     }
   return settle (self, envelope, from, DONE, op, error);
