@@ -70,7 +70,7 @@ shm_usable (void)
 typedef struct
 {
   int n;
-  const char *chunk;   /* CPMESH_SHM_CHUNK, or NULL */
+  const char *setting;   /* NAME=VALUE, or NULL */
 } CollectivesCase;
 
 static void
@@ -79,7 +79,6 @@ test_collectives (gconstpointer data)
   const CollectivesCase *c = data;
   guint16 port = cp_test_free_port ();
   Group group = { 0 };
-  g_autofree char *chunk = c->chunk ? g_strdup_printf ("CPMESH_SHM_CHUNK=%s", c->chunk) : NULL;
 
   g_test_summary ("Every collective and message, every dtype and odd sizes, over shm between "
                   "processes equals the in-process backend bit for bit (all_reduce in buffer order), "
@@ -89,7 +88,7 @@ test_collectives (gconstpointer data)
   for (int r = 0; r < c->n; r++)
     spawn (&group, "collectives", r, c->n, port,
            c->n == 4 ? SETTINGS ("CPMESH_MESH_DIMS=dp=2,cp=2", "CPMESH_TIMEOUT_MS=30000")
-                     : SETTINGS ("CPMESH_TIMEOUT_MS=30000", chunk));
+                     : SETTINGS ("CPMESH_TIMEOUT_MS=30000", c->setting));
   cp_test_run_until (group.ranks, group.n, cp_test_all_done);
   for (int r = 0; r < c->n; r++)
     {
@@ -469,6 +468,31 @@ test_fault_alloc (void)
   cp_test_group_clear (&group);
 }
 
+/* Ranks that choose the all-reduce differently fail alike, at once. */
+static void
+test_direct_disagreement (void)
+{
+  guint16 port = cp_test_free_port ();
+  Group group = { 0 };
+
+  g_test_summary ("Ranks whose CPMESH_SHM_DIRECT differ fail an all_reduce alike with INVALID_TOPOLOGY "
+                  "instead of falling out of step");
+  if (!fault_rank_built ())
+    return;
+  group.program = "cp-test-fault-rank";
+  spawn (&group, "all-reduce", 0, 2, port, SETTINGS ("CPMESH_SHM_DIRECT=0"));
+  spawn (&group, "all-reduce", 1, 2, port, SETTINGS ("CPMESH_SHM_DIRECT=1048576"));
+  cp_test_run_until (group.ranks, group.n, cp_test_all_done);
+  for (int r = 0; r < 2; r++)
+    {
+      assert_fault_result (group.ranks[r], CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY, SLACK_MS,
+                           "ranks set CPMESH_SHM_DIRECT differently (every rank's all_reduce)");
+      g_assert_nonnull (strstr (cp_test_rank_find_line (group.ranks[r], "MESSAGE "),
+                                "ranks disagree on CPMESH_SHM_DIRECT: communicator rank 0 has 0, rank 1 has 1048576"));
+    }
+  cp_test_group_clear (&group);
+}
+
 /* ---- outsiders ---- */
 
 /* The inodes of the sockets process @pid has open. */
@@ -784,11 +808,14 @@ int
 main (int   argc,
       char *argv[])
 {
-  static const CollectivesCase two = { 2, NULL }, three = { 3, "4096" }, four = { 4, NULL };
+  /* Every all-reduce through the reduce-scatter, many chunks of it, and
+   * the defaults (small ones direct). */
+  static const CollectivesCase two = { 2, "CPMESH_SHM_DIRECT=0" }, three = { 3, "CPMESH_SHM_CHUNK=4096" },
+                               four = { 4, NULL };
 
   g_test_init (&argc, &argv, NULL);
 
-  g_test_add_data_func ("/Cp/Shm/collectives/2", &two, test_collectives);
+  g_test_add_data_func ("/Cp/Shm/collectives/2-scattered", &two, test_collectives);
   g_test_add_data_func ("/Cp/Shm/collectives/3-small-chunks", &three, test_collectives);
   g_test_add_data_func ("/Cp/Shm/collectives/4", &four, test_collectives);
   g_test_add_func ("/Cp/Shm/default-chain/one-host", test_default_one_host);
@@ -807,6 +834,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Shm/outsider/blob", test_blob);
   cp_test_add_func_in_process ("/Cp/Shm/probe/refused", test_probe);
   g_test_add_func ("/Cp/Shm/settings/bad-chunk", test_bad_chunk);
+  g_test_add_func ("/Cp/Shm/settings/direct-disagreement", test_direct_disagreement);
 
   return g_test_run ();
 }

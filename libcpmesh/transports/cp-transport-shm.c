@@ -96,6 +96,7 @@
 #define SLEEP_MAX_US 5000
 #define IOV_BATCH 512
 #define DEFAULT_CHUNK (256 << 10)
+#define DEFAULT_DIRECT (64 << 10)
 #define CONNECT_KEY "cpmesh-shm-connect"
 
 /* ---- the control segment ---- */
@@ -150,6 +151,7 @@ typedef struct
   guint64 send;
   guint64 recv;
   guint64 scratch;         /* all-reduce: where its reduced slice lies */
+  guint64 direct;          /* its CPMESH_SHM_DIRECT, which picks the algorithm */
   Failure invalid;
 } Descriptor;
 
@@ -226,6 +228,7 @@ typedef struct
   int *pidfds;             /* per world rank; -1 for this one, or where pidfds are missing */
   guint32 *pids;
   gsize chunk;             /* bytes an all-reduce pulls from a peer at a time */
+  gsize direct;            /* all-reduces up to this size skip the reduce-scatter */
   volatile guint64 probe_word;
 
   CpMutex lock;
@@ -822,6 +825,23 @@ fail_between_syncs (ShmComm         *comm,
   ring_bell (&slot->bell);
 }
 
+/* After this rank's own @failure between sync points: the error to
+ * report.  A read that failed because a peer gave up first (and freed
+ * its buffers: this rank was stopped, say) reports the first failure. */
+static GError *
+own_or_first (ShmTransport     *self,
+              const Operation  *op,
+              GError           *failure)
+{
+  guint64 broken = load64 (&header_of (self)->broken);
+  GError *first = NULL;
+
+  if (broken == 0 || (int) (broken & 0xffff) == self->parent.rank || !set_broken_error (self, op->what, &first))
+    return failure;
+  g_error_free (failure);
+  return first;
+}
+
 /* Fails @op at once when the mesh broke. */
 static gboolean
 check_usable (ShmTransport     *self,
@@ -1087,6 +1107,7 @@ post_descriptor (ShmComm            *comm,
   desc->send = (guintptr) coll->send;
   desc->recv = (guintptr) coll->recv;
   desc->scratch = (guintptr) scratch;
+  desc->direct = comm->transport->direct;
   desc->has_invalid = coll->invalid != NULL;
   if (coll->invalid != NULL)
     write_failure (&desc->invalid, coll->invalid);
@@ -1128,6 +1149,7 @@ read_descriptor (ShmComm       *comm,
   addresses[0] = desc.send;
   addresses[1] = desc.recv;
   addresses[2] = desc.scratch;
+  addresses[3] = desc.direct;
   return TRUE;
 }
 
@@ -1155,7 +1177,24 @@ typedef struct
    * it as it was. */
   guint8 *scratch;
   gsize scratch_size;
+  gboolean read_failed;    /* a pull failed, rather than a sync point */
 } Call;
+
+/* Pulls @remote of member @r into @local. */
+static gboolean
+pull (Call          *call,
+      int            r,
+      const Region  *local,
+      const Region  *remote,
+      GError       **error)
+{
+  ShmComm *comm = call->comm;
+
+  if (read_from (comm->transport, &call->op, world_rank (comm, r), local, remote, error))
+    return TRUE;
+  call->read_failed = TRUE;
+  return FALSE;
+}
 
 /* Piece r of a [outer][n][block] buffer at @base. */
 static Region
@@ -1189,7 +1228,7 @@ pull_from_all (Call       *call,
 
       if (region_size (&local) == 0)
         continue;
-      if (!read_from (comm->transport, &call->op, world_rank (comm, r), &local, &remote, error))
+      if (!pull (call, r, &local, &remote, error))
         return FALSE;
     }
   return TRUE;
@@ -1262,7 +1301,7 @@ run_broadcast (Call    *call,
 
   if (comm->parent.index == coll->root || size == 0)
     return TRUE;
-  return read_from (comm->transport, &call->op, world_rank (comm, coll->root), &local, &remote, error);
+  return pull (call, coll->root, &local, &remote, error);
 }
 
 static gsize
@@ -1272,12 +1311,14 @@ slice_start (Call *call,
   return _cp_collective_slice_start (call->coll, call->comm->parent.size, r);
 }
 
-/* Elements of a reduce-scatter chunk: at most the chunk setting, and no
- * more than the longest slice. */
+/* Elements of a reduction chunk: at most the chunk setting, and no more
+ * than the longest range a rank reduces. */
 static gsize
 chunk_elements (Call *call)
 {
-  gsize longest = call->coll->count / (gsize) call->comm->parent.size + 1;
+  gsize size = call->coll->count * cp_dtype_get_size (call->coll->dtype);
+  gsize longest = size <= call->comm->transport->direct ? call->coll->count
+                                                         : call->coll->count / (gsize) call->comm->parent.size + 1;
 
   return MAX (MIN (call->comm->transport->chunk / cp_dtype_get_size (call->coll->dtype), longest), 1);
 }
@@ -1291,18 +1332,19 @@ chunk_area (Call *call)
   return call->scratch + round_up (result);
 }
 
-/* Reduce-scatter: this member's slice of every member's buffer, chunk by
- * chunk, pulled into scratch that stays in cache and reduced in buffer
- * order into this member's slice of the result. */
+/* Elements [@lo, @hi) of every member's buffer, chunk by chunk, pulled
+ * into scratch that stays in cache and reduced in buffer order into the
+ * same elements of the result. */
 static gboolean
-reduce_own_slice (Call    *call,
-                  GError **error)
+reduce_range (Call    *call,
+              gsize    lo,
+              gsize    hi,
+              GError **error)
 {
   ShmComm *comm = call->comm;
   CpCollective *coll = call->coll;
   int n = comm->parent.size, me = comm->parent.index;
   gsize elsize = cp_dtype_get_size (coll->dtype), step = chunk_elements (call);
-  gsize lo = slice_start (call, me), hi = slice_start (call, me + 1);
   guint8 *chunks = chunk_area (call);
   g_autofree gconstpointer *srcs = g_new (gconstpointer, n);
 
@@ -1316,7 +1358,7 @@ reduce_own_slice (Call    *call,
           Region local = contiguous ((guintptr) (chunks + (gsize) r * step * elsize), bytes);
           Region remote = contiguous (call->recvs[r] + at * elsize, bytes);
 
-          if (!read_from (comm->transport, &call->op, world_rank (comm, r), &local, &remote, error))
+          if (!pull (call, r, &local, &remote, error))
             return FALSE;
         }
       for (int r = 0; r < n; r++)
@@ -1357,7 +1399,20 @@ run_all_reduce (Call    *call,
 {
   ShmComm *comm = call->comm;
 
-  if (!reduce_own_slice (call, error))
+  gsize size = call->coll->count * cp_dtype_get_size (call->coll->dtype);
+
+  /* Small: every rank reduces the whole buffer, one sync point fewer;
+   * a fault of the result step strikes where the second half would be. */
+  if (size <= comm->transport->direct)
+    {
+      if (!reduce_range (call, 0, call->coll->count, error))
+        return FALSE;
+      suffer_fault (comm->transport, comm->operation, CP_FAULT_STEP_RESULT);
+      return TRUE;
+    }
+  /* Reduce-scatter, then all-gather. */
+  if (!reduce_range (call, slice_start (call, comm->parent.index), slice_start (call, comm->parent.index + 1),
+                     error))
     return FALSE;
   /* Every slice reduced before anyone gathers them. */
   if (!sync_point (comm, &call->op, error))
@@ -1395,7 +1450,8 @@ finish_in_place (Call *call)
   gsize size = coll->count * cp_dtype_get_size (coll->dtype);
 
   if (call->scratch != NULL && size > 0)
-    memcpy (coll->recv, call->scratch, size);
+    _cp_transport_copy_2d (coll->recv, CP_DEVICE_KIND_HOST, size, call->scratch, CP_DEVICE_KIND_HOST, size, size,
+                           1, _cp_copy_wants_streaming (size), NULL);
 }
 
 static gboolean
@@ -1418,6 +1474,27 @@ run_data_phase (Call    *call,
     }
 }
 
+/* The size up to which an all-reduce skips the reduce-scatter decides how
+ * many sync points it has: ranks that set CPMESH_SHM_DIRECT differently
+ * fail alike rather than fall out of step. */
+static gboolean
+check_same_algorithm (Call           *call,
+                      const guint64  *directs,
+                      GError        **error)
+{
+  if (call->coll->kind != CP_COLL_ALL_REDUCE)
+    return TRUE;
+  for (int r = 1; r < call->comm->parent.size; r++)
+    if (directs[r] != directs[0])
+      {
+        g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
+                     "all_reduce: ranks disagree on CPMESH_SHM_DIRECT: communicator rank 0 has %"
+                     G_GUINT64_FORMAT ", rank %d has %" G_GUINT64_FORMAT, directs[0], r, directs[r]);
+        return FALSE;
+      }
+  return TRUE;
+}
+
 /* Every member's descriptor of the sync point just passed, checked for
  * agreement; a malformed one breaks the mesh. */
 static gboolean
@@ -1429,12 +1506,13 @@ agree (Call     *call,
   int n = comm->parent.size;
   g_autofree CpCollective *descs = g_new0 (CpCollective, n);
   g_autofree const CpCollective **pointers = g_new (const CpCollective *, n);
+  g_autofree guint64 *directs = g_new0 (guint64, n);
   gboolean ok = TRUE;
 
   for (int r = 0; ok && r < n; r++)
     {
       GError *malformed = NULL;
-      guint64 addresses[3];
+      guint64 addresses[4];
 
       pointers[r] = &descs[r];
       if (!read_descriptor (comm, sync, r, &descs[r], addresses, &malformed))
@@ -1447,8 +1525,10 @@ agree (Call     *call,
       call->sends[r] = addresses[0];
       call->recvs[r] = addresses[1];
       call->scratches[r] = addresses[2];
+      directs[r] = addresses[3];
     }
-  ok = ok && _cp_collective_check_agreement (pointers, n, comm->parent.transport->rank, error);
+  ok = ok && _cp_collective_check_agreement (pointers, n, comm->parent.transport->rank, error) &&
+       check_same_algorithm (call, directs, error);
   clear_descriptors (descs, n);
   return ok;
 }
@@ -1507,13 +1587,12 @@ shm_collective (CpComm        *parent,
             {
               /* A failed sync point broke the mesh already; a failed read
                * breaks it now. */
-              if (load64 (&comm_slot (self, comm->slot)->ticket) & BROKEN_BIT)
-                g_propagate_error (error, failure);
-              else
+              if (call.read_failed)
                 {
                   fail_between_syncs (comm, &call.op, failure);
-                  g_propagate_error (error, failure);
+                  failure = own_or_first (self, &call.op, failure);
                 }
+              g_propagate_error (error, failure);
               ok = FALSE;
             }
           /* Nobody returns, and reuses its buffers, while a peer reads them. */
@@ -1811,7 +1890,7 @@ receive_taken (ShmComm          *comm,
       if (!cas32 (&envelope->state, TAKEN, FAILED))
         store32 (&envelope->state, EMPTY);
       ring_bell (&rank_slot (self, from)->bell);
-      g_propagate_error (error, failure);
+      g_propagate_error (error, own_or_first (self, op, failure));
       return FALSE;
     }
   return settle (self, envelope, from, DONE, op, error);
@@ -2369,23 +2448,39 @@ transport_new (const CpMeshConfig *config)
   return self;
 }
 
+/* A size in bytes from the environment variable @name, in [@min, @max]. */
 static gboolean
-read_chunk_setting (ShmTransport  *self,
-                    GError       **error)
+read_size_setting (const char  *name,
+                   guint64      min,
+                   guint64      max,
+                   gsize       *size,
+                   GError     **error)
 {
-  const char *text = g_getenv ("CPMESH_SHM_CHUNK");
-  guint64 value = DEFAULT_CHUNK;
+  const char *text = g_getenv (name);
+  guint64 value = *size;
 
-  if (text != NULL && (!g_ascii_string_to_unsigned (text, 10, 4096, 1 << 30, &value, NULL)))
+  if (text != NULL && !g_ascii_string_to_unsigned (text, 10, min, max, &value, NULL))
     {
       g_autofree char *shown = _cp_mesh_escape_text (text, -1);
 
       g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_INVALID_TOPOLOGY,
-                   "CPMESH_SHM_CHUNK=\"%s\": expected a number of bytes in [4096, 1073741824]", shown);
+                   "%s=\"%s\": expected a number of bytes in [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "]",
+                   name, shown, min, max);
       return FALSE;
     }
-  self->chunk = (gsize) value;
+  *size = (gsize) value;
   return TRUE;
+}
+
+/* Every rank must read the same values: they decide the algorithm. */
+static gboolean
+read_settings (ShmTransport  *self,
+               GError       **error)
+{
+  self->chunk = DEFAULT_CHUNK;
+  self->direct = DEFAULT_DIRECT;
+  return read_size_setting ("CPMESH_SHM_CHUNK", 4096, 1 << 30, &self->chunk, error) &&
+         read_size_setting ("CPMESH_SHM_DIRECT", 0, G_MAXUINT32, &self->direct, error);
 }
 
 static gboolean
@@ -2585,7 +2680,7 @@ _cp_transport_shm_finish (CpShmOffer          *offer,
     return NULL;
   self = transport_new (config);
   self->probe_word = PROBE_MAGIC ^ offer->self.pid;
-  ok = read_chunk_setting (self, error) && open_pidfds (self, peers, error) &&
+  ok = read_settings (self, error) && open_pidfds (self, peers, error) &&
        (me == 0 ? share_segment (self, peers, deadline, cancellable, error)
                 : join_segment (self, offer, peers, deadline, cancellable, error));
   /* Nobody else may connect from now on. */
