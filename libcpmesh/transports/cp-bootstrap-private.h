@@ -6,12 +6,12 @@
  * use (a UCX worker address, the shared-memory backend's host identity,
  * an NCCL unique id, …), named by backend; once every rank is in, each
  * receives the offers of all ranks.  One rendezvous thus serves every
- * backend a mesh may pick or hold.  It makes no call into any transport library, so nothing a
- * stranger sends ever reaches one: every byte read off the network goes
- * through the parsers below first.  They take arbitrary bytes; anything
- * malformed is a GError naming what is wrong, never a crash, an
- * assertion or a read past the bytes given, so fuzz/fuzz-wire.c feeds
- * them directly.
+ * backend a mesh may pick or hold.  It makes no call into any transport
+ * library, so nothing a stranger sends ever reaches one: every byte read
+ * off the network goes through the parsers below first.  They take
+ * arbitrary bytes; anything malformed is a GError naming what is wrong,
+ * never a crash, an assertion or a read past the bytes given, so
+ * fuzz/fuzz-wire.c feeds them directly.
  *
  * The exchange, on one TCP connection (numbers big endian):
  *
