@@ -245,7 +245,7 @@ typedef struct
   guint64 syncs;           /* sync points this rank arrived at */
   guint64 calls;           /* collectives started, as errors number them */
   guint operation;         /* the running one, as fault injection counts */
-  gboolean logged;
+  guint logged;            /* the paths the debug log named, as bits */
 } ShmComm;
 
 struct _CpRequest
@@ -1537,13 +1537,23 @@ static void
 log_path (Call *call)
 {
   ShmComm *comm = call->comm;
+  CpCollective *coll = call->coll;
+  gboolean direct = coll->count * cp_dtype_get_size (coll->dtype) <= comm->transport->direct;
+  guint path = 1u << (coll->kind * 2 + (coll->kind == CP_COLL_ALL_REDUCE && direct));
+  const char *how;
 
-  if (comm->logged)
+  if (comm->logged & path)
     return;
-  comm->logged = TRUE;
-  g_debug ("shm: %s on communicator slot %u (%d ranks): %s", call->op.what, comm->slot, comm->parent.size,
-           call->coll->kind == CP_COLL_BARRIER ? "a sync point only"
-                                                : "each rank pulls from its peers with process_vm_readv");
+  comm->logged |= path;
+  if (coll->kind == CP_COLL_BARRIER)
+    how = "a sync point";
+  else if (coll->kind == CP_COLL_ALL_REDUCE && direct)
+    how = "every rank pulls every peer's whole buffer with process_vm_readv and reduces it (direct)";
+  else if (coll->kind == CP_COLL_ALL_REDUCE)
+    how = "reduce-scatter and all-gather, each rank pulling its peers' slices with process_vm_readv";
+  else
+    how = "each rank pulls its pieces straight out of its peers' buffers with process_vm_readv";
+  g_debug ("shm: %s on communicator slot %u (%d ranks): %s", call->op.what, comm->slot, comm->parent.size, how);
 }
 
 static gboolean
@@ -2701,8 +2711,8 @@ _cp_transport_shm_finish (CpShmOffer          *offer,
       return NULL;
     }
   g_debug ("shm: rank %d of %d joined; control segment of %" G_GSIZE_FORMAT " bytes, collectives pull "
-           "peers' buffers with process_vm_readv, all-reduce in chunks of %" G_GSIZE_FORMAT " bytes",
-           me, n, self->layout.size, self->chunk);
+           "peers' buffers with process_vm_readv, all-reduce in chunks of %" G_GSIZE_FORMAT " bytes, direct "
+           "up to %" G_GSIZE_FORMAT " bytes", me, n, self->layout.size, self->chunk, self->direct);
   return &self->parent;
 }
 
