@@ -49,8 +49,9 @@
  * to every other rank over that socket with SCM_RIGHTS; a rank takes it
  * only from the process rank 0's authenticated blob names (SO_PEERCRED),
  * drops anyone else who connects, and checks the seals and the size
- * before it maps it.  Every rank opens a pidfd for every peer, so that a
- * dead peer is noticed within one round of waiting.
+ * before it maps it.  Every rank opens a pidfd for every peer (or, where
+ * the kernel has none, watches /proc), so that a dead peer is noticed
+ * within one round of waiting.
  *
  * The control segment holds, for every communicator, a 64-bit ticket:
  * the number of arrivals at its sync points since it was created, and a
@@ -71,8 +72,11 @@
  * sync — the second sync keeps every rank's buffers in place while peers
  * read them.  All-reduce is a reduce-scatter, each rank reducing its
  * slice of every peer's buffer in chunks and in buffer order with
- * _cp_reduce_many (the bits of every other backend), a sync, an
- * all-gather of the reduced slices and the final sync.  Point-to-point
+ * _cp_reduce_many (the bits of every other backend) into scratch, a
+ * sync, an all-gather of the reduced slices and the final sync; small
+ * ones reduce the whole buffer on every rank instead.  The in-place calls
+ * (all-reduce, broadcast) write the caller's tensor only after the final
+ * sync, so that a failed call leaves it as it was.  Point-to-point
  * messages are envelopes in a ring per ordered pair of ranks whose state
  * word decides, by CAS, whether a message went through, for both sides.
  * doc/mesh-shm.md has the layout and the reasons. */
