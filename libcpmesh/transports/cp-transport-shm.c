@@ -49,8 +49,9 @@
  * to every other rank over that socket with SCM_RIGHTS; a rank takes it
  * only from the process rank 0's authenticated blob names (SO_PEERCRED),
  * drops anyone else who connects, and checks the seals and the size
- * before it maps it.  Every rank opens a pidfd for every peer, so that a
- * dead peer is noticed within one round of waiting.
+ * before it maps it.  Every rank opens a pidfd for every peer (or, where
+ * the kernel has none, watches /proc), so that a dead peer is noticed
+ * within one round of waiting.
  *
  * The control segment holds, for every communicator, a 64-bit ticket:
  * the number of arrivals at its sync points since it was created, and a
@@ -71,8 +72,11 @@
  * sync — the second sync keeps every rank's buffers in place while peers
  * read them.  All-reduce is a reduce-scatter, each rank reducing its
  * slice of every peer's buffer in chunks and in buffer order with
- * _cp_reduce_many (the bits of every other backend), a sync, an
- * all-gather of the reduced slices and the final sync.  Point-to-point
+ * _cp_reduce_many (the bits of every other backend) into scratch, a
+ * sync, an all-gather of the reduced slices and the final sync; small
+ * ones reduce the whole buffer on every rank instead.  The in-place calls
+ * (all-reduce, broadcast) write the caller's tensor only after the final
+ * sync, so that a failed call leaves it as it was.  Point-to-point
  * messages are envelopes in a ring per ordered pair of ranks whose state
  * word decides, by CAS, whether a message went through, for both sides.
  * doc/mesh-shm.md has the layout and the reasons. */
@@ -245,7 +249,7 @@ typedef struct
   guint64 syncs;           /* sync points this rank arrived at */
   guint64 calls;           /* collectives started, as errors number them */
   guint operation;         /* the running one, as fault injection counts */
-  gboolean logged;
+  guint logged;            /* the paths the debug log named, as bits */
 } ShmComm;
 
 struct _CpRequest
@@ -1537,13 +1541,23 @@ static void
 log_path (Call *call)
 {
   ShmComm *comm = call->comm;
+  CpCollective *coll = call->coll;
+  gboolean direct = coll->count * cp_dtype_get_size (coll->dtype) <= comm->transport->direct;
+  guint path = 1u << (coll->kind * 2 + (coll->kind == CP_COLL_ALL_REDUCE && direct));
+  const char *how;
 
-  if (comm->logged)
+  if (comm->logged & path)
     return;
-  comm->logged = TRUE;
-  g_debug ("shm: %s on communicator slot %u (%d ranks): %s", call->op.what, comm->slot, comm->parent.size,
-           call->coll->kind == CP_COLL_BARRIER ? "a sync point only"
-                                                : "each rank pulls from its peers with process_vm_readv");
+  comm->logged |= path;
+  if (coll->kind == CP_COLL_BARRIER)
+    how = "a sync point";
+  else if (coll->kind == CP_COLL_ALL_REDUCE && direct)
+    how = "every rank pulls every peer's whole buffer with process_vm_readv and reduces it (direct)";
+  else if (coll->kind == CP_COLL_ALL_REDUCE)
+    how = "reduce-scatter and all-gather, each rank pulling its peers' slices with process_vm_readv";
+  else
+    how = "each rank pulls its pieces straight out of its peers' buffers with process_vm_readv";
+  g_debug ("shm: %s on communicator slot %u (%d ranks): %s", call->op.what, comm->slot, comm->parent.size, how);
 }
 
 static gboolean
@@ -2701,8 +2715,8 @@ _cp_transport_shm_finish (CpShmOffer          *offer,
       return NULL;
     }
   g_debug ("shm: rank %d of %d joined; control segment of %" G_GSIZE_FORMAT " bytes, collectives pull "
-           "peers' buffers with process_vm_readv, all-reduce in chunks of %" G_GSIZE_FORMAT " bytes",
-           me, n, self->layout.size, self->chunk);
+           "peers' buffers with process_vm_readv, all-reduce in chunks of %" G_GSIZE_FORMAT " bytes, direct "
+           "up to %" G_GSIZE_FORMAT " bytes", me, n, self->layout.size, self->chunk, self->direct);
   return &self->parent;
 }
 
