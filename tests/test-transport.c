@@ -402,6 +402,30 @@ test_override_unusable_here (void)
   g_assert_nonnull (strstr (error->message, "UCX_UNIFIED_MODE=y"));
 }
 
+/* A rank that cannot run the named backend still joins, so that the
+ * others learn the verdict; when they never come, it says why it could
+ * not have connected anyway rather than only that they did not. */
+static void
+test_override_unusable_here_alone (void)
+{
+  g_autofree char *port = g_strdup_printf ("CPMESH_PORT=%u", cp_test_free_port ());
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = NULL;
+
+  g_test_summary ("CPMESH_TRANSPORT naming a backend that cannot run on this rank, whose peers never "
+                  "join, fails with CP_MESH_ERROR_UNSUPPORTED saying why, not with the timeout alone");
+  g_setenv ("UCX_UNIFIED_MODE", "y", TRUE);
+  mesh = cp_test_connect (SETTINGS ("CPMESH_TRANSPORT=ucx", "RANK=0", "WORLD_SIZE=2", port,
+                                    "CPMESH_TIMEOUT_MS=300"), NULL, &error);
+  g_unsetenv ("UCX_UNIFIED_MODE");
+  g_assert_null (mesh);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED, "CPMESH_TRANSPORT",
+                       "name a transport that cannot run on this rank, whose peers never join");
+  g_test_message ("%s", error->message);
+  g_assert_nonnull (strstr (error->message, "UCX_UNIFIED_MODE=y"));
+  g_assert_nonnull (strstr (error->message, "; and the rendezvous failed: rank 0: rank 1 never joined"));
+}
+
 static void
 test_default_passes_over_unusable (void)
 {
@@ -631,6 +655,7 @@ main (int    argc,
 #if CP_HAS_UCX
   g_test_add_func ("/Cp/MeshOptions/new/ucx", test_options_ucx);
   g_test_add_func ("/Cp/Transport/override/unusable-here", test_override_unusable_here);
+  g_test_add_func ("/Cp/Transport/override/unusable-here-alone", test_override_unusable_here_alone);
   g_test_add_func ("/Cp/Transport/default/passes-over-unusable", test_default_passes_over_unusable);
 #endif
   return g_test_run ();

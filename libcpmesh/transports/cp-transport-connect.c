@@ -241,6 +241,39 @@ finish (CpTransportCandidate *picked,
                                   cancellable, error);
 }
 
+/* Whether no candidate can run on this rank, whatever the others offer. */
+static gboolean
+none_usable_here (const CpTransportCandidate *candidates,
+                  guint                       n)
+{
+  for (guint i = 0; i < n; i++)
+    if (candidates[i].unusable == NULL)
+      return FALSE;
+  return TRUE;
+}
+
+/* A rendezvous that failed while no candidate could run here anyway
+ * (its peers never came, say) fails for the reason this rank can give:
+ * why none can run, with what the rendezvous said. */
+static void
+explain_failed_rendezvous (const CpTransportCandidate *candidates,
+                           guint                       n,
+                           gboolean                    named,
+                           const CpMeshConfig         *config,
+                           GError                    **error)
+{
+  GError *why = NULL;
+
+  if (error == NULL || *error == NULL || g_error_matches (*error, G_IO_ERROR, G_IO_ERROR_CANCELLED) ||
+      !none_usable_here (candidates, n))
+    return;
+  _cp_transport_pick (candidates, n, named, config, NULL, NULL, &why);
+  g_prefix_error (error, "%s; and the rendezvous failed: ", why->message);
+  (*error)->domain = why->domain;
+  (*error)->code = why->code;
+  g_error_free (why);
+}
+
 static CpTransport *
 connect_candidates (CpTransportCandidate *candidates,
                     guint                 n,
@@ -262,6 +295,8 @@ connect_candidates (CpTransportCandidate *candidates,
       if (found)
         table = exchange (candidates, n, config, &route, deadline, cancellable, error);
       _cp_bootstrap_route_clear (&route);
+      if (found && table == NULL)
+        explain_failed_rendezvous (candidates, n, named, config, error);
       if (table == NULL)
         return NULL;
     }
