@@ -14,9 +14,13 @@
  *   - a rejection is a GError of CP_MESH_ERROR with a non-empty message;
  *   - an accepted message has every field in range (a greeting of this
  *     protocol, frame lengths within their bound, nonces of 32 bytes,
- *     blobs of 1 byte to 64 KiB, as many as the world has ranks,
- *     dimension names and sizes that pair up, known collectives and
- *     dtypes, at most 8 dimensions);
+ *     offers of at most 8 backends, named once each in byte order with
+ *     valid names, their blobs of 1 byte to 64 KiB and 96 KiB together,
+ *     as many offers as the world has ranks, dimension names and sizes
+ *     that pair up, known collectives and dtypes, at most 8 dimensions);
+ *   - the check of each backend this target knows (shm, ucx) takes or
+ *     refuses its blob of an accepted offer with a CpMeshError, as rank 0
+ *     runs it;
  *   - hellos and tables are canonical: packing what was parsed gives back
  *     exactly the bytes received; descriptors parse back to what they were
  *     packed from;
@@ -34,6 +38,7 @@
 #include "fuzz-common.h"
 
 #include "cp-bootstrap-private.h"
+#include "cp-transport-private.h"
 #include "cp-ucx-wire-private.h"
 
 #define TOKEN "fuzz token"
@@ -142,6 +147,66 @@ carries_proof (GBytes     *payload,
   return g_bytes_equal (proved, payload);
 }
 
+/* The limits every offer that parses keeps. */
+static void
+assert_offer_in_range (const CpBootstrapOffer *offer)
+{
+  guint n = _cp_bootstrap_offer_get_n_blobs (offer);
+  gsize total = 0;
+
+  g_assert_cmpuint (n, <=, CP_BOOTSTRAP_MAX_BACKENDS);
+  for (guint i = 0; i < n; i++)
+    {
+      const char *name = _cp_bootstrap_offer_get_name (offer, i);
+      gsize size = g_bytes_get_size (_cp_bootstrap_offer_get_blob (offer, i));
+
+      g_assert_cmpuint (strlen (name), >=, 1);
+      g_assert_cmpuint (strlen (name), <=, CP_BOOTSTRAP_NAME_MAX);
+      g_assert_true (strspn (name, "abcdefghijklmnopqrstuvwxyz0123456789_-") == strlen (name));
+      if (i > 0)
+        g_assert_cmpint (strcmp (_cp_bootstrap_offer_get_name (offer, i - 1), name), <, 0);
+      g_assert_cmpuint (size, >=, 1);
+      g_assert_cmpuint (size, <=, CP_BOOTSTRAP_BLOB_MAX);
+      g_assert_true (_cp_bootstrap_offer_lookup (offer, name) == _cp_bootstrap_offer_get_blob (offer, i));
+      total += size;
+    }
+  g_assert_cmpuint (total, <=, CP_BOOTSTRAP_OFFER_MAX);
+}
+
+/* Refuses what the UCX worker address parser refuses, as the backend's
+ * check would. */
+static gboolean
+check_ucx_blob (GBytes    *blob,
+                gpointer   user_data,
+                GError   **error)
+{
+  g_autoptr(GArray) entries = _cp_ucx_address_parse (g_bytes_get_data (blob, NULL), g_bytes_get_size (blob),
+                                                     error);
+
+  return entries != NULL;
+}
+
+/* Runs each backend's check on its own blob, as rank 0 does. */
+static void
+check_offer (const CpBootstrapOffer *offer)
+{
+  const CpBootstrapCheck checks[] = {
+    { "shm", _cp_transport_shm_check_blob, NULL },
+    { "ucx", check_ucx_blob, NULL },
+  };
+
+  for (guint i = 0; i < _cp_bootstrap_offer_get_n_blobs (offer); i++)
+    {
+      g_autoptr(GError) error = NULL;
+
+      if (!_cp_bootstrap_check_blob (checks, G_N_ELEMENTS (checks), _cp_bootstrap_offer_get_name (offer, i),
+                                     _cp_bootstrap_offer_get_blob (offer, i), &error))
+        assert_mesh_error (error);
+      else
+        g_assert_no_error (error);
+    }
+}
+
 static void
 fuzz_hello (GBytes   *payload,
             gboolean  proved)
@@ -150,7 +215,6 @@ fuzz_hello (GBytes   *payload,
   g_autoptr(CpBootstrapHello) hello = _cp_bootstrap_parse_hello (payload, &error);
   g_autoptr(GBytes) again = NULL;
   g_autofree char *why = NULL;
-  gsize blob_size;
   int code;
 
   if (hello == NULL)
@@ -158,9 +222,8 @@ fuzz_hello (GBytes   *payload,
       assert_mesh_error (error);
       return;
     }
-  blob_size = g_bytes_get_size (hello->blob);
-  g_assert_cmpuint (blob_size, >=, 1);
-  g_assert_cmpuint (blob_size, <=, CP_BOOTSTRAP_BLOB_MAX);
+  assert_offer_in_range (hello->offer);
+  check_offer (hello->offer);
   g_assert_cmpuint (g_strv_length (hello->dim_names), ==, hello->n_dims);
   again = _cp_bootstrap_pack_hello_body (hello);
   g_assert_true (g_bytes_equal (again, hello->body));
@@ -205,25 +268,24 @@ fuzz_table (GBytes   *body,
   g_autoptr(GError) error = NULL;
   g_autoptr(GBytes) payload = proved ? _cp_bootstrap_prove (TOKEN, "cpmesh table", challenge, nonce, body)
                                      : g_bytes_ref (body);
-  g_autoptr(GPtrArray) blobs = _cp_bootstrap_parse_table (payload, TOKEN, challenge, nonce, world_size, WHERE,
-                                                          &error);
+  g_autoptr(GPtrArray) offers = _cp_bootstrap_parse_table (payload, TOKEN, challenge, nonce, world_size, WHERE,
+                                                           &error);
   g_autoptr(GBytes) again = NULL;
 
-  if (blobs == NULL)
+  if (offers == NULL)
     {
       assert_mesh_error (error);
       return;
     }
   g_assert_true (proved || carries_proof (payload, "cpmesh table"));
-  g_assert_cmpuint (blobs->len, ==, (guint) world_size);
-  for (guint r = 0; r < blobs->len; r++)
+  g_assert_cmpuint (offers->len, ==, (guint) world_size);
+  for (guint r = 0; r < offers->len; r++)
     {
-      gsize size = g_bytes_get_size (g_ptr_array_index (blobs, r));
-
-      g_assert_cmpuint (size, >=, 1);
-      g_assert_cmpuint (size, <=, CP_BOOTSTRAP_BLOB_MAX);
+      assert_offer_in_range (g_ptr_array_index (offers, r));
+      check_offer (g_ptr_array_index (offers, r));
     }
-  again = _cp_bootstrap_pack_table (TOKEN, challenge, nonce, (GBytes * const *) blobs->pdata, world_size);
+  again = _cp_bootstrap_pack_table (TOKEN, challenge, nonce, (CpBootstrapOffer * const *) offers->pdata,
+                                    world_size);
   g_assert_true (g_bytes_equal (again, payload));
 }
 

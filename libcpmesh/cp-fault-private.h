@@ -18,8 +18,9 @@
  *               the moment between arriving and copying
  *   result      an all_reduce's second exchange, of the reduced slices
  *               (UCX only)
- *   hello       a joiner's HELLO to rank 0 during the rendezvous (UCX
- *               only; its operation is always 0, before any call)
+ *   hello       a joiner's HELLO to rank 0 during the rendezvous, which
+ *               carries the blobs of every backend: armed for the backend
+ *               "bootstrap"; its operation is always 0, before any call
  *
  * Each point-to-point request (the send and the receive of a send_recv
  * are two) counts as an operation too.  A send's descriptor step is its
@@ -65,7 +66,7 @@ typedef enum
 typedef struct
 {
   CpFaultKind kind;
-  const char *backend;  /* "local" or "ucx" */
+  const char *backend;  /* "local", "ucx", or "bootstrap" for the hello */
   int rank;             /* the world rank it strikes */
   guint operation;      /* which of the rank's collectives, from 1; 0: the rendezvous */
   CpFaultStep step;

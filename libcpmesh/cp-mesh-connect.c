@@ -31,21 +31,17 @@ mesh_from_transport (CpTransport         *transport,
   return mesh;
 }
 
-/* Connects with the backend @config asks for, or the default one; lost
- * peers are reported in @context. */
+/* Connects with the backend @config asks for, or the one the default
+ * chain picks; lost peers are reported in @context. */
 static CpMesh *
 connect_mesh (const CpMeshConfig  *config,
               GMainContext        *context,
               GCancellable        *cancellable,
               GError             **error)
 {
-  const CpTransportBackend *backend = _cp_transport_backend_find (config->transport, error);
-  CpTransport *transport;
+  CpTransport *transport = _cp_transport_connect (config, cancellable, error);
   CpMesh *mesh;
 
-  if (backend == NULL)
-    return NULL;
-  transport = backend->connect (config, cancellable, error);
   if (transport == NULL)
     return NULL;
   mesh = mesh_from_transport (transport, config, context, error);
@@ -88,9 +84,13 @@ connect_here (const CpMeshConfig  *config,
  * `CPMESH_TIMEOUT_MS` bounds the rendezvous and every later operation
  * (default 120000). `CPMESH_MESH_DIMS` names the dimensions, outermost
  * first, as in `dp=2,cp=4`; by default the mesh has one dimension `cp`
- * over all ranks. `CPMESH_TRANSPORT` picks the transport by name
- * ([property@Cp.Mesh:backend]): `ucx` (the default, when built) or
- * `local` for a mesh of one process.
+ * over all ranks. `CPMESH_TRANSPORT` names the one transport to use
+ * ([property@Cp.Mesh:backend]): `shm` for processes of one host, `ucx`,
+ * or `local` for a mesh of one process. Without it, the ranks pick, all
+ * alike, the first transport of the default chain (`cpmesh info` lists
+ * it) that every rank can use, from the offers they exchange in their one
+ * rendezvous: `shm` when every rank is on one host, else `ucx` for the
+ * whole mesh.
  *
  * Programs started by `mpirun`, `srun`, torchrun or `cpmesh launch` run
  * unchanged. [signal@Cp.Mesh::rank-lost] is emitted in the thread-default
@@ -105,8 +105,10 @@ connect_here (const CpMeshConfig  *config,
  *   admitting this rank, %CP_MESH_ERROR_TRANSPORT when rank 0 cannot
  *   listen or what answers on its port is not a libcpmesh rank 0, or
  *   %CP_MESH_ERROR_UNSUPPORTED when rank 0 speaks another protocol, when
- *   libcpmesh was built without UCX, or when `CPMESH_TRANSPORT` names a
- *   transport it was built without (the message lists those it has)
+ *   no transport this libcpmesh has can connect the ranks (the message
+ *   says why of each), when `CPMESH_TRANSPORT` names a transport it was
+ *   built without (the message lists those it has), or one that cannot
+ *   run on some rank or connect these ranks (the message says why)
  *
  * Since: 1.0
  */

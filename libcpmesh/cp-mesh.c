@@ -214,7 +214,9 @@ cp_mesh_class_init (CpMeshClass *klass)
    * CpMesh:backend:
    *
    * The transport: `"local"` for ranks that are threads of one process,
-   * `"ucx"` for ranks that are processes.
+   * `"shm"` for processes of one host, `"ucx"` for processes on one host
+   * or several: a mesh whose ranks span hosts runs on `"ucx"` as a
+   * whole.
    *
    * Since: 1.0
    */

@@ -1,4 +1,5 @@
-/* cp-test-fault-rank.c: one rank of a UCX mesh that may suffer a fault
+/* cp-test-fault-rank.c: one rank of a UCX mesh (or, with
+ * CPMESH_TRANSPORT=shm, an shm mesh) that may suffer a fault
  *
  * Usage: cp-test-fault-rank SCENARIO
  *
@@ -78,7 +79,12 @@ arm_fault (const char *description)
   g_assert_cmpuint (n, >=, 4);
   fault.kind = (CpFaultKind) index_of (kinds, G_N_ELEMENTS (kinds), words[0]);
   fault.step = (CpFaultStep) index_of (steps, G_N_ELEMENTS (steps), words[1]);
-  fault.backend = "ucx";
+  /* A hello is the rendezvous's, whichever backends the rank offers;
+   * any other step strikes the backend the mesh connects with. */
+  if (fault.step == CP_FAULT_STEP_HELLO)
+    fault.backend = "bootstrap";
+  else
+    fault.backend = g_getenv ("CPMESH_TRANSPORT") != NULL ? g_getenv ("CPMESH_TRANSPORT") : "ucx";
   fault.rank = atoi (words[2]);
   fault.operation = (guint) atoi (words[3]);
   fault.delay_ms = n > 4 ? (guint) atoi (words[4]) : 0;

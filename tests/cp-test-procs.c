@@ -38,6 +38,10 @@ set_defaults (GSubprocessLauncher *launcher)
    * caller's environment would override it. */
   g_subprocess_launcher_unsetenv (launcher, "UCX_NET_DEVICES");
   g_subprocess_launcher_unsetenv (launcher, "UCX_TLS");
+  /* The rank programs test the backend they are told to: UCX unless the
+   * settings name another (on one host the default chain would pick
+   * shm); a test of the default chain sets CPMESH_TRANSPORT empty. */
+  g_subprocess_launcher_setenv (launcher, "CPMESH_TRANSPORT", "ucx", TRUE);
   /* The test records the cases its ranks report, not the ranks. */
   g_subprocess_launcher_unsetenv (launcher, "CP_RELIABILITY_LOG");
 }

@@ -1,4 +1,5 @@
-/* cp-test-ucx-rank.c: one rank of a multi-process mesh, for test-ucx
+/* cp-test-ucx-rank.c: one rank of a multi-process mesh, for test-ucx and
+ * test-shm (CPMESH_TRANSPORT names the backend it expects)
  *
  * Usage: cp-test-ucx-rank SCENARIO
  *
@@ -408,10 +409,24 @@ check_disagreement (CpMesh *mesh)
   g_assert_no_error (error);
 }
 
+/* The backend the test expects (CP_TEST_EXPECT_BACKEND, for a test of
+ * the default chain), else the one it asked for (CPMESH_TRANSPORT), else
+ * UCX. */
+static const char *
+expected_backend (void)
+{
+  const char *expected = g_getenv ("CP_TEST_EXPECT_BACKEND");
+  const char *named = g_getenv ("CPMESH_TRANSPORT");
+
+  if (expected != NULL)
+    return expected;
+  return named != NULL && named[0] != '\0' ? named : "ucx";
+}
+
 static void
 play_collectives (CpMesh *mesh)
 {
-  g_assert_cmpstr (cp_mesh_get_backend (mesh), ==, "ucx");
+  g_assert_cmpstr (cp_mesh_get_backend (mesh), ==, expected_backend ());
   check_gathers (mesh);
   check_all_reduces (mesh);
   check_exchanges (mesh);
@@ -633,7 +648,7 @@ play_async (void)
   cp_mesh_barrier_async (state.mesh, NULL, barrier_done, &state);
   g_main_loop_run (state.loop);
   g_assert_no_error (state.error);
-  g_assert_cmpstr (cp_mesh_get_backend (state.mesh), ==, "ucx");
+  g_assert_cmpstr (cp_mesh_get_backend (state.mesh), ==, expected_backend ());
   printf ("OK %d\n", cp_mesh_get_rank (state.mesh));
   g_object_unref (state.mesh);
   g_main_loop_unref (state.loop);

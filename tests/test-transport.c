@@ -24,7 +24,8 @@ test_table_default (void)
   const CpTransportBackend *backend = _cp_transport_backend_find (NULL, &error);
 
   g_assert_no_error (error);
-  g_assert_cmpstr (backend->name, ==, CP_HAS_UCX ? "ucx" : "local");
+  /* shm, always built, leads the default chain. */
+  g_assert_cmpstr (backend->name, ==, "shm");
   g_assert_true (g_str_has_prefix (built, backend->name));
   g_assert_nonnull (strstr (built, "local"));
   g_assert_true (_cp_transport_backend_serves (backend, CP_DEVICE_KIND_HOST));
@@ -89,6 +90,358 @@ test_override_local_processes (void)
                        "connect two processes with the in-process transport");
   g_assert_nonnull (strstr (error->message, "\"local\""));
 }
+
+/* ---- the default chain ---- */
+
+static gboolean
+has_candidate (GPtrArray  *rows,
+               const char *name)
+{
+  for (guint i = 0; i < rows->len; i++)
+    if (g_str_equal (((const CpTransportBackend *) rows->pdata[i])->name, name))
+      return TRUE;
+  return FALSE;
+}
+
+static void
+test_table_chain (void)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GPtrArray) chain = _cp_transport_backend_candidates (NULL, &error);
+  g_autoptr(GPtrArray) named = _cp_transport_backend_candidates ("local", &error);
+  g_autoptr(GPtrArray) unknown = NULL;
+
+  g_test_summary ("The default chain holds every built backend but the test-only ones (loopback, in the "
+                  "test variant), most preferred first; a name makes the one backend it names the only "
+                  "candidate");
+  g_assert_no_error (error);
+  g_assert_cmpstr (((const CpTransportBackend *) chain->pdata[0])->name, ==, "shm");
+  g_assert_cmpstr (((const CpTransportBackend *) chain->pdata[1])->name, ==, CP_HAS_UCX ? "ucx" : "local");
+  g_assert_true (has_candidate (chain, "local"));
+  g_assert_false (has_candidate (chain, "loopback"));
+  for (guint i = 1; i < chain->len; i++)
+    g_assert_cmpint (((const CpTransportBackend *) chain->pdata[i - 1])->priority, >=,
+                     ((const CpTransportBackend *) chain->pdata[i])->priority);
+  g_assert_cmpuint (named->len, ==, 1);
+  g_assert_cmpstr (((const CpTransportBackend *) named->pdata[0])->name, ==, "local");
+  unknown = _cp_transport_backend_candidates ("carrier-pigeon", &error);
+  g_assert_null (unknown);
+  g_assert_error (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED);
+}
+
+/* ---- picking a backend from every rank's offer ---- */
+
+static GBytes *
+never_offered (const CpMeshConfig      *config,
+               const CpBootstrapRoute  *route,
+               gpointer                *state,
+               GError                 **error)
+{
+  g_assert_not_reached ();
+}
+
+/* A stand-in for the shared-memory backend: its blob names the host,
+ * and it works only where every rank names the same one. */
+static gboolean
+on_one_host (const CpMeshConfig  *config,
+             GBytes * const      *blobs,
+             GError             **error)
+{
+  for (int r = 1; r < config->world_size; r++)
+    if (!g_bytes_equal (blobs[r], blobs[0]))
+      {
+        g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED, "rank %d is on host %.*s, rank 0 on %.*s",
+                     r, (int) g_bytes_get_size (blobs[r]), (const char *) g_bytes_get_data (blobs[r], NULL),
+                     (int) g_bytes_get_size (blobs[0]), (const char *) g_bytes_get_data (blobs[0], NULL));
+        return FALSE;
+      }
+  return TRUE;
+}
+
+static gboolean
+one_process_only (const CpMeshConfig  *config,
+                  GError             **error)
+{
+  if (config->world_size == 1)
+    return TRUE;
+  g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED, "threads of one process, not %d processes",
+               config->world_size);
+  return FALSE;
+}
+
+/* Rows as the real table would hold them, with no probe and no
+ * usable_with where the row does not need one. */
+static const CpTransportBackend fake_shm = { .name = "shm", .priority = 100, .offer = never_offered,
+                                             .usable_with = on_one_host };
+static const CpTransportBackend fake_ucx = { .name = "ucx", .priority = 50, .offer = never_offered };
+static const CpTransportBackend fake_local = { .name = "local", .priority = 10, .probe = one_process_only };
+
+typedef struct
+{
+  CpMeshConfig config;
+  GPtrArray *table;
+  CpTransportCandidate candidates[3];
+  guint n;
+  char *story;
+  GError *error;
+} Pick;
+
+/* Rank 0's view of a mesh of strlen(@hosts) ranks, rank r on host
+ * hosts[r]; the ranks @shm_missing names ("01": ranks 0 and 1) offer no
+ * shm blob, those @ucx_missing names no ucx blob.  @named: the
+ * candidates are @named alone. */
+static void
+pick_setup (Pick       *pick,
+            const char *hosts,
+            const char *shm_missing,
+            const char *ucx_missing,
+            const char *named)
+{
+  int world_size = (int) strlen (hosts);
+  const CpTransportBackend *rows[] = { &fake_shm, &fake_ucx, &fake_local };
+
+  memset (pick, 0, sizeof *pick);
+  g_assert_true (_cp_mesh_config_init (&pick->config, 0, world_size, "127.0.0.1", 29501, NULL, NULL, NULL, 0,
+                                       1000, NULL));
+  pick->table = g_ptr_array_new_with_free_func ((GDestroyNotify) _cp_bootstrap_offer_unref);
+  for (int r = 0; r < world_size; r++)
+    {
+      CpBootstrapOffer *offer = _cp_bootstrap_offer_new ();
+      g_autoptr(GBytes) host = g_bytes_new (&hosts[r], 1);
+      g_autoptr(GBytes) address = g_bytes_new_static ("an address", 10);
+
+      if (strchr (shm_missing, '0' + r) == NULL)
+        _cp_bootstrap_offer_add (offer, "shm", host);
+      if (strchr (ucx_missing, '0' + r) == NULL)
+        _cp_bootstrap_offer_add (offer, "ucx", address);
+      g_ptr_array_add (pick->table, offer);
+    }
+  for (guint i = 0; i < G_N_ELEMENTS (rows); i++)
+    if (named == NULL || g_str_equal (rows[i]->name, named))
+      {
+        CpTransportCandidate *candidate = &pick->candidates[pick->n++];
+
+        candidate->backend = rows[i];
+        /* What prepare() leaves for a row this rank cannot run. */
+        if (rows[i]->probe != NULL)
+          rows[i]->probe (&pick->config, &candidate->unusable);
+        else if (_cp_bootstrap_offer_lookup (pick->table->pdata[0], rows[i]->name) == NULL)
+          candidate->unusable = g_error_new (CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED, "its probe failed here");
+      }
+}
+
+static int
+pick_run (Pick *pick)
+{
+  return _cp_transport_pick (pick->candidates, pick->n, pick->n == 1, &pick->config, pick->table, &pick->story,
+                             &pick->error);
+}
+
+static void
+pick_clear (Pick *pick)
+{
+  for (guint i = 0; i < pick->n; i++)
+    g_clear_error (&pick->candidates[i].unusable);
+  g_ptr_array_unref (pick->table);
+  g_free (pick->story);
+  g_clear_error (&pick->error);
+  _cp_mesh_config_clear (&pick->config);
+}
+
+static void
+test_pick_one_host (void)
+{
+  Pick pick;
+
+  g_test_summary ("Ranks that all offer shm from one host pick shm");
+  pick_setup (&pick, "aaa", "", "", NULL);
+  g_assert_cmpint (pick_run (&pick), ==, 0);
+  g_assert_no_error (pick.error);
+  g_assert_cmpstr (pick.story, ==, "shm");
+  pick_clear (&pick);
+}
+
+static void
+test_pick_two_hosts (void)
+{
+  Pick pick;
+
+  g_test_summary ("Ranks on two hosts pick ucx for the whole mesh, and the story says why shm was "
+                  "passed over");
+  pick_setup (&pick, "aab", "", "", NULL);
+  g_assert_cmpint (pick_run (&pick), ==, 1);
+  g_assert_no_error (pick.error);
+  g_assert_cmpstr (pick.story, ==, "ucx; passed over: shm (rank 2 is on host b, rank 0 on a)");
+  pick_clear (&pick);
+}
+
+static void
+test_pick_missing_blob (void)
+{
+  Pick pick;
+
+  g_test_summary ("A backend one rank does not offer is passed over on every rank");
+  pick_setup (&pick, "aaaa", "13", "", NULL);
+  g_assert_cmpint (pick_run (&pick), ==, 1);
+  g_assert_cmpstr (pick.story, ==, "ucx; passed over: shm (ranks 1 and 3 do not offer it (it is not built or not "
+                   "usable there))");
+  pick_clear (&pick);
+}
+
+static void
+test_pick_named_across_hosts (void)
+{
+  Pick pick;
+
+  g_test_summary ("CPMESH_TRANSPORT=shm across hosts is CP_MESH_ERROR_UNSUPPORTED saying why, never a "
+                  "fallback to ucx");
+  pick_setup (&pick, "ab", "", "", "shm");
+  g_assert_cmpint (pick_run (&pick), ==, -1);
+  CP_TEST_ASSERT_CASE (pick.error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED, "transport pick",
+                       "CPMESH_TRANSPORT names shm while the ranks are on two hosts");
+  g_assert_cmpstr (pick.error->message, ==, "rank 0: transport \"shm\" was asked for (CPMESH_TRANSPORT or "
+                   "CpMeshOptions:transport) but cannot connect this mesh of 2: rank 1 is on host b, rank 0 on a");
+  pick_clear (&pick);
+}
+
+static void
+test_pick_named_missing (void)
+{
+  Pick pick;
+
+  g_test_summary ("CPMESH_TRANSPORT=shm where a rank does not offer shm is CP_MESH_ERROR_UNSUPPORTED "
+                  "naming that rank");
+  pick_setup (&pick, "aaa", "2", "", "shm");
+  g_assert_cmpint (pick_run (&pick), ==, -1);
+  CP_TEST_ASSERT_CASE (pick.error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED, "transport pick",
+                       "CPMESH_TRANSPORT names shm and another rank cannot offer it");
+  g_assert_nonnull (strstr (pick.error->message, "rank 2 does not offer it"));
+  pick_clear (&pick);
+}
+
+static void
+test_pick_named_unusable_here (void)
+{
+  Pick pick;
+
+  g_test_summary ("CPMESH_TRANSPORT=shm on a rank whose shm probe failed is CP_MESH_ERROR_UNSUPPORTED "
+                  "with the probe's reason");
+  pick_setup (&pick, "aa", "0", "", "shm");
+  g_assert_cmpint (pick_run (&pick), ==, -1);
+  CP_TEST_ASSERT_CASE (pick.error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED, "transport pick",
+                       "CPMESH_TRANSPORT names shm on a rank where its probe fails");
+  g_assert_true (g_str_has_suffix (pick.error->message, "cannot connect this mesh of 2: its probe failed here"));
+  pick_clear (&pick);
+}
+
+static void
+test_pick_none (void)
+{
+  Pick pick;
+
+  g_test_summary ("When no backend can connect the mesh, every rank fails with CP_MESH_ERROR_UNSUPPORTED "
+                  "saying why each was passed over");
+  pick_setup (&pick, "ab", "", "1", NULL);
+  g_assert_cmpint (pick_run (&pick), ==, -1);
+  CP_TEST_ASSERT_CASE (pick.error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED, "transport pick",
+                       "no backend of the default chain can connect the mesh");
+  g_assert_cmpstr (pick.error->message, ==, "rank 0: no transport this libcpmesh has can connect this mesh of 2: "
+                   "shm (rank 1 is on host b, rank 0 on a); ucx (rank 1 does not offer it (it is not built or "
+                   "not usable there)); local (threads of one process, not 2 processes)");
+  pick_clear (&pick);
+}
+
+static void
+test_pick_without_rendezvous (void)
+{
+  Pick pick;
+
+  g_test_summary ("A backend that needs no rendezvous is picked on its probe alone, with no table");
+  pick_setup (&pick, "a", "", "", "local");
+  g_clear_pointer (&pick.table, g_ptr_array_unref);
+  pick.table = g_ptr_array_new ();
+  g_assert_cmpint (_cp_transport_pick (pick.candidates, 1, TRUE, &pick.config, NULL, &pick.story, &pick.error),
+                   ==, 0);
+  g_assert_cmpstr (pick.story, ==, "local");
+  pick_clear (&pick);
+}
+
+static void
+test_connect_default_one_rank (void)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = cp_test_connect (SETTINGS (NULL), NULL, &error);
+
+  g_test_summary ("A mesh of one process connects over the most preferred backend of the default chain "
+                  "that can run here");
+  g_assert_no_error (error);
+  g_assert_cmpstr (cp_mesh_get_backend (mesh), ==, _cp_transport_shm_probe (NULL) ? "shm"
+                                                   : CP_HAS_UCX ? "ucx" : "local");
+  g_assert_true (cp_mesh_barrier (mesh, &error));
+  g_assert_no_error (error);
+}
+
+#if CP_HAS_UCX
+/* UCX in unified mode reads peers' addresses unchecked: the library
+ * refuses to run it so, which makes UCX unusable here. */
+static void
+test_override_unusable_here (void)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = NULL;
+
+  g_test_summary ("CPMESH_TRANSPORT naming a backend that is built but cannot run here fails with "
+                  "CP_MESH_ERROR_UNSUPPORTED saying why; no other backend is tried");
+  g_setenv ("UCX_UNIFIED_MODE", "y", TRUE);
+  mesh = cp_test_connect (SETTINGS ("CPMESH_TRANSPORT=ucx"), NULL, &error);
+  g_unsetenv ("UCX_UNIFIED_MODE");
+  g_assert_null (mesh);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED, "CPMESH_TRANSPORT",
+                       "name a transport that is built but cannot run here (UCX in unified mode)");
+  g_assert_nonnull (strstr (error->message, "transport \"ucx\" was asked for"));
+  g_assert_nonnull (strstr (error->message, "UCX_UNIFIED_MODE=y"));
+}
+
+/* A rank that cannot run the named backend still joins, so that the
+ * others learn the verdict; when they never come, it says why it could
+ * not have connected anyway rather than only that they did not. */
+static void
+test_override_unusable_here_alone (void)
+{
+  g_autofree char *port = g_strdup_printf ("CPMESH_PORT=%u", cp_test_free_port ());
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = NULL;
+
+  g_test_summary ("CPMESH_TRANSPORT naming a backend that cannot run on this rank, whose peers never "
+                  "join, fails with CP_MESH_ERROR_UNSUPPORTED saying why, not with the timeout alone");
+  g_setenv ("UCX_UNIFIED_MODE", "y", TRUE);
+  mesh = cp_test_connect (SETTINGS ("CPMESH_TRANSPORT=ucx", "RANK=0", "WORLD_SIZE=2", port,
+                                    "CPMESH_TIMEOUT_MS=300"), NULL, &error);
+  g_unsetenv ("UCX_UNIFIED_MODE");
+  g_assert_null (mesh);
+  CP_TEST_ASSERT_CASE (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED, "CPMESH_TRANSPORT",
+                       "name a transport that cannot run on this rank, whose peers never join");
+  g_test_message ("%s", error->message);
+  g_assert_nonnull (strstr (error->message, "UCX_UNIFIED_MODE=y"));
+  g_assert_nonnull (strstr (error->message, "; and the rendezvous failed: rank 0: rank 1 never joined"));
+}
+
+static void
+test_default_passes_over_unusable (void)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(CpMesh) mesh = NULL;
+
+  g_test_summary ("The default chain passes over a backend that cannot run here: a mesh of one "
+                  "process whose UCX is unusable connects over shm, or in-process where shm cannot "
+                  "run either");
+  g_setenv ("UCX_UNIFIED_MODE", "y", TRUE);
+  mesh = cp_test_connect (SETTINGS (NULL), NULL, &error);
+  g_unsetenv ("UCX_UNIFIED_MODE");
+  g_assert_no_error (error);
+  g_assert_cmpstr (cp_mesh_get_backend (mesh), ==, _cp_transport_shm_probe (NULL) ? "shm" : "local");
+}
+#endif
 
 static void
 test_capability_shared_address_space (void)
@@ -361,6 +714,16 @@ main (int    argc,
 
   g_test_add_func ("/Cp/Transport/table/default", test_table_default);
   g_test_add_func ("/Cp/Transport/table/unknown", test_table_unknown);
+  g_test_add_func ("/Cp/Transport/table/chain", test_table_chain);
+  g_test_add_func ("/Cp/Transport/pick/one-host", test_pick_one_host);
+  g_test_add_func ("/Cp/Transport/pick/two-hosts", test_pick_two_hosts);
+  g_test_add_func ("/Cp/Transport/pick/missing-blob", test_pick_missing_blob);
+  g_test_add_func ("/Cp/Transport/pick/named-across-hosts", test_pick_named_across_hosts);
+  g_test_add_func ("/Cp/Transport/pick/named-missing", test_pick_named_missing);
+  g_test_add_func ("/Cp/Transport/pick/named-unusable-here", test_pick_named_unusable_here);
+  g_test_add_func ("/Cp/Transport/pick/none", test_pick_none);
+  g_test_add_func ("/Cp/Transport/pick/without-rendezvous", test_pick_without_rendezvous);
+  g_test_add_func ("/Cp/Transport/connect/default-one-rank", test_connect_default_one_rank);
   g_test_add_func ("/Cp/Transport/override/unknown", test_override_unknown);
   g_test_add_func ("/Cp/Transport/override/local", test_override_local);
   g_test_add_func ("/Cp/Transport/override/local-processes", test_override_local_processes);
@@ -376,6 +739,9 @@ main (int    argc,
   g_test_add_func ("/Cp/MeshOptions/new/environment", test_options_environment);
 #if CP_HAS_UCX
   g_test_add_func ("/Cp/MeshOptions/new/ucx", test_options_ucx);
+  g_test_add_func ("/Cp/Transport/override/unusable-here", test_override_unusable_here);
+  g_test_add_func ("/Cp/Transport/override/unusable-here-alone", test_override_unusable_here_alone);
+  g_test_add_func ("/Cp/Transport/default/passes-over-unusable", test_default_passes_over_unusable);
 #endif
   return g_test_run ();
 }

@@ -274,7 +274,7 @@ typedef struct
 } Insider;
 
 /* Plays @insider's rank through the real rendezvous, with its crafted
- * blob and the token, checking nobody's blob. */
+ * blob as its UCX address and the token, checking nobody's blob. */
 static gpointer
 run_insider (gpointer data)
 {
@@ -283,11 +283,13 @@ run_insider (gpointer data)
   CpBootstrapRoute route;
   gint64 deadline = g_get_monotonic_time () + CP_TEST_RANK_TIMEOUT_MS * G_TIME_SPAN_MILLISECOND;
 
+  g_autoptr(CpBootstrapOffer) offer = _cp_bootstrap_offer_new ();
+
+  _cp_bootstrap_offer_add (offer, "ucx", insider->blob);
   g_assert_true (_cp_mesh_config_init (&config, insider->rank, insider->world_size, "127.0.0.1", insider->port,
                                        TOKEN, NULL, NULL, 0, CP_TEST_RANK_TIMEOUT_MS, NULL));
   g_assert_true (_cp_bootstrap_find_route (&config, &route, NULL));
-  insider->blobs = _cp_bootstrap_exchange (&config, &route, "ucx", insider->blob, NULL, NULL, deadline, NULL,
-                                           &insider->error);
+  insider->blobs = _cp_bootstrap_exchange (&config, &route, offer, NULL, 0, deadline, NULL, &insider->error);
   _cp_bootstrap_route_clear (&route);
   _cp_mesh_config_clear (&config);
   return NULL;
@@ -365,7 +367,7 @@ test_from_rank_0 (void)
   cp_test_run_until (group.ranks, group.n, cp_test_all_done);
   g_thread_join (thread);
   for (guint r = 0; r < group.n; r++)
-    assert_rank_refused (group.ranks[r], "holds, for rank 0, a malformed UCX worker address",
+    assert_rank_refused (group.ranks[r], "holds, for rank 0's ucx, a malformed UCX worker address",
                          "rendezvous: rank 0 holding the token sends a malformed UCX worker address in the "
                          "table: every joiner");
   g_assert_no_error (insider.error);

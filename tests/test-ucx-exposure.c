@@ -639,7 +639,8 @@ send_verdict (GSocketConnection *connection,
   g_autofree guint8 *hello = NULL;
   gsize length, got = 0;
 
-  write_greeting (out, "CPMESH\0\2", 8);
+  /* This libcpmesh's rendezvous protocol, so that the joiner goes on. */
+  write_greeting (out, "CPMESH\0\3", 8);
   g_assert_true (g_input_stream_read_all (in, head, sizeof head, &got, NULL, NULL));
   length = (gsize) head[0] << 24 | head[1] << 16 | head[2] << 8 | head[3];
   hello = g_malloc (length);

@@ -8,6 +8,11 @@
  * meet at MASTER_ADDR=fd00:cb::1 and every collective matches the
  * in-process backend.
  *
+ * The ranks name no transport: the default chain passes shm over, since
+ * the ranks' offers name two network namespaces, and the whole mesh runs
+ * on UCX (the rank program asserts that it does).  Named, shm is refused
+ * on both hosts with CP_MESH_ERROR_UNSUPPORTED saying why.
+ *
  * Needs root and iproute2; exits 77 (skipped) where namespaces cannot be
  * made.
  *
@@ -111,6 +116,7 @@ static CpHarnessRank *
 spawn_rank (const Host *hosts,
             int         rank,
             const char *scenario,
+            const char *transport,
             GError    **error)
 {
   g_autoptr(GSubprocessLauncher) launcher = g_subprocess_launcher_new (G_SUBPROCESS_FLAGS_STDOUT_PIPE);
@@ -124,7 +130,8 @@ spawn_rank (const Host *hosts,
   };
   /* TCP over the veth only: the namespaces share this kernel's memory,
    * which UCX would otherwise use. */
-  const char *settings[] = { "UCX_TLS=tcp", device, NULL };
+  g_autofree char *named = transport != NULL ? g_strdup_printf ("CPMESH_TRANSPORT=%s", transport) : NULL;
+  const char *settings[] = { "UCX_TLS=tcp", device, named, NULL };
 
   g_subprocess_launcher_set_environ (launcher, env);
   g_subprocess_launcher_unsetenv (launcher, "CPMESH_MESH_DIMS");
@@ -178,11 +185,12 @@ check_failure (CpHarnessRank *rank,
 static gboolean
 spawn_pair (const Host     *hosts,
             const char     *scenario,
+            const char     *transport,
             CpHarnessRank **ranks,
             GError        **error)
 {
-  ranks[0] = spawn_rank (hosts, 0, scenario, error);
-  ranks[1] = ranks[0] != NULL ? spawn_rank (hosts, 1, scenario, error) : NULL;
+  ranks[0] = spawn_rank (hosts, 0, scenario, transport, error);
+  ranks[1] = ranks[0] != NULL ? spawn_rank (hosts, 1, scenario, transport, error) : NULL;
   return ranks[1] != NULL;
 }
 
@@ -209,7 +217,7 @@ cut_the_link (const Host *hosts)
   g_autofree char *down = g_strdup_printf ("-n %s link set %s down", hosts[1].namespace, hosts[1].device);
   CpHarnessRank *ranks[2] = { NULL, NULL };
   gint64 deadline = g_get_monotonic_time () + LIMIT_US;
-  gboolean ok = spawn_pair (hosts, "gather-loop", ranks, &error) &&
+  gboolean ok = spawn_pair (hosts, "gather-loop", NULL, ranks, &error) &&
                 wait_for (ranks, cp_harness_all_ready, deadline) && both_said (ranks, "READY");
   gint64 cut = g_get_monotonic_time ();
 
@@ -228,7 +236,7 @@ run_collectives (const Host *hosts)
 {
   g_autoptr(GError) error = NULL;
   CpHarnessRank *ranks[2] = { NULL, NULL };
-  gboolean ok = spawn_pair (hosts, "collectives", ranks, &error) &&
+  gboolean ok = spawn_pair (hosts, "collectives", NULL, ranks, &error) &&
                 wait_for (ranks, cp_harness_all_done, g_get_monotonic_time () + LIMIT_US);
 
   for (int r = 0; ok && r < 2; r++)
@@ -236,6 +244,27 @@ run_collectives (const Host *hosts)
       ok = cp_harness_rank_find_line (ranks[r], "OK") != NULL;
       if (!ok)
         g_printerr ("# rank %d did not pass the collectives\n", r);
+    }
+  stop_pair (ranks, error);
+  return ok;
+}
+
+/* CPMESH_TRANSPORT=shm on two hosts: both ranks refuse, saying why,
+ * rather than fall back to UCX. */
+static gboolean
+insist_on_shm (const Host *hosts)
+{
+  g_autoptr(GError) error = NULL;
+  CpHarnessRank *ranks[2] = { NULL, NULL };
+  gboolean ok = spawn_pair (hosts, "join", "shm", ranks, &error) &&
+                wait_for (ranks, cp_harness_all_done, g_get_monotonic_time () + LIMIT_US);
+
+  for (int r = 0; ok && r < 2; r++)
+    {
+      const char *refused = cp_harness_rank_find_line (ranks[r], "ERROR 6 ");
+
+      ok = refused != NULL && strstr (refused, "transport \"shm\" was asked for") != NULL;
+      printf ("# rank %d: %s\n", r, refused != NULL ? refused : "did not refuse shm");
     }
   stop_pair (ranks, error);
   return ok;
@@ -300,6 +329,11 @@ main (int   argc,
     {
       ok = with_hosts (hosts6, run_collectives, &skipped);
       printf ("%s\n", ok ? "# over IPv6, every collective passed" : "# FAILED over IPv6");
+    }
+  if (ok)
+    {
+      ok = with_hosts (hosts, insist_on_shm, &skipped);
+      printf ("%s\n", ok ? "# shm named across hosts: both ranks refused it" : "# FAILED: shm across hosts");
     }
   hosts_clear (hosts);
   hosts_clear (hosts6);

@@ -113,6 +113,32 @@ test_wrong_world (void)
                    "a rank joins with other mesh dimensions than rank 0's");
 }
 
+/* Every rank reaches one verdict at once when one of them cannot offer
+ * UCX: that rank joins the rendezvous offering nothing. */
+static void
+test_rank_without_backend (void)
+{
+  guint16 port = cp_test_free_port ();
+  Group group = { 0 };
+  gint64 started = g_get_monotonic_time ();
+
+  g_test_summary ("When one rank cannot run UCX, every rank of a process mesh fails with "
+                  "CP_MESH_ERROR_UNSUPPORTED at once, the others naming that rank, rather than at the "
+                  "timeout");
+  cp_test_group_spawn (&group, "join", 0, 3, port, SETTINGS ("CPMESH_TIMEOUT_MS=60000"));
+  cp_test_group_spawn (&group, "join", 1, 3, port, SETTINGS ("CPMESH_TIMEOUT_MS=60000"));
+  cp_test_group_spawn (&group, "join", 2, 3, port, SETTINGS ("CPMESH_TIMEOUT_MS=60000", "UCX_UNIFIED_MODE=y"));
+  cp_test_run_until (group.ranks, group.n, cp_test_all_done);
+  g_assert_cmpint (g_get_monotonic_time () - started, <, 30 * G_TIME_SPAN_SECOND);
+  assert_join_error (group.ranks[0], CP_MESH_ERROR_UNSUPPORTED, "rank 2 does not offer it",
+                     "one rank of a process mesh cannot run UCX: rank 0");
+  assert_join_error (group.ranks[1], CP_MESH_ERROR_UNSUPPORTED, "rank 2 does not offer it",
+                     "one rank of a process mesh cannot run UCX: another rank");
+  assert_join_error (group.ranks[2], CP_MESH_ERROR_UNSUPPORTED, ": UCX_UNIFIED_MODE=y",
+                     "one rank of a process mesh cannot run UCX: that rank, which says why");
+  cp_test_group_clear (&group);
+}
+
 /* Two processes claim rank 1: whichever comes second is refused. */
 static void
 test_duplicate_rank (void)
@@ -571,7 +597,8 @@ test_launcher_precedence (void)
   g_autoptr(CpMesh) mesh = cp_test_connect (SETTINGS ("RANK=0", "WORLD_SIZE=1", "LOCAL_RANK=0",
                                                    "OMPI_COMM_WORLD_RANK=3", "OMPI_COMM_WORLD_SIZE=4",
                                                    "SLURM_PROCID=5", "SLURM_NTASKS=8",
-                                                   "CPMESH_MESH_DIMS=dp=1,cp=1", "CPMESH_TIMEOUT_MS=1234"),
+                                                   "CPMESH_MESH_DIMS=dp=1,cp=1", "CPMESH_TIMEOUT_MS=1234",
+                                                   "CPMESH_TRANSPORT=ucx"),
                                          NULL, &error);
 
   g_assert_no_error (error);
@@ -621,6 +648,8 @@ check_lone_process (void)
 
   for (guint i = 0; i < G_N_ELEMENTS (launcher_variables); i++)
     g_subprocess_launcher_unsetenv (launcher, launcher_variables[i]);
+  /* Over UCX: on one host the default chain would pick shm. */
+  g_subprocess_launcher_setenv (launcher, "CPMESH_TRANSPORT", "ucx", TRUE);
   process = g_subprocess_launcher_spawn (launcher, &error, program, "collectives", NULL);
   g_assert_no_error (error);
   g_assert_true (g_subprocess_communicate_utf8 (process, NULL, NULL, &out, NULL, &error));
@@ -632,7 +661,7 @@ check_lone_process (void)
 static void
 test_no_launcher (void)
 {
-  const char *nothing[] = { NULL };
+  const char *nothing[] = { "CPMESH_TRANSPORT=ucx", NULL };
   g_autoptr(GError) error = NULL;
   g_autoptr(CpMesh) mesh = NULL;
 
@@ -827,6 +856,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Ucx/rendezvous/wrong-token", test_wrong_token);
   g_test_add_func ("/Cp/Ucx/rendezvous/wrong-world", test_wrong_world);
   g_test_add_func ("/Cp/Ucx/rendezvous/duplicate-rank", test_duplicate_rank);
+  g_test_add_func ("/Cp/Ucx/rendezvous/rank-without-backend", test_rank_without_backend);
   g_test_add_func ("/Cp/Ucx/rendezvous/garbage", test_garbage);
   g_test_add_func ("/Cp/Ucx/rendezvous/rejoin", test_rejoin);
   g_test_add_func ("/Cp/Ucx/rendezvous/nobody-listens", test_nobody_listens);

@@ -414,9 +414,12 @@ print_plan (Demo *demo)
   g_autoptr(CpLayout) contiguous = cp_layout_new (CP_LOAD_BALANCE_CONTIGUOUS, demo->padded_len,
                                                   o->n_ranks, NULL);
 
-  g_print ("cpmesh demo: %d ranks %s, head-tail layout, %s rotation\n", o->n_ranks,
-           g_str_equal (o->backend, "ucx") ? "in processes of their own, over UCX"
-                                           : "on threads of one process", o->rotate);
+  if (g_str_equal (o->backend, "local"))
+    g_print ("cpmesh demo: %d ranks on threads of one process, head-tail layout, %s rotation\n", o->n_ranks,
+             o->rotate);
+  else
+    g_print ("cpmesh demo: %d ranks in processes of their own, over %s, head-tail layout, %s rotation\n",
+             o->n_ranks, g_str_equal (o->backend, "ucx") ? "UCX" : o->backend, o->rotate);
   g_print ("batch: input_ids and labels int64[%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT "]; "
            "q, k, v, dout float32[%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT ", %" G_GINT64_FORMAT
            ", %" G_GINT64_FORMAT "]\n", o->batch, o->seq_len, o->batch, o->heads, o->seq_len,
@@ -552,10 +555,18 @@ static int
 run_ucx (Demo *demo)
 {
   g_autoptr(GError) error = NULL;
-  g_autoptr(CpMesh) mesh = cp_mesh_new_from_env (&error);
+  g_autoptr(CpMesh) mesh = NULL;
 
+  /* --backend ucx asks for UCX, which on one host is not the default
+   * chain's pick; CPMESH_TRANSPORT may still name another. */
+  if (g_getenv ("CPMESH_TRANSPORT") == NULL)
+    g_setenv ("CPMESH_TRANSPORT", "ucx", FALSE);
+  mesh = cp_mesh_new_from_env (&error);
   if (mesh == NULL)
     return cpmesh_fail_error (error);
+  /* What the plan names: the transport the mesh runs on. */
+  g_free (demo->options->backend);
+  demo->options->backend = g_strdup (cp_mesh_get_backend (mesh));
   cp_mesh_set_timeout_ms (mesh, (guint) demo->options->timeout_ms);
   demo->options->n_ranks = cp_mesh_get_world_size (mesh);
   if (!demo_init (demo, &error))

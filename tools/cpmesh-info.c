@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "cpmesh-tool.h"
+#include "transports/cp-transport-private.h"
 
 #if CP_HAS_CUDA
 #include "kernels/cuda/cp-cuda-private.h"
@@ -22,6 +23,7 @@ typedef struct
 static const Backend backends[] = {
   { "local", TRUE, "in-process ranks on threads" },
   { "ucx", CP_HAS_UCX, "multi-process meshes over host memory" },
+  { "shm", TRUE, "multi-process meshes of one host, each byte copied once out of its owner's memory" },
   { "cuda", CP_HAS_CUDA, "CUDA device memory and the layout kernels" },
 };
 
@@ -68,7 +70,20 @@ backend_status (const Backend *backend)
         return "built with CUDA; no device:";
     }
 #endif
+  if (g_str_equal (backend->name, "shm") && !_cp_transport_shm_probe (NULL))
+    return "no";
   return "yes";
+}
+
+/* Why a backend that is built cannot run here, or NULL. */
+static char *
+backend_obstacle (const Backend *backend)
+{
+  g_autoptr(GError) error = NULL;
+
+  if (g_str_equal (backend->name, "shm") && !_cp_transport_shm_probe (&error))
+    return g_strdup (error->message);
+  return NULL;
 }
 
 static void
@@ -76,8 +91,23 @@ print_backends (void)
 {
   g_print ("backends:\n");
   for (gsize i = 0; i < G_N_ELEMENTS (backends); i++)
-    g_print ("  %-6s %-4s %s\n", backends[i].name, backend_status (&backends[i]),
-             backends[i].what);
+    {
+      g_autofree char *obstacle = backend_obstacle (&backends[i]);
+
+      g_print ("  %-6s %-4s %s%s%s\n", backends[i].name, backend_status (&backends[i]),
+               backends[i].what, obstacle ? "; unusable here: " : "", obstacle ? obstacle : "");
+    }
+}
+
+/* The transports a mesh of processes can connect over, whether each can
+ * run in this process, and how the default one is picked. */
+static void
+print_transports (void)
+{
+  g_autofree char *described = _cp_transport_describe_backends ();
+
+  g_print ("transports (CPMESH_TRANSPORT names one; by default the first usable on every rank):\n%s",
+           described);
 }
 
 static void
@@ -152,7 +182,8 @@ cpmesh_info (int    argc,
 {
   CpmeshOption entries[] = { CPMESH_OPTION_END };
 
-  if (!cpmesh_parse_options ("Show the libcpmesh version, the backends compiled in, "
+  if (!cpmesh_parse_options ("Show the libcpmesh version, the backends compiled in (and why one cannot run here), "
+                             "the transports that can run here and how the default one is picked, "
                              "the CPU features that matter, the number of online CPUs and, in builds "
                              "with CUDA, the CUDA runtime, driver and devices, and the NCCL, cuDNN and "
                              "NVRTC libraries found (CPMESH_GPU_LIBRARY_PATH names the "
@@ -162,6 +193,7 @@ cpmesh_info (int    argc,
 
   g_print ("libcpmesh %s\n", CP_VERSION_S);
   print_backends ();
+  print_transports ();
   print_cpu_features ();
   g_print ("online cpus: %ld\n", sysconf (_SC_NPROCESSORS_ONLN));
   print_cuda ();

@@ -2,14 +2,16 @@
  *
  * The bootstrap is transport-neutral: rank 0 listens on a plain TCP
  * socket (the gate), every other rank connects there, proves it holds the
- * mesh token and hands over an opaque blob (a UCX worker address, an
- * NCCL unique id, …); once every rank is in, each receives the blobs of
- * all ranks.  It makes no call into any transport library, so nothing a
- * stranger sends ever reaches one: every byte read off the network goes
- * through the parsers below first.  They take arbitrary bytes; anything
- * malformed is a GError naming what is wrong, never a crash, an
- * assertion or a read past the bytes given, so fuzz/fuzz-wire.c feeds
- * them directly.
+ * mesh token and hands over its offer: one opaque blob per backend it can
+ * use (a UCX worker address, the shared-memory backend's host identity,
+ * an NCCL unique id, …), named by backend; once every rank is in, each
+ * receives the offers of all ranks.  One rendezvous thus serves every
+ * backend a mesh may pick or hold.  It makes no call into any transport
+ * library, so nothing a stranger sends ever reaches one: every byte read
+ * off the network goes through the parsers below first.  They take
+ * arbitrary bytes; anything malformed is a GError naming what is wrong,
+ * never a crash, an assertion or a read past the bytes given, so
+ * fuzz/fuzz-wire.c feeds them directly.
  *
  * The exchange, on one TCP connection (numbers big endian):
  *
@@ -18,7 +20,7 @@
  *   joiner → rank 0   hello frame
  *   rank 0 → joiner   verdict frame: accepted, or why not
  *   rank 0 → joiner   (accepted joiners, once every rank is in) table
- *                     frame: every rank's blob, or the error rank 0 gave
+ *                     frame: every rank's offer, or the error rank 0 gave
  *                     up with
  *
  * A frame is a length (4 bytes) and that many bytes: a serialized GVariant
@@ -40,7 +42,8 @@
 
 G_BEGIN_DECLS
 
-#define CP_BOOTSTRAP_PROTOCOL_VERSION 2
+/* 3: a hello and a table carry one blob per backend (a{say}), not one. */
+#define CP_BOOTSTRAP_PROTOCOL_VERSION 3
 #define CP_BOOTSTRAP_NONCE_SIZE 32
 #define CP_BOOTSTRAP_MAC_SIZE 32
 #define CP_BOOTSTRAP_MAGIC "CPMESH"
@@ -50,8 +53,14 @@ G_BEGIN_DECLS
 /* A blob is a transport's address: a UCX worker address is a few hundred
  * bytes; anything far larger is not one. */
 #define CP_BOOTSTRAP_BLOB_MAX (64 << 10)
-/* A hello is a blob and a few names; a verdict a short text. */
-#define CP_BOOTSTRAP_HELLO_MAX (CP_BOOTSTRAP_BLOB_MAX + (8 << 10))
+/* An offer holds at most this many backends, their blobs this many bytes
+ * together, and each name is 1 to CP_BOOTSTRAP_NAME_MAX bytes of
+ * [a-z0-9_-]. */
+#define CP_BOOTSTRAP_MAX_BACKENDS 8
+#define CP_BOOTSTRAP_OFFER_MAX (96 << 10)
+#define CP_BOOTSTRAP_NAME_MAX 32
+/* A hello is an offer and a few names; a verdict a short text. */
+#define CP_BOOTSTRAP_HELLO_MAX (CP_BOOTSTRAP_OFFER_MAX + (8 << 10))
 #define CP_BOOTSTRAP_VERDICT_MAX (8 << 10)
 /* The verdict code of an accepted hello, and of a table that carries the
  * blobs; anything else is a CpMeshError code. */
@@ -60,7 +69,7 @@ G_BEGIN_DECLS
 /* ---- joining a mesh ---- */
 
 /* Where rank 0 listens and what reaches it from here. */
-typedef struct
+typedef struct _CpBootstrapRoute
 {
   GSocketAddress *address;  /* MASTER_ADDR resolved, with the rendezvous port */
   char *interface;          /* the network interface that reaches it */
@@ -77,31 +86,87 @@ gboolean    _cp_bootstrap_find_route   (const CpMeshConfig *config,
                                         GError            **error);
 void        _cp_bootstrap_route_clear  (CpBootstrapRoute   *route);
 
-/* Whether the blob another rank offers is one this rank's transport can
- * take; FALSE with a CpMeshError saying what is wrong with it. */
+/* ---- offers ---- */
+
+/* One rank's blobs, one per backend it offers, kept in byte order of
+ * the names, as they cross the wire.  A backend that cannot run on that
+ * rank (its probe or its offer failed there) is absent.  Reference
+ * counted; not changed once handed to the exchange. */
+typedef struct _CpBootstrapOffer CpBootstrapOffer;
+
+CpBootstrapOffer *_cp_bootstrap_offer_new    (void);
+CpBootstrapOffer *_cp_bootstrap_offer_ref    (CpBootstrapOffer       *offer);
+void              _cp_bootstrap_offer_unref  (CpBootstrapOffer       *offer);
+/* Adds @blob as @backend's, replacing any it had.  @backend must be a
+ * valid name (see CP_BOOTSTRAP_NAME_MAX). */
+void              _cp_bootstrap_offer_add    (CpBootstrapOffer       *offer,
+                                              const char             *backend,
+                                              GBytes                 *blob);
+/* (transfer none) @backend's blob, or NULL when the offer has none. */
+GBytes           *_cp_bootstrap_offer_lookup (const CpBootstrapOffer *offer,
+                                              const char             *backend);
+guint             _cp_bootstrap_offer_get_n_blobs (const CpBootstrapOffer *offer);
+const char       *_cp_bootstrap_offer_get_name    (const CpBootstrapOffer *offer,
+                                                   guint                   i);
+GBytes           *_cp_bootstrap_offer_get_blob    (const CpBootstrapOffer *offer,
+                                                   guint                   i);
+/* "shm, ucx", or "nothing" */
+char             *_cp_bootstrap_offer_describe    (const CpBootstrapOffer *offer);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (CpBootstrapOffer, _cp_bootstrap_offer_unref)
+
+/* Every rank's blob of @backend, in rank order, from @table, the
+ * CpBootstrapOffer* of every rank: a new array of @table->len entries
+ * (transfer none each), NULL where a rank does not offer it.  Sets
+ * @n_missing (nullable) to the number of such ranks and @first_missing
+ * (nullable) to the first, or -1. */
+GBytes          **_cp_bootstrap_table_blobs  (GPtrArray              *table,
+                                              const char             *backend,
+                                              guint                  *n_missing,
+                                              int                    *first_missing);
+
+/* ---- the rendezvous ---- */
+
+/* Whether the blob another rank offers for a backend is one this rank's
+ * side of that backend can take; FALSE with a CpMeshError saying what is
+ * wrong with it. */
 typedef gboolean (*CpBootstrapCheckFunc) (GBytes    *blob,
                                           gpointer   user_data,
                                           GError   **error);
 
-/* Joins the mesh @config describes, offering @blob as this rank's, and
- * returns the blob of every rank in rank order (GBytes*), once all have
- * joined, or an error with a CpMeshError code (or G_IO_ERROR_CANCELLED).
- * @backend names the transport in messages and fault injection.
+/* The check of one backend's blobs. */
+typedef struct
+{
+  const char *backend;
+  CpBootstrapCheckFunc check;
+  gpointer check_data;
+} CpBootstrapCheck;
+
+/* Joins the mesh @config describes, offering @offer as this rank's, and
+ * returns the offer of every rank in rank order (CpBootstrapOffer*), once
+ * all have joined, or an error with a CpMeshError code (or
+ * G_IO_ERROR_CANCELLED).
  *
- * @check (nullable) judges every other rank's blob before the caller
- * sees it: rank 0 checks each hello's, a joiner the table's.  A bad blob
- * fails the rendezvous on every rank alike: rank 0 goes on admitting
- * ranks and, once all are in, or at its timeout, gives up with the error
- * naming the rank and the blob, which every admitted rank receives
+ * Each of @checks judges every other rank's blob of its backend before
+ * the caller sees it: rank 0 checks each hello's, a joiner the table's;
+ * blobs of backends no check names pass as they are.  A bad blob fails
+ * the rendezvous on every rank alike: rank 0 goes on admitting ranks and,
+ * once all are in, or at its timeout, gives up with the error naming the
+ * rank, the backend and the blob, which every admitted rank receives
  * instead of the table; a joiner refuses a table with a bad blob. */
 GPtrArray  *_cp_bootstrap_exchange     (const CpMeshConfig *config,
                                         const CpBootstrapRoute *route,
-                                        const char         *backend,
-                                        GBytes             *blob,
-                                        CpBootstrapCheckFunc check,
-                                        gpointer            check_data,
+                                        CpBootstrapOffer   *offer,
+                                        const CpBootstrapCheck *checks,
+                                        guint               n_checks,
                                         gint64              deadline,
                                         GCancellable       *cancellable,
+                                        GError            **error);
+
+/* Runs the one of @checks that names @backend, if any, on @blob. */
+gboolean    _cp_bootstrap_check_blob   (const CpBootstrapCheck *checks,
+                                        guint               n_checks,
+                                        const char         *backend,
+                                        GBytes             *blob,
                                         GError            **error);
 
 /* ---- proofs ---- */
@@ -157,7 +222,7 @@ typedef struct
   gint32 *dim_sizes;
   gsize n_dims;
   guint8 nonce[CP_BOOTSTRAP_NONCE_SIZE];
-  GBytes *blob;
+  CpBootstrapOffer *offer;
   GBytes *body;       /* what the proof covers */
   guint8 mac[CP_BOOTSTRAP_MAC_SIZE];
 } CpBootstrapHello;
@@ -171,7 +236,7 @@ GBytes     *_cp_bootstrap_pack_hello_body (const CpBootstrapHello *hello);
 GBytes     *_cp_bootstrap_pack_hello   (const CpMeshConfig *config,
                                         const guint8       *challenge,
                                         const guint8       *nonce,
-                                        GBytes             *blob);
+                                        const CpBootstrapOffer *offer);
 CpBootstrapHello *_cp_bootstrap_parse_hello (GBytes        *payload,
                                              GError       **error);
 /* Rank 0's decision on @hello, answering its @challenge: accepted
@@ -201,14 +266,14 @@ gboolean    _cp_bootstrap_parse_verdict (GBytes            *payload,
 GBytes     *_cp_bootstrap_pack_table   (const char         *token,
                                         const guint8       *challenge,
                                         const guint8       *nonce,
-                                        GBytes * const     *blobs,
+                                        CpBootstrapOffer * const *offers,
                                         int                 n);
 GBytes     *_cp_bootstrap_pack_failure (const char         *token,
                                         const guint8       *challenge,
                                         const guint8       *nonce,
                                         const GError       *failure);
-/* One blob per rank of a world of @world_size, or the error rank 0 gave
- * up with. */
+/* One offer (CpBootstrapOffer*) per rank of a world of @world_size, or
+ * the error rank 0 gave up with. */
 GPtrArray  *_cp_bootstrap_parse_table  (GBytes             *payload,
                                         const char         *token,
                                         const guint8       *challenge,

@@ -17,9 +17,10 @@
  * body that is not in normal form is therefore refused before any field
  * is read. */
 
-#define HELLO_TYPE "(usiiasaiayay)"
+#define OFFER_TYPE "a{say}"
+#define HELLO_TYPE "(usiiasaiay" OFFER_TYPE ")"
 #define VERDICT_TYPE "(is)"
-#define TABLE_TYPE "(isaay)"
+#define TABLE_TYPE "(isa" OFFER_TYPE ")"
 #define REASON_MAX 2048
 
 /* ---- proofs ---- */
@@ -249,10 +250,197 @@ take_fixed_bytes (GVariant    *variant,
   return FALSE;
 }
 
-/* A blob of 1 byte to CP_BOOTSTRAP_BLOB_MAX. */
+/* ---- offers ---- */
+
+typedef struct
+{
+  char *name;
+  GBytes *blob;
+} Entry;
+
+struct _CpBootstrapOffer
+{
+  GArray *entries;    /* Entry, by name in byte order */
+};
+
+static void
+entry_clear (Entry *entry)
+{
+  g_free (entry->name);
+  g_bytes_unref (entry->blob);
+}
+
+static void
+offer_clear (CpBootstrapOffer *offer)
+{
+  g_array_unref (offer->entries);
+}
+
+CpBootstrapOffer *
+_cp_bootstrap_offer_new (void)
+{
+  CpBootstrapOffer *offer = g_rc_box_new0 (CpBootstrapOffer);
+
+  offer->entries = g_array_new (FALSE, FALSE, sizeof (Entry));
+  g_array_set_clear_func (offer->entries, (GDestroyNotify) entry_clear);
+  return offer;
+}
+
+CpBootstrapOffer *
+_cp_bootstrap_offer_ref (CpBootstrapOffer *offer)
+{
+  return g_rc_box_acquire (offer);
+}
+
+void
+_cp_bootstrap_offer_unref (CpBootstrapOffer *offer)
+{
+  g_rc_box_release_full (offer, (GDestroyNotify) offer_clear);
+}
+
+/* Names are short words a log shows as they are. */
+static gboolean
+is_valid_name (const char *name)
+{
+  gsize length = strlen (name);
+
+  if (length == 0 || length > CP_BOOTSTRAP_NAME_MAX)
+    return FALSE;
+  for (gsize i = 0; i < length; i++)
+    if (!g_ascii_islower (name[i]) && !g_ascii_isdigit (name[i]) && name[i] != '_' && name[i] != '-')
+      return FALSE;
+  return TRUE;
+}
+
+/* Where @name is, or belongs, in @offer. */
+static guint
+find_place (const CpBootstrapOffer *offer,
+            const char             *name,
+            gboolean               *found)
+{
+  guint i = 0;
+
+  while (i < offer->entries->len && strcmp (g_array_index (offer->entries, Entry, i).name, name) < 0)
+    i++;
+  *found = i < offer->entries->len && g_str_equal (g_array_index (offer->entries, Entry, i).name, name);
+  return i;
+}
+
+void
+_cp_bootstrap_offer_add (CpBootstrapOffer *offer,
+                         const char       *backend,
+                         GBytes           *blob)
+{
+  gboolean found = FALSE;
+  guint i;
+  Entry entry;
+
+  g_return_if_fail (is_valid_name (backend));
+  g_return_if_fail (blob != NULL);
+
+  i = find_place (offer, backend, &found);
+  if (found)
+    {
+      Entry *old = &g_array_index (offer->entries, Entry, i);
+
+      g_bytes_unref (old->blob);
+      old->blob = g_bytes_ref (blob);
+      return;
+    }
+  entry = (Entry) { g_strdup (backend), g_bytes_ref (blob) };
+  g_array_insert_val (offer->entries, i, entry);
+}
+
+GBytes *
+_cp_bootstrap_offer_lookup (const CpBootstrapOffer *offer,
+                            const char             *backend)
+{
+  gboolean found = FALSE;
+  guint i = find_place (offer, backend, &found);
+
+  return found ? g_array_index (offer->entries, Entry, i).blob : NULL;
+}
+
+guint
+_cp_bootstrap_offer_get_n_blobs (const CpBootstrapOffer *offer)
+{
+  return offer->entries->len;
+}
+
+const char *
+_cp_bootstrap_offer_get_name (const CpBootstrapOffer *offer,
+                              guint                   i)
+{
+  g_return_val_if_fail (i < offer->entries->len, NULL);
+
+  return g_array_index (offer->entries, Entry, i).name;
+}
+
+GBytes *
+_cp_bootstrap_offer_get_blob (const CpBootstrapOffer *offer,
+                              guint                   i)
+{
+  g_return_val_if_fail (i < offer->entries->len, NULL);
+
+  return g_array_index (offer->entries, Entry, i).blob;
+}
+
+char *
+_cp_bootstrap_offer_describe (const CpBootstrapOffer *offer)
+{
+  GString *text = g_string_new (NULL);
+
+  for (guint i = 0; i < offer->entries->len; i++)
+    g_string_append_printf (text, "%s%s", i > 0 ? ", " : "", g_array_index (offer->entries, Entry, i).name);
+  if (text->len == 0)
+    g_string_append (text, "nothing");
+  return g_string_free (text, FALSE);
+}
+
+GBytes **
+_cp_bootstrap_table_blobs (GPtrArray  *table,
+                           const char *backend,
+                           guint      *n_missing,
+                           int        *first_missing)
+{
+  GBytes **blobs = g_new0 (GBytes *, MAX (table->len, 1));
+  guint missing = 0;
+  int first = -1;
+
+  for (guint r = 0; r < table->len; r++)
+    {
+      blobs[r] = _cp_bootstrap_offer_lookup (g_ptr_array_index (table, r), backend);
+      if (blobs[r] == NULL && missing++ == 0)
+        first = (int) r;
+    }
+  if (n_missing != NULL)
+    *n_missing = missing;
+  if (first_missing != NULL)
+    *first_missing = first;
+  return blobs;
+}
+
+static GVariant *
+offer_variant (const CpBootstrapOffer *offer)
+{
+  GVariantBuilder builder;
+
+  g_variant_builder_init (&builder, G_VARIANT_TYPE (OFFER_TYPE));
+  for (guint i = 0; offer != NULL && i < offer->entries->len; i++)
+    {
+      const Entry *entry = &g_array_index (offer->entries, Entry, i);
+
+      g_variant_builder_add (&builder, "{s@ay}", entry->name,
+                             g_variant_new_from_bytes (G_VARIANT_TYPE_BYTESTRING, entry->blob, TRUE));
+    }
+  return g_variant_builder_end (&builder);
+}
+
+/* The blob of one entry: 1 byte to CP_BOOTSTRAP_BLOB_MAX. */
 static GBytes *
 take_blob (GVariant    *blob,
            const char  *what,
+           const char  *backend,
            GError     **error)
 {
   gsize size = g_variant_get_size (blob);
@@ -260,8 +448,90 @@ take_blob (GVariant    *blob,
   if (size > 0 && size <= CP_BOOTSTRAP_BLOB_MAX)
     return g_variant_get_data_as_bytes (blob);
   g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
-               "a malformed %s: an address of %" G_GSIZE_FORMAT " bytes", what, size);
+               "a malformed %s: a %s blob of %" G_GSIZE_FORMAT " bytes, not 1 to %d", what, backend, size,
+               CP_BOOTSTRAP_BLOB_MAX);
   return NULL;
+}
+
+/* The name of one entry, valid and after @previous in byte order, so
+ * that an offer names each backend once and has one encoding. */
+static gboolean
+check_entry_name (const char  *name,
+                  const char  *previous,
+                  const char  *what,
+                  GError     **error)
+{
+  g_autofree char *shown = NULL;
+
+  if (is_valid_name (name) && (previous == NULL || strcmp (previous, name) < 0))
+    return TRUE;
+  shown = _cp_mesh_escape_text (name, MIN (strlen (name), 2 * CP_BOOTSTRAP_NAME_MAX));
+  if (!is_valid_name (name))
+    g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
+                 "a malformed %s: the backend name \"%s\" is not 1 to %d of a-z, 0-9, _ and -", what, shown,
+                 CP_BOOTSTRAP_NAME_MAX);
+  else
+    g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
+                 "a malformed %s: the backend \"%s\" comes after \"%s\" (names must be unique, in byte order)",
+                 what, shown, previous);
+  return FALSE;
+}
+
+/* An offer as a GVariant of OFFER_TYPE holds it, within its limits. */
+static CpBootstrapOffer *
+take_offer (GVariant    *variant,
+            const char  *what,
+            GError     **error)
+{
+  g_autoptr(CpBootstrapOffer) offer = _cp_bootstrap_offer_new ();
+  gsize n = g_variant_n_children (variant);
+  gsize total = 0;
+  const char *previous = NULL;
+
+  if (n > CP_BOOTSTRAP_MAX_BACKENDS)
+    {
+      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
+                   "a malformed %s: an offer of %" G_GSIZE_FORMAT " backends, more than %d", what, n,
+                   CP_BOOTSTRAP_MAX_BACKENDS);
+      return NULL;
+    }
+  for (gsize i = 0; i < n; i++)
+    {
+      g_autoptr(GVariant) entry = g_variant_get_child_value (variant, i);
+      g_autoptr(GVariant) key = g_variant_get_child_value (entry, 0);
+      g_autoptr(GVariant) value = g_variant_get_child_value (entry, 1);
+      const char *name = g_variant_get_string (key, NULL);
+      g_autoptr(GBytes) blob = NULL;
+      Entry taken;
+
+      if (!check_entry_name (name, previous, what, error) || (blob = take_blob (value, what, name, error)) == NULL)
+        return NULL;
+      total += g_bytes_get_size (blob);
+      if (total > CP_BOOTSTRAP_OFFER_MAX)
+        {
+          g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
+                       "a malformed %s: an offer whose blobs hold more than %d bytes together (%s takes it "
+                       "to %" G_GSIZE_FORMAT ")", what, CP_BOOTSTRAP_OFFER_MAX, name, total);
+          return NULL;
+        }
+      taken = (Entry) { g_strdup (name), g_steal_pointer (&blob) };
+      g_array_append_val (offer->entries, taken);
+      previous = taken.name;
+    }
+  return g_steal_pointer (&offer);
+}
+
+gboolean
+_cp_bootstrap_check_blob (const CpBootstrapCheck *checks,
+                          guint                   n_checks,
+                          const char             *backend,
+                          GBytes                 *blob,
+                          GError                **error)
+{
+  for (guint i = 0; i < n_checks; i++)
+    if (g_str_equal (checks[i].backend, backend))
+      return checks[i].check == NULL || checks[i].check (blob, checks[i].check_data, error);
+  return TRUE;
 }
 
 /* Splits @payload into its body, a GVariant of @type, and its proof. */
@@ -287,7 +557,7 @@ _cp_bootstrap_hello_free (CpBootstrapHello *hello)
   g_free (hello->version);
   g_strfreev (hello->dim_names);
   g_free (hello->dim_sizes);
-  g_clear_pointer (&hello->blob, g_bytes_unref);
+  g_clear_pointer (&hello->offer, _cp_bootstrap_offer_unref);
   g_clear_pointer (&hello->body, g_bytes_unref);
   g_free (hello);
 }
@@ -297,21 +567,21 @@ _cp_bootstrap_pack_hello_body (const CpBootstrapHello *hello)
 {
   const char * const empty[] = { NULL };
 
-  return variant_bytes (g_variant_new ("(usii^as@ai@ay@ay)", hello->protocol, hello->version, hello->rank,
+  return variant_bytes (g_variant_new ("(usii^as@ai@ay@" OFFER_TYPE ")", hello->protocol, hello->version,
+                                       hello->rank,
                                        hello->world_size,
                                        hello->dim_names ? (const char * const *) hello->dim_names : empty,
                                        g_variant_new_fixed_array (G_VARIANT_TYPE_INT32, hello->dim_sizes,
                                                                   hello->n_dims, sizeof (gint32)),
                                        bytes_variant (hello->nonce, CP_BOOTSTRAP_NONCE_SIZE),
-                                       g_variant_new_from_bytes (G_VARIANT_TYPE_BYTESTRING, hello->blob,
-                                                                 TRUE)));
+                                       offer_variant (hello->offer)));
 }
 
 GBytes *
 _cp_bootstrap_pack_hello (const CpMeshConfig *config,
                           const guint8       *challenge,
                           const guint8       *nonce,
-                          GBytes             *blob)
+                          const CpBootstrapOffer *offer)
 {
   CpBootstrapHello hello = {
     .protocol = CP_BOOTSTRAP_PROTOCOL_VERSION,
@@ -321,7 +591,7 @@ _cp_bootstrap_pack_hello (const CpMeshConfig *config,
     .dim_names = config->dim_names,
     .dim_sizes = (gint32 *) config->dim_sizes,
     .n_dims = config->n_dims,
-    .blob = blob,
+    .offer = (CpBootstrapOffer *) offer,
   };
   g_autoptr(GBytes) body = NULL;
 
@@ -355,7 +625,7 @@ _cp_bootstrap_parse_hello (GBytes  *payload,
 {
   g_autoptr(CpBootstrapHello) hello = g_new0 (CpBootstrapHello, 1);
   g_autoptr(GVariant) body = open_payload (payload, HELLO_TYPE, "hello", &hello->body, hello->mac, error);
-  g_autoptr(GVariant) blob = NULL;
+  g_autoptr(GVariant) offer = NULL;
 
   if (body == NULL)
     return NULL;
@@ -363,10 +633,10 @@ _cp_bootstrap_parse_hello (GBytes  *payload,
   g_variant_get_child (body, 1, "s", &hello->version);
   g_variant_get_child (body, 2, "i", &hello->rank);
   g_variant_get_child (body, 3, "i", &hello->world_size);
-  blob = g_variant_get_child_value (body, 7);
+  offer = g_variant_get_child_value (body, 7);
   if (!read_hello_dims (hello, body, error) ||
       !take_fixed_bytes (body, 6, hello->nonce, CP_BOOTSTRAP_NONCE_SIZE, "hello nonce", error) ||
-      (hello->blob = take_blob (blob, "hello", error)) == NULL)
+      (hello->offer = take_offer (offer, "hello", error)) == NULL)
     return NULL;
   return g_steal_pointer (&hello);
 }
@@ -523,35 +793,40 @@ _cp_bootstrap_parse_verdict (GBytes        *payload,
   return FALSE;
 }
 
+/* What one rank's offer takes in a table at most: its blobs, and per
+ * entry a name, its NUL, the entry's framing and alignment. */
+#define OFFER_ENTRY_OVERHEAD (CP_BOOTSTRAP_NAME_MAX + 16)
+
 gsize
 _cp_bootstrap_table_max (int world_size)
 {
-  return (gsize) MAX (world_size, 1) * (CP_BOOTSTRAP_BLOB_MAX + 8) + CP_BOOTSTRAP_VERDICT_MAX;
+  return (gsize) MAX (world_size, 1) * (CP_BOOTSTRAP_OFFER_MAX + CP_BOOTSTRAP_MAX_BACKENDS * OFFER_ENTRY_OVERHEAD + 8)
+         + CP_BOOTSTRAP_VERDICT_MAX;
 }
 
 static GBytes *
-pack_table_body (int             code,
-                 const char     *reason,
-                 GBytes * const *blobs,
-                 int             n)
+pack_table_body (int                       code,
+                 const char               *reason,
+                 CpBootstrapOffer * const *offers,
+                 int                       n)
 {
   GVariantBuilder builder;
   g_autofree char *text = clip_reason (reason);
 
-  g_variant_builder_init (&builder, G_VARIANT_TYPE ("aay"));
+  g_variant_builder_init (&builder, G_VARIANT_TYPE ("a" OFFER_TYPE));
   for (int r = 0; r < n; r++)
-    g_variant_builder_add_value (&builder, g_variant_new_from_bytes (G_VARIANT_TYPE_BYTESTRING, blobs[r], TRUE));
-  return variant_bytes (g_variant_new ("(isaay)", code, text, &builder));
+    g_variant_builder_add_value (&builder, offer_variant (offers[r]));
+  return variant_bytes (g_variant_new (TABLE_TYPE, code, text, &builder));
 }
 
 GBytes *
-_cp_bootstrap_pack_table (const char     *token,
-                          const guint8   *challenge,
-                          const guint8   *nonce,
-                          GBytes * const *blobs,
-                          int             n)
+_cp_bootstrap_pack_table (const char               *token,
+                          const guint8             *challenge,
+                          const guint8             *nonce,
+                          CpBootstrapOffer * const *offers,
+                          int                       n)
 {
-  g_autoptr(GBytes) body = pack_table_body (CP_BOOTSTRAP_ACCEPTED, "", blobs, n);
+  g_autoptr(GBytes) body = pack_table_body (CP_BOOTSTRAP_ACCEPTED, "", offers, n);
 
   return _cp_bootstrap_prove (token, "cpmesh table", challenge, nonce, body);
 }
@@ -569,30 +844,31 @@ _cp_bootstrap_pack_failure (const char   *token,
 }
 
 static GPtrArray *
-take_blobs (GVariant    *table,
-            int          world_size,
-            GError     **error)
+take_offers (GVariant    *table,
+             int          world_size,
+             GError     **error)
 {
   g_autoptr(GVariant) list = g_variant_get_child_value (table, 2);
-  g_autoptr(GPtrArray) blobs = g_ptr_array_new_with_free_func ((GDestroyNotify) g_bytes_unref);
+  g_autoptr(GPtrArray) offers = g_ptr_array_new_with_free_func ((GDestroyNotify) _cp_bootstrap_offer_unref);
 
   if (g_variant_n_children (list) != (gsize) world_size)
     {
       g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
-                   "a malformed address table: %" G_GSIZE_FORMAT " addresses for %d ranks",
+                   "a malformed address table: %" G_GSIZE_FORMAT " offers for %d ranks",
                    g_variant_n_children (list), world_size);
       return NULL;
     }
   for (int r = 0; r < world_size; r++)
     {
       g_autoptr(GVariant) child = g_variant_get_child_value (list, (gsize) r);
-      GBytes *blob = take_blob (child, "address table", error);
+      g_autofree char *what = g_strdup_printf ("address table (rank %d's offer)", r);
+      CpBootstrapOffer *offer = take_offer (child, what, error);
 
-      if (blob == NULL)
+      if (offer == NULL)
         return NULL;
-      g_ptr_array_add (blobs, blob);
+      g_ptr_array_add (offers, offer);
     }
-  return g_steal_pointer (&blobs);
+  return g_steal_pointer (&offers);
 }
 
 GPtrArray *
@@ -632,7 +908,7 @@ _cp_bootstrap_parse_table (GBytes        *payload,
       return NULL;
     }
   if (code == CP_BOOTSTRAP_ACCEPTED)
-    return take_blobs (table, world_size, error);
+    return take_offers (table, world_size, error);
   shown = _cp_mesh_escape_text (reason, MIN (strlen (reason), REASON_MAX));
   g_set_error (error, CP_MESH_ERROR, code, "rank 0 at %s gave up: %s", where,
                *shown != '\0' ? shown : "it gave no reason");

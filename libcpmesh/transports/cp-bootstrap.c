@@ -20,7 +20,7 @@
  * gate; every other rank connects there, answers rank 0's challenge with
  * a hello that proves it holds the token, and gets a verdict at once.
  * Rank 0 keeps the connections of the ranks it admitted and, once all are
- * in, sends each the blobs of all ranks.  The exchange is in
+ * in, sends each the offers of all ranks.  The exchange is in
  * cp-bootstrap-private.h, its parsers in cp-bootstrap-wire.c.
  *
  * Strangers reach the gate too: port scanners, programs that hold a
@@ -277,11 +277,11 @@ typedef struct
   GSocket *listener;
   GPtrArray *pending;      /* Visitor*, oldest first */
   Visitor **members;       /* by rank, NULL until admitted */
-  GBytes **blobs;          /* by rank */
+  CpBootstrapOffer **offers; /* by rank */
   int n_joined;
   gint64 accept_resume;
-  CpBootstrapCheckFunc check;
-  gpointer check_data;
+  const CpBootstrapCheck *checks;
+  guint n_checks;
   GError *doomed;          /* a member's blob was bad: what every rank fails with */
 } Gate;
 
@@ -499,23 +499,29 @@ judge (Gate              *gate,
   return _cp_bootstrap_judge_hello (*hello, gate->config, visitor->challenge, joined, why);
 }
 
-/* A member proved the token, so its blob is no stranger's, but it may
- * still be malformed, by a bug or by design; the transport must never
+/* A member proved the token, so its blobs are no stranger's, but one
+ * may still be malformed, by a bug or by design; its backend must never
  * see it.  Refusing that member alone would leave the others waiting
  * for its place until their timeout: the mesh is doomed instead, and
  * every rank learns why once all are in (serve). */
 static void
-check_blob (Gate    *gate,
-            Visitor *member)
+check_offer (Gate    *gate,
+             Visitor *member)
 {
-  g_autoptr(GError) error = NULL;
+  const CpBootstrapOffer *offer = gate->offers[member->rank];
 
-  if (gate->check == NULL || gate->doomed != NULL ||
-      gate->check (gate->blobs[member->rank], gate->check_data, &error))
-    return;
-  g_set_error (&gate->doomed, error->domain, error->code, "rank 0: rank %d (from %s) offered %s",
-               member->rank, member->peer, error->message);
-  g_debug ("rendezvous: %s", gate->doomed->message);
+  for (guint i = 0; gate->doomed == NULL && i < _cp_bootstrap_offer_get_n_blobs (offer); i++)
+    {
+      const char *backend = _cp_bootstrap_offer_get_name (offer, i);
+      g_autoptr(GError) error = NULL;
+
+      if (_cp_bootstrap_check_blob (gate->checks, gate->n_checks, backend, _cp_bootstrap_offer_get_blob (offer, i),
+                                    &error))
+        continue;
+      g_set_error (&gate->doomed, error->domain, error->code, "rank 0: rank %d (from %s) offered, for %s, %s",
+                   member->rank, member->peer, backend, error->message);
+      g_debug ("rendezvous: %s", gate->doomed->message);
+    }
 }
 
 static void
@@ -537,9 +543,9 @@ let_in (Gate             *gate,
   visitor->rank = hello->rank;
   memcpy (visitor->nonce, hello->nonce, CP_BOOTSTRAP_NONCE_SIZE);
   gate->members[hello->rank] = visitor;
-  gate->blobs[hello->rank] = g_bytes_ref (hello->blob);
+  gate->offers[hello->rank] = _cp_bootstrap_offer_ref (hello->offer);
   gate->n_joined++;
-  check_blob (gate, visitor);
+  check_offer (gate, visitor);
 }
 
 /* Answers the whole hello @visitor sent, and lets it in or sends it away. */
@@ -658,7 +664,7 @@ check_members (Gate *gate)
         continue;
       g_debug ("rendezvous: rank %d from %s left before the address table", r, member->peer);
       g_clear_pointer (&gate->members[r], visitor_free);
-      g_clear_pointer (&gate->blobs[r], g_bytes_unref);
+      g_clear_pointer (&gate->offers[r], _cp_bootstrap_offer_unref);
       gate->n_joined--;
     }
 }
@@ -783,7 +789,7 @@ send_tables (Gate          *gate,
     {
       Visitor *member = gate->members[r];
       g_autoptr(GBytes) table = _cp_bootstrap_pack_table (gate->config->token, member->challenge, member->nonce,
-                                                          gate->blobs, n);
+                                                          gate->offers, n);
       Outgoing out = { member, _cp_bootstrap_frame (table), 0 };
 
       g_array_append_val (outgoing, out);
@@ -847,10 +853,10 @@ gate_clear (Gate *gate)
   for (int r = 0; r < gate->config->world_size; r++)
     {
       g_clear_pointer (&gate->members[r], visitor_free);
-      g_clear_pointer (&gate->blobs[r], g_bytes_unref);
+      g_clear_pointer (&gate->offers[r], _cp_bootstrap_offer_unref);
     }
   g_free (gate->members);
-  g_free (gate->blobs);
+  g_free (gate->offers);
   g_clear_error (&gate->doomed);
   g_ptr_array_unref (gate->pending);
   if (gate->listener != NULL)
@@ -859,13 +865,13 @@ gate_clear (Gate *gate)
 }
 
 static GPtrArray *
-take_blobs (Gate *gate)
+take_offers (Gate *gate)
 {
-  GPtrArray *blobs = g_ptr_array_new_with_free_func ((GDestroyNotify) g_bytes_unref);
+  GPtrArray *offers = g_ptr_array_new_with_free_func ((GDestroyNotify) _cp_bootstrap_offer_unref);
 
   for (int r = 0; r < gate->config->world_size; r++)
-    g_ptr_array_add (blobs, g_steal_pointer (&gate->blobs[r]));
-  return blobs;
+    g_ptr_array_add (offers, g_steal_pointer (&gate->offers[r]));
+  return offers;
 }
 
 /* A doomed mesh fails with what doomed it, rather than the timeout
@@ -885,9 +891,9 @@ static GPtrArray *
 serve (const CpMeshConfig      *config,
        const CpBootstrapRoute  *route,
        const char              *where,
-       GBytes                  *blob,
-       CpBootstrapCheckFunc     check,
-       gpointer                 check_data,
+       CpBootstrapOffer        *offer,
+       const CpBootstrapCheck  *checks,
+       guint                    n_checks,
        gint64                   deadline,
        GCancellable            *cancellable,
        GError                 **error)
@@ -897,26 +903,26 @@ serve (const CpMeshConfig      *config,
     .where = where,
     .pending = g_ptr_array_new_with_free_func ((GDestroyNotify) visitor_free),
     .members = g_new0 (Visitor *, config->world_size),
-    .blobs = g_new0 (GBytes *, config->world_size),
-    .check = check,
-    .check_data = check_data,
+    .offers = g_new0 (CpBootstrapOffer *, config->world_size),
+    .checks = checks,
+    .n_checks = n_checks,
   };
   GError *failure = NULL;
-  GPtrArray *blobs = NULL;
+  GPtrArray *offers = NULL;
   gboolean ok;
 
-  gate.blobs[0] = g_bytes_ref (blob);
+  gate.offers[0] = _cp_bootstrap_offer_ref (offer);
   ok = open_gate (&gate, route, &failure) && wait_for_ranks (&gate, deadline, cancellable, &failure);
   ok = check_doomed (&gate, &failure) && ok;
   if (ok && send_tables (&gate, deadline, cancellable, &failure))
-    blobs = take_blobs (&gate);
+    offers = take_offers (&gate);
   else
     {
       tell_members (&gate, failure);
       g_propagate_error (error, failure);
     }
   gate_clear (&gate);
-  return blobs;
+  return offers;
 }
 
 /* ---- every other rank ---- */
@@ -924,12 +930,11 @@ serve (const CpMeshConfig      *config,
 typedef struct
 {
   const CpMeshConfig *config;
-  const char *backend;
   const char *where;
   GSocketAddress *address;
-  GBytes *blob;
-  CpBootstrapCheckFunc check;
-  gpointer check_data;
+  CpBootstrapOffer *offer;
+  const CpBootstrapCheck *checks;
+  guint n_checks;
   gint64 deadline;
   GCancellable *cancellable;
   guint8 challenge[CP_BOOTSTRAP_NONCE_SIZE];
@@ -1069,11 +1074,11 @@ send_hello (Joiner   *self,
             GSocket  *socket,
             GError  **error)
 {
-  g_autoptr(GBytes) payload = _cp_bootstrap_pack_hello (self->config, self->challenge, self->nonce, self->blob);
+  g_autoptr(GBytes) payload = _cp_bootstrap_pack_hello (self->config, self->challenge, self->nonce, self->offer);
   g_autoptr(GBytes) frame = NULL;
   guint delay_ms = 0;
 
-  switch (_cp_fault_strike (self->backend, self->config->rank, 0, CP_FAULT_STEP_HELLO, &delay_ms))
+  switch (_cp_fault_strike ("bootstrap", self->config->rank, 0, CP_FAULT_STEP_HELLO, &delay_ms))
     {
     case CP_FAULT_DROP:
       return TRUE;
@@ -1127,20 +1132,26 @@ introduce (Joiner   *self,
   return KNOCK_FAILED;
 }
 
-/* Rank 0 checked every joiner's blob, but a rank 0 that holds the token
- * is not therefore well behaved. */
+/* Rank 0 checked every joiner's blobs, but a rank 0 that holds the
+ * token is not therefore well behaved. */
 static gboolean
 check_table (Joiner     *self,
-             GPtrArray  *blobs,
+             GPtrArray  *offers,
              GError    **error)
 {
-  for (guint r = 0; self->check != NULL && r < blobs->len; r++)
-    if ((int) r != self->config->rank && !self->check (blobs->pdata[r], self->check_data, error))
-      {
-        g_prefix_error (error, "rank %d: the address table from rank 0 at %s holds, for rank %u, ",
-                        self->config->rank, self->where, r);
-        return FALSE;
-      }
+  for (guint r = 0; r < offers->len; r++)
+    {
+      const CpBootstrapOffer *offer = g_ptr_array_index (offers, r);
+
+      for (guint i = 0; (int) r != self->config->rank && i < _cp_bootstrap_offer_get_n_blobs (offer); i++)
+        if (!_cp_bootstrap_check_blob (self->checks, self->n_checks, _cp_bootstrap_offer_get_name (offer, i),
+                                       _cp_bootstrap_offer_get_blob (offer, i), error))
+          {
+            g_prefix_error (error, "rank %d: the address table from rank 0 at %s holds, for rank %u's %s, ",
+                            self->config->rank, self->where, r, _cp_bootstrap_offer_get_name (offer, i));
+            return FALSE;
+          }
+    }
   return TRUE;
 }
 
@@ -1272,31 +1283,30 @@ join (Joiner  *self,
 GPtrArray *
 _cp_bootstrap_exchange (const CpMeshConfig      *config,
                         const CpBootstrapRoute  *route,
-                        const char              *backend,
-                        GBytes                  *blob,
-                        CpBootstrapCheckFunc     check,
-                        gpointer                 check_data,
+                        CpBootstrapOffer        *offer,
+                        const CpBootstrapCheck  *checks,
+                        guint                    n_checks,
                         gint64                   deadline,
                         GCancellable            *cancellable,
                         GError                 **error)
 {
   g_autofree char *where = NULL;
   Joiner joiner = {
-    .config = config, .backend = backend, .address = route->address, .blob = blob,
-    .check = check, .check_data = check_data, .deadline = deadline, .cancellable = cancellable,
+    .config = config, .address = route->address, .offer = offer, .checks = checks, .n_checks = n_checks,
+    .deadline = deadline, .cancellable = cancellable,
   };
 
   if (config->world_size == 1)
     {
-      GPtrArray *blobs = g_ptr_array_new_with_free_func ((GDestroyNotify) g_bytes_unref);
+      GPtrArray *offers = g_ptr_array_new_with_free_func ((GDestroyNotify) _cp_bootstrap_offer_unref);
 
-      g_ptr_array_add (blobs, g_bytes_ref (blob));
-      return blobs;
+      g_ptr_array_add (offers, _cp_bootstrap_offer_ref (offer));
+      return offers;
     }
   where = describe_address (route->address);
   warn_without_token (config, route, where);
   if (config->rank == 0)
-    return serve (config, route, where, blob, check, check_data, deadline, cancellable, error);
+    return serve (config, route, where, offer, checks, n_checks, deadline, cancellable, error);
   joiner.where = where;
   return join (&joiner, error);
 }

@@ -8,6 +8,7 @@
 #include <gio/gio.h>
 
 #include "cp-sync-private.h"
+#include "cp-bootstrap-private.h"
 
 #include "cp-region-private.h"
 #include "cp-tensor.h"
@@ -456,36 +457,170 @@ void         _cp_message_set_mismatch (GError          **error,
  * share memory. */
 CpTransport **_cp_transport_local_new_group (int world_size);
 
-typedef struct _CpMeshConfig CpMeshConfig;
+/* ---- connecting a mesh ---- */
 
-/* Joins this process to the mesh @config describes, as its rank, within
- * its timeout. */
-typedef CpTransport *(*CpTransportConnectFunc) (const CpMeshConfig  *config,
-                                                GCancellable        *cancellable,
-                                                GError             **error);
+/* A backend the library can connect a mesh with: one row of the table in
+ * cp-transport-backends.c.  Connecting (cp-transport-connect.c) asks
+ * every candidate row, as GIO verifies each candidate module, whether it
+ * can work here (probe), has each usable one make this rank's blob and
+ * private state (offer), runs one rendezvous that carries every blob of
+ * every rank (cp-bootstrap-private.h), picks one row from what every rank
+ * offered — the same on every rank, since all see the same table — then
+ * lets it make the transport (finish) and frees the state of the others
+ * (abandon).
+ *
+ * A row without offer needs no rendezvous: its ranks meet by themselves
+ * (the in-process backends), and its probe must answer alike on every
+ * rank. */
+typedef struct _CpTransportBackend CpTransportBackend;
 
-/* A backend the library can connect a mesh with: its name (what
- * CPMESH_TRANSPORT and CpMesh:backend say), the memory kinds it moves and
- * how it connects. */
-typedef struct
+struct _CpTransportBackend
 {
+  /* What CPMESH_TRANSPORT, CpMeshOptions:transport and CpMesh:backend
+   * say; also the key of its blob in the rendezvous. */
   const char *name;
+  /* The memory kinds it moves, as CP_TRANSPORT_DEVICE() bits. */
   guint device_kinds;
-  CpTransportConnectFunc connect;
-} CpTransportBackend;
+  /* Its place in the default chain: the highest usable priority wins;
+   * a negative one takes part only when named. */
+  int priority;
+  /* What `cpmesh info` says of it. */
+  const char *summary;
 
-/* The built backend called @name, or the default one when @name is NULL;
- * an unknown name is CP_MESH_ERROR_UNSUPPORTED naming it and every
- * backend built. */
+  /* Optional (NULL: always): whether it can work in this process, for
+   * the mesh @config describes (NULL: for any mesh); FALSE with
+   * CP_MESH_ERROR_UNSUPPORTED saying why. */
+  gboolean     (*probe)       (const CpMeshConfig      *config,
+                               GError                 **error);
+  /* Optional (NULL: no rendezvous): this rank's blob, and in @state what
+   * finish or abandon will get.  @route says how the ranks reach rank 0. */
+  GBytes      *(*offer)       (const CpMeshConfig      *config,
+                               const CpBootstrapRoute  *route,
+                               gpointer                *state,
+                               GError                 **error);
+  /* Optional: judges another rank's blob, with @state as user data,
+   * before anything else reads it; a bad one fails the rendezvous on
+   * every rank. */
+  CpBootstrapCheckFunc check;
+  /* Optional (NULL: whenever every rank offered it): whether the blobs
+   * of every rank, in rank order, let it connect this mesh; FALSE with
+   * CP_MESH_ERROR_UNSUPPORTED saying why (ranks on several hosts).
+   * Decides from the blobs alone, so every rank decides alike. */
+  gboolean     (*usable_with) (const CpMeshConfig      *config,
+                               GBytes * const          *blobs,
+                               GError                 **error);
+  /* Makes this rank's transport, within @deadline, from @state (which it
+   * takes, success or not) and every rank's blob (NULL for a row without
+   * offer); FALSE may still be CP_MESH_ERROR_UNSUPPORTED. */
+  CpTransport *(*finish)      (const CpMeshConfig      *config,
+                               gpointer                 state,
+                               GBytes * const          *blobs,
+                               gint64                   deadline,
+                               GCancellable            *cancellable,
+                               GError                 **error);
+  /* Frees @state of an offer that was not picked.  NULL: @state is NULL. */
+  void         (*abandon)     (gpointer                 state);
+};
+
+/* The built backend called @name, or the most preferred one when @name
+ * is NULL; an unknown name is CP_MESH_ERROR_UNSUPPORTED naming it and
+ * every backend built. */
 const CpTransportBackend *_cp_transport_backend_find   (const char  *name,
                                                         GError     **error);
-/* "ucx, local": the backends built, the default first. */
+/* "ucx, local": the backends built, the default chain first, by
+ * priority. */
 char                     *_cp_transport_backend_list   (void);
 gboolean                  _cp_transport_backend_serves (const CpTransportBackend *backend,
                                                         CpDeviceKind              device);
+/* The rows a connection tries, most preferred first: the one @name names
+ * (NULL on an unknown name, with the error of _cp_transport_backend_find),
+ * or, when @name is NULL, the default chain. */
+GPtrArray                *_cp_transport_backend_candidates (const char  *name,
+                                                            GError     **error);
 
-/* The UCX backend.  Only built when CP_HAS_UCX. */
-CpTransport  *_cp_transport_ucx_connect     (const CpMeshConfig  *config,
+/* One candidate of a connection as this rank prepared it. */
+typedef struct
+{
+  const CpTransportBackend *backend;
+  GError *unusable;   /* why it cannot run on this rank (probe or offer), or NULL */
+  GBytes *blob;       /* this rank's, once offered */
+  gpointer state;     /* the offer's, for finish or abandon */
+} CpTransportCandidate;
+
+/* Which of @candidates (most preferred first) connects the mesh, the
+ * same on every rank: the first whose blob every rank's offer in @table
+ * holds and whose usable_with takes them, or, for a row without offer,
+ * whose probe passed.  @table is the rendezvous's CpBootstrapOffer* per
+ * rank, NULL when none ran.  When @named, the one candidate was asked for
+ * by name: failing it is CP_MESH_ERROR_UNSUPPORTED saying why, never
+ * another backend.  @story (nullable) receives, for the debug log, why
+ * the pick fell where it did.  Returns the index, or -1 with the
+ * error. */
+int          _cp_transport_pick       (const CpTransportCandidate *candidates,
+                                       guint                       n,
+                                       gboolean                    named,
+                                       const CpMeshConfig         *config,
+                                       GPtrArray                  *table,
+                                       char                      **story,
+                                       GError                    **error);
+
+/* Joins this process to the mesh @config describes, as its rank, within
+ * its timeout, over the backend it names or the one the default chain
+ * picks. */
+CpTransport *_cp_transport_connect    (const CpMeshConfig         *config,
+                                       GCancellable               *cancellable,
+                                       GError                    **error);
+
+/* Each built backend, a line "  NAME  usable here | why not  SUMMARY",
+ * and the rule of the default chain: what `cpmesh info` prints. */
+__attribute__((visibility ("default")))
+char        *_cp_transport_describe_backends (void);
+
+/* The UCX backend's row.  Only built when CP_HAS_UCX. */
+extern const CpTransportBackend _cp_transport_ucx_backend;
+
+/* The intra-host backend (cp-transport-shm.c, doc/mesh-shm.md): ranks
+ * that are processes of one host copy straight out of each other's
+ * buffers with process_vm_readv.  At most this many processes. */
+#define CP_SHM_MAX_WORLD_SIZE 64
+
+/* Whether this host lets the shm backend work, before any rendezvous:
+ * sealed memfds, pidfds and process_vm_readv work, and Yama lets sibling
+ * processes read each other (kernel.yama.ptrace_scope at most 1); else
+ * FALSE with CP_MESH_ERROR_UNSUPPORTED saying what is refused
+ * ("process_vm_readv is refused here: Operation not permitted").  Cheap:
+ * `cpmesh info` and default-chain probes call it. */
+__attribute__((visibility ("default")))
+gboolean      _cp_transport_shm_probe       (GError             **error);
+
+/* The shm backend's row, and the steps it is made of (tests call them):
+ * the offer probes the host, listens on a fresh abstract Unix socket and
+ * packs this rank's blob (host and namespace identity, uid, pid, the
+ * socket's name); UNSUPPORTED when the shm backend cannot work here.
+ * The check parses a peer's blob strictly (TRANSPORT when malformed); it
+ * needs no user data.  Finish, given every rank's blob in rank order,
+ * fails with UNSUPPORTED naming the rank and what differs unless all
+ * ranks share this host, namespaces and uid — the row's usable_with
+ * decides that before finish, from the blobs alone, so the default chain
+ * passes shm over on every rank — and otherwise hands the control
+ * segment over (rank 0) or takes it (the others), checks every peer and
+ * returns the transport, all before @deadline.  The offer's socket is
+ * closed by finish, or by freeing the offer. */
+extern const CpTransportBackend _cp_transport_shm_backend;
+
+typedef struct _CpShmOffer CpShmOffer;
+
+CpShmOffer   *_cp_transport_shm_offer       (const CpMeshConfig  *config,
+                                             GError             **error);
+GBytes       *_cp_transport_shm_offer_get_blob (CpShmOffer       *offer);
+void          _cp_transport_shm_offer_free  (CpShmOffer          *offer);
+gboolean      _cp_transport_shm_check_blob  (GBytes              *blob,
+                                             gpointer             user_data,
+                                             GError             **error);
+CpTransport  *_cp_transport_shm_finish      (CpShmOffer          *offer,
+                                             const CpMeshConfig  *config,
+                                             GBytes * const      *blobs,
+                                             gint64               deadline,
                                              GCancellable        *cancellable,
                                              GError             **error);
 

@@ -1794,45 +1794,92 @@ start_worker (const CpMeshConfig      *config,
   return worker;
 }
 
+/* What this rank's offer started, for finish or abandon. */
+typedef struct
+{
+  CpUcxWorker *worker;
+  GBytes *address;
+} UcxOffer;
+
+static void
+ucx_abandon (gpointer state)
+{
+  UcxOffer *offer = state;
+
+  _cp_ucx_worker_free (offer->worker);
+  g_bytes_unref (offer->address);
+  g_free (offer);
+}
+
+static gboolean
+ucx_probe (const CpMeshConfig  *config,
+           GError             **error)
+{
+  return _cp_ucx_worker_probe (error);
+}
+
+/* The worker, confined to what reaches the other ranks: its address is
+ * this rank's blob. */
+static GBytes *
+ucx_offer (const CpMeshConfig      *config,
+           const CpBootstrapRoute  *route,
+           gpointer                *state,
+           GError                 **error)
+{
+  UcxOffer *offer = g_new0 (UcxOffer, 1);
+
+  offer->worker = start_worker (config, route, &offer->address, error);
+  if (offer->worker == NULL)
+    {
+      g_free (offer);
+      return NULL;
+    }
+  *state = offer;
+  return g_bytes_ref (offer->address);
+}
+
 /* The bootstrap's check of every other rank's worker address. */
 static gboolean
-check_peer_address (GBytes    *address,
-                    gpointer   own,
-                    GError   **error)
+ucx_check (GBytes    *address,
+           gpointer   state,
+           GError   **error)
 {
-  return _cp_ucx_address_check (address, own, error);
+  UcxOffer *offer = state;
+
+  return _cp_ucx_address_check (address, offer->address, error);
 }
 
 /* Ranks meet through the transport-neutral bootstrap (cp-bootstrap.c),
  * which hands every rank the worker addresses of all: UCX never listens
  * for strangers, and nothing reaches it before the token was proved. */
-CpTransport *
-_cp_transport_ucx_connect (const CpMeshConfig  *config,
-                           GCancellable        *cancellable,
-                           GError             **error)
+static CpTransport *
+ucx_finish (const CpMeshConfig  *config,
+            gpointer             state,
+            GBytes * const      *addresses,
+            gint64               deadline,
+            GCancellable        *cancellable,
+            GError             **error)
 {
-  gint64 deadline = g_get_monotonic_time () + (gint64) config->timeout_ms * G_TIME_SPAN_MILLISECOND;
-  CpBootstrapRoute route;
-  CpUcxWorker *worker = NULL;
-  g_autoptr(GBytes) address = NULL;
-  g_autoptr(GPtrArray) addresses = NULL;
-  UcxTransport *self;
+  UcxOffer *offer = state;
+  UcxTransport *self = transport_new (config, g_steal_pointer (&offer->worker));
 
-  if (_cp_bootstrap_find_route (config, &route, error))
-    worker = start_worker (config, &route, &address, error);
-  if (worker != NULL)
-    addresses = _cp_bootstrap_exchange (config, &route, "ucx", address, check_peer_address, address, deadline,
-                                        cancellable, error);
-  _cp_bootstrap_route_clear (&route);
-  if (addresses == NULL)
-    {
-      _cp_ucx_worker_free (worker);
-      return NULL;
-    }
-  self = transport_new (config, worker);
-  if (connect_peers (self, (GBytes * const *) addresses->pdata, error) &&
-      check_connections (self, deadline, cancellable, error))
+  ucx_abandon (offer);
+  if (connect_peers (self, addresses, error) && check_connections (self, deadline, cancellable, error))
     return &self->parent;
   _cp_transport_unref (&self->parent);
   return NULL;
 }
+
+/* Spans hosts: the default chain's backend for ranks that do not share
+ * one. */
+const CpTransportBackend _cp_transport_ucx_backend = {
+  .name = "ucx",
+  .device_kinds = CP_TRANSPORT_DEVICE (CP_DEVICE_KIND_HOST),
+  .priority = 50,
+  .summary = "processes, on one host or several",
+  .probe = ucx_probe,
+  .offer = ucx_offer,
+  .check = ucx_check,
+  .finish = ucx_finish,
+  .abandon = ucx_abandon,
+};

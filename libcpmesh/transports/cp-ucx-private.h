@@ -61,6 +61,10 @@ typedef struct
   int peer;                    /* the world rank it involves */
 } CpUcxOp;
 
+/* Whether UCX can start in this process as this library runs it: not in
+ * unified mode, and with a configuration (UCX_*) it accepts; FALSE with
+ * CP_MESH_ERROR_UNSUPPORTED saying why. */
+gboolean       _cp_ucx_worker_probe        (GError         **error);
 /* Keeps UCX to the transports that reach the ranks along @route (see
  * cp-ucx-worker.c), unless the user chose them. */
 CpUcxWorker   *_cp_ucx_worker_new          (guint            keepalive_ms,

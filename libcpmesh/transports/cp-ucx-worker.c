@@ -106,6 +106,25 @@ check_status (ucs_status_t   status,
   return FALSE;
 }
 
+gboolean
+_cp_ucx_worker_probe (GError **error)
+{
+  ucp_config_t *config = NULL;
+  ucs_status_t status;
+
+  if (refuse_unified_mode (error))
+    return FALSE;
+  status = ucp_config_read (NULL, NULL, &config);
+  if (status == UCS_OK)
+    {
+      ucp_config_release (config);
+      return TRUE;
+    }
+  g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED,
+               "UCX refuses its configuration (the UCX_* environment): %s", ucs_status_string (status));
+  return FALSE;
+}
+
 static gboolean
 is_loopback_interface (const char *name)
 {

@@ -455,8 +455,29 @@ class Info(unittest.TestCase):
     def test_backends(self):
         self.assertRegex(self.result.stdout, r"\n  local\s+yes\s")
         self.assertRegex(self.result.stdout, r"\n  ucx\s+(yes|no)\s")
+        # shm is always built; where it cannot run, the line says why.
+        self.assertRegex(self.result.stdout, r"\n  shm\s+(yes\s[^;\n]*|no\s.*; unusable here: .+)\n")
         self.assertRegex(self.result.stdout,
                          r"\n  cuda\s+(yes|no|built with CUDA; no driver:|built with CUDA; no device:)\s")
+
+    def transports(self, stdout):
+        match = re.search(r"\ntransports \(CPMESH_TRANSPORT names one; [^\n]*\):\n((?:  [^\n]*\n)+)", stdout)
+        self.assertIsNotNone(match, stdout)
+        return match.group(1)
+
+    def test_transports(self):
+        section = self.transports(self.result.stdout)
+        self.assertRegex(section, r"^  shm\s+(yes|no)\s")
+        self.assertRegex(section, r"\n  local\s+yes\s")
+        self.assertRegex(section, r"\n  default chain: shm, (ucx, )?local; [^\n]*several[^\n]*\n$")
+
+    def test_transport_unusable_here(self):
+        """A transport that cannot run here says so, and why."""
+        if not re.search(r"\n  ucx\s+yes\s", self.result.stdout):
+            self.skipTest("built without UCX")
+        result = run("info", env={"UCX_UNIFIED_MODE": "y"})
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertRegex(self.transports(result.stdout), r"\n?  ucx\s+no\s+[^\n]*: UCX_UNIFIED_MODE=y: ")
 
     def test_cpu_features(self):
         for feature in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"):

@@ -43,7 +43,9 @@ def run_torchrun_ranks(port, store):
         'TORCHELASTIC_MAX_RESTARTS': '0', 'TORCHELASTIC_RUN_ID': 'cpmesh-test',
         'CP_TEST_TORCH_STORE': store,
     }
-    environments = [rank_environment(r, WORLD, port, ROLE_RANK=str(r), **torchrun) for r in range(WORLD)]
+    # Over UCX by name: on one host the default chain would pick shm.
+    environments = [rank_environment(r, WORLD, port, ROLE_RANK=str(r), CPMESH_TRANSPORT='ucx', **torchrun)
+                    for r in range(WORLD)]
     return run_processes([sys.executable, RANK_PROGRAM], environments)
 
 
