@@ -279,57 +279,6 @@ test_rank_lost (void)
   cp_test_group_clear (&group);
 }
 
-static GError *
-dup_reported_error (Rank       *rank,
-                    const char *prefix,
-                    gint64     *ms)
-{
-  const char *line = cp_test_rank_find_line (rank, prefix);
-  int code = -1, offset = 0;
-
-  g_assert_nonnull (line);
-  line += strlen (prefix);
-  g_assert_cmpint (sscanf (line, " %d %" G_GINT64_FORMAT " %n", &code, ms, &offset), ==, 2);
-  return g_error_new_literal (CP_MESH_ERROR, code, line + offset);
-}
-
-/* Rank 1 cancels its recv_async while rank 0 waits in a recv from it. */
-static void
-test_cancel (void)
-{
-  guint16 port = cp_test_free_port ();
-  Group group = { 0 };
-
-  g_test_summary ("An async call cancelled on one process fails there and on its peer with "
-                  "CANCELLED, well within the timeout, and breaks the mesh on both");
-  if (!shm_usable ())
-    return;
-  for (int r = 0; r < 2; r++)
-    spawn (&group, "cancel", r, 2, port, SETTINGS ("CPMESH_TIMEOUT_MS=20000"));
-  cp_test_run_until (group.ranks, group.n, cp_test_all_done);
-  for (int r = 0; r < 2; r++)
-    {
-      g_autoptr(GError) failed = NULL;
-      g_autoptr(GError) later = NULL;
-      gint64 failed_ms = 0, later_ms = 0;
-
-      cp_test_assert_exit (group.ranks[r], 0);
-      failed = dup_reported_error (group.ranks[r], "FAILED", &failed_ms);
-      later = dup_reported_error (group.ranks[r], "LATER", &later_ms);
-      g_test_message ("rank %d: %s (%" G_GINT64_FORMAT " ms); later: %s", r, failed->message, failed_ms,
-                      later->message);
-      CP_TEST_ASSERT_CASE (failed, CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED, SUBJECT,
-                           r == 1 ? "recv_async cancelled while it waits for the other process"
-                                  : "recv waiting for a process whose recv_async was cancelled");
-      g_assert_nonnull (strstr (failed->message, "rank 1 was cancelled"));
-      g_assert_cmpint (failed_ms, <, 3000 * cp_test_time_factor ());
-      g_assert_error (later, CP_MESH_ERROR, CP_MESH_ERROR_CANCELLED);
-      g_assert_nonnull (strstr (later->message, "mesh broken: rank 1 was cancelled"));
-      g_assert_cmpint (later_ms, <, 200 * cp_test_time_factor ());
-    }
-  cp_test_group_clear (&group);
-}
-
 /* ---- injected faults (cp-test-fault-rank, in builds with fault injection) ---- */
 
 #define FAULT_TIMEOUT_MS 2000
@@ -823,7 +772,6 @@ main (int   argc,
   g_test_add_func ("/Cp/Shm/failure/sigkill", test_sigkill);
   g_test_add_func ("/Cp/Shm/failure/sigstop", test_sigstop);
   g_test_add_func ("/Cp/Shm/failure/rank-lost", test_rank_lost);
-  g_test_add_func ("/Cp/Shm/failure/cancel", test_cancel);
   g_test_add_data_func ("/Cp/Shm/fault/kill/descriptor", "descriptor", test_fault_kill);
   g_test_add_data_func ("/Cp/Shm/fault/kill/data", "data", test_fault_kill);
   g_test_add_data_func ("/Cp/Shm/fault/kill/result", "result", test_fault_kill);
