@@ -604,6 +604,70 @@ play_soak (void)
   return 0;
 }
 
+/* ---- ring attention over processes ---- */
+
+/* Prints the ring's report of how it moved K/V ("RING forward …"). */
+static void
+report_ring (const char     *domain,
+             GLogLevelFlags  level,
+             const char     *message,
+             gpointer        user_data)
+{
+  if (g_str_has_prefix (message, "attention: "))
+    printf ("RING %s\n", message + strlen ("attention: "));
+}
+
+static CpTensor *
+attention_input (int   heads,
+                 guint seed)
+{
+  const gint64 shape[] = { 1, heads, 6, 16 };
+
+  return cp_test_tensor_pattern (CP_DTYPE_FLOAT32, shape, G_N_ELEMENTS (shape), seed);
+}
+
+static void
+digest_tensor (GChecksum *checksum,
+               CpTensor  *tensor)
+{
+  g_checksum_update (checksum, cp_tensor_get_data (tensor), cp_tensor_get_nbytes (tensor));
+}
+
+/* Causal ring attention forward and backward on inputs made from the
+ * rank number; prints a digest of every output, which must not depend on
+ * the transport or on whether the ring read K/V in place. */
+static void
+play_attention (CpMesh *mesh)
+{
+  g_autoptr(GError) error = NULL;
+  int rank = cp_mesh_get_rank (mesh);
+  g_autoptr(CpAttentionOptions) options = cp_attention_options_new ();
+  g_autoptr(CpAttention) attention = NULL;
+  g_autoptr(CpTensor) q = attention_input (4, 4 * rank + 1);
+  g_autoptr(CpTensor) k = attention_input (2, 4 * rank + 2);
+  g_autoptr(CpTensor) v = attention_input (2, 4 * rank + 3);
+  g_autoptr(CpTensor) dout = attention_input (4, 4 * rank + 4);
+  g_autoptr(CpTensor) out = NULL, lse = NULL, dq = NULL, dk = NULL, dv = NULL;
+  g_autoptr(GChecksum) checksum = g_checksum_new (G_CHECKSUM_SHA256);
+
+  g_log_set_handler ("Cp", G_LOG_LEVEL_DEBUG, report_ring, NULL);
+  cp_attention_options_set_causal (options, TRUE);
+  cp_attention_options_set_heads (options, 4, 2);
+  cp_attention_options_set_rotate_method (options, CP_ROTATE_METHOD_ALLTOALL);
+  attention = cp_attention_new (mesh, options, &error);
+  g_assert_no_error (error);
+  g_assert_true (cp_attention_forward (attention, q, k, v, &out, &lse, &error));
+  g_assert_no_error (error);
+  g_assert_true (cp_attention_backward (attention, dout, q, k, v, out, lse, &dq, &dk, &dv, &error));
+  g_assert_no_error (error);
+  digest_tensor (checksum, out);
+  digest_tensor (checksum, lse);
+  digest_tensor (checksum, dq);
+  digest_tensor (checksum, dk);
+  digest_tensor (checksum, dv);
+  printf ("DIGEST %d %s\n", rank, g_checksum_get_string (checksum));
+}
+
 /* Waits for the test's go-ahead, CP_TEST_GO_FILE, when it asks for one. */
 static void
 wait_for_go (CpMesh *mesh)
@@ -683,6 +747,8 @@ main (int   argc,
     }
   else if (g_str_equal (scenario, "wait-lost"))
     play_wait_lost (mesh);
+  else if (g_str_equal (scenario, "attention"))
+    play_attention (mesh);
   else if (g_str_equal (scenario, "stop-loop"))
     play_stop_loop (mesh);
   else

@@ -98,6 +98,69 @@ test_collectives (gconstpointer data)
   cp_test_group_clear (&group);
 }
 
+/* ---- ring attention read in place ---- */
+
+#define ATTENTION_RANKS 3
+
+/* Runs the attention scenario on ATTENTION_RANKS processes with
+ * @settings and stores every rank's digest and its forward ring report. */
+static void
+run_attention (const char * const *settings,
+               char              **digests,
+               char              **rings)
+{
+  guint16 port = cp_test_free_port ();
+  Group group = { 0 };
+
+  for (int r = 0; r < ATTENTION_RANKS; r++)
+    spawn (&group, "attention", r, ATTENTION_RANKS, port, settings);
+  cp_test_run_until (group.ranks, group.n, cp_test_all_done);
+  for (int r = 0; r < ATTENTION_RANKS; r++)
+    {
+      const char *digest = cp_test_rank_find_line (group.ranks[r], "DIGEST");
+      const char *ring = cp_test_rank_find_line (group.ranks[r], "RING forward");
+
+      cp_test_assert_exit (group.ranks[r], 0);
+      g_assert_nonnull (digest);
+      g_assert_nonnull (ring);
+      digests[r] = g_strdup (digest);
+      rings[r] = g_strdup (ring);
+    }
+  cp_test_group_clear (&group);
+}
+
+static void
+test_attention_in_place (void)
+{
+  char *in_place[ATTENTION_RANKS], *passed[ATTENTION_RANKS], *over_ucx[ATTENTION_RANKS];
+  char *rings[3][ATTENTION_RANKS];
+
+  g_test_summary ("Ring attention over shm processes reads every peer's K/V where it lies, "
+                  "copying no K/V byte, and gives the bits of the ring that passes shards, "
+                  "over shm and over UCX");
+  if (!shm_usable ())
+    return;
+  run_attention (SETTINGS ("CPMESH_TIMEOUT_MS=30000"), in_place, rings[0]);
+  run_attention (SETTINGS ("CPMESH_TIMEOUT_MS=30000", "CPMESH_ATTENTION_IN_PLACE=0"), passed, rings[1]);
+  run_attention (SETTINGS ("CPMESH_TIMEOUT_MS=30000", "CPMESH_TRANSPORT=ucx", "CP_TEST_EXPECT_BACKEND=ucx"),
+                 over_ucx, rings[2]);
+  for (int r = 0; r < ATTENTION_RANKS; r++)
+    {
+      g_test_message ("rank %d: %s | %s | %s", r, rings[0][r], rings[1][r], rings[2][r]);
+      g_assert_nonnull (strstr (rings[0][r], "over shm read every peer's K/V in place: "
+                                             "0 K/V bytes copied per step"));
+      g_assert_nonnull (strstr (rings[1][r], "over shm passed"));
+      g_assert_nonnull (strstr (rings[2][r], "over ucx passed"));
+      g_assert_cmpstr (in_place[r], ==, passed[r]);
+      g_assert_cmpstr (in_place[r], ==, over_ucx[r]);
+      for (int m = 0; m < 3; m++)
+        g_free (rings[m][r]);
+      g_free (in_place[r]);
+      g_free (passed[r]);
+      g_free (over_ucx[r]);
+    }
+}
+
 /* ---- the default chain ---- */
 
 static void
@@ -772,6 +835,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Shm/failure/sigkill", test_sigkill);
   g_test_add_func ("/Cp/Shm/failure/sigstop", test_sigstop);
   g_test_add_func ("/Cp/Shm/failure/rank-lost", test_rank_lost);
+  g_test_add_func ("/Cp/Shm/attention/in-place", test_attention_in_place);
   g_test_add_data_func ("/Cp/Shm/fault/kill/descriptor", "descriptor", test_fault_kill);
   g_test_add_data_func ("/Cp/Shm/fault/kill/data", "data", test_fault_kill);
   g_test_add_data_func ("/Cp/Shm/fault/kill/result", "result", test_fault_kill);

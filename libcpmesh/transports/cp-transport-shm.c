@@ -250,6 +250,10 @@ typedef struct
   guint64 calls;           /* collectives started, as errors number them */
   guint operation;         /* the running one, as fault injection counts */
   guint logged;            /* the paths the debug log named, as bits */
+  /* The peers' loans this rank maps, between share and unshare: per
+   * member, the read-only mapping and its length (NULL: none). */
+  guint8 **loan_maps;
+  gsize *loan_lengths;
 } ShmComm;
 
 struct _CpRequest
@@ -1084,9 +1088,12 @@ shm_comm_new (CpTransport  *transport,
   return comm != NULL ? &comm->parent : NULL;
 }
 
+static void unmap_loans (ShmComm *comm);
+
 static void
 shm_comm_free (CpComm *comm)
 {
+  unmap_loans ((ShmComm *) comm);
   _cp_comm_clear (comm);
   g_free (comm);
 }
@@ -1963,6 +1970,243 @@ shm_wait (CpComm        *parent,
   return ok;
 }
 
+/* ---- loans: peers' memory read where it lies ---- */
+
+/* A rank lends host memory from alloc_shared(): a sealed memfd.  Peers
+ * learn, through an all-gather, the descriptor number in the lender's
+ * process and the file's identity, reopen it read-only through
+ * /proc/<pid>/fd (which the same access as process_vm_readv allows),
+ * check that it is the same file, sealed against shrinking, and large
+ * enough, and map it read-only.  So a reader never writes a lender's
+ * memory, and a lender that fails or dies cannot pull pages from under a
+ * reader: the mapping holds them.  Every rank maps or breaks the mesh,
+ * then a barrier decides for all; unshare is a barrier after which every
+ * rank unmaps. */
+
+typedef struct
+{
+  gint64 fd;               /* in the lender's process; -1: not lendable memory */
+  guint64 dev;
+  guint64 ino;
+  guint64 offset;          /* of the loan in the file */
+  guint64 length;
+  guint64 pad;
+} LoanWire;
+
+static CpStorage *
+shm_alloc_shared (CpTransport  *transport,
+                  gsize         size,
+                  GError      **error)
+{
+  return cp_storage_new_shared (MAX (size, 1), error);
+}
+
+static LoanWire
+describe_loan (const CpRegion *mine)
+{
+  LoanWire wire = { -1, 0, 0, mine->offset, mine->length, 0 };
+  int fd = cp_storage_get_fd (mine->storage);
+  struct stat st;
+
+  /* Storage from alloc_shared() maps its memfd from the start. */
+  if (fd >= 0 && cp_storage_get_kind (mine->storage) == CP_STORAGE_KIND_FD && fstat (fd, &st) == 0)
+    {
+      wire.fd = fd;
+      wire.dev = st.st_dev;
+      wire.ino = st.st_ino;
+    }
+  return wire;
+}
+
+static void
+unmap_loans (ShmComm *comm)
+{
+  if (comm->loan_maps == NULL)
+    return;
+  for (int r = 0; r < comm->parent.size; r++)
+    if (comm->loan_maps[r] != NULL)
+      munmap (comm->loan_maps[r], comm->loan_lengths[r]);
+  g_clear_pointer (&comm->loan_maps, g_free);
+  g_clear_pointer (&comm->loan_lengths, g_free);
+}
+
+/* Maps member @r's loan @wire read-only, or says why not. */
+static gboolean
+map_loan (ShmComm         *comm,
+          int              r,
+          const LoanWire  *wire,
+          gconstpointer   *address,
+          GError         **error)
+{
+  ShmTransport *self = comm->transport;
+  int rank = world_rank (comm, r);
+  g_autofree char *path = g_strdup_printf ("/proc/%u/fd/%" G_GINT64_FORMAT, self->pids[rank], wire->fd);
+  gsize page = (gsize) sysconf (_SC_PAGESIZE);
+  gsize start = wire->offset / page * page;
+  gsize length = wire->offset - start + wire->length;
+  struct stat st;
+  int fd, seals;
+  gpointer map;
+
+  if ((fd = open (path, O_RDONLY | O_CLOEXEC)) < 0)
+    {
+      int saved_errno = errno;
+
+      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
+                   "cannot open the memory mesh rank %d lent (%s): %s", rank, path,
+                   g_strerror (saved_errno));
+      return FALSE;
+    }
+  seals = fcntl (fd, F_GET_SEALS);
+  if (fstat (fd, &st) != 0 || (guint64) st.st_dev != wire->dev || (guint64) st.st_ino != wire->ino)
+    g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
+                 "descriptor %" G_GINT64_FORMAT " of mesh rank %d is no longer the memory it lent",
+                 wire->fd, rank);
+  else if (seals < 0 || !(seals & F_SEAL_SHRINK))
+    g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
+                 "the memory mesh rank %d lent is not sealed against shrinking", rank);
+  else if (wire->offset + wire->length < wire->offset ||
+           wire->offset + wire->length > (guint64) st.st_size)
+    g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
+                 "mesh rank %d lent %" G_GUINT64_FORMAT " bytes at %" G_GUINT64_FORMAT
+                 " of a file of %" G_GOFFSET_FORMAT, rank, wire->length, wire->offset,
+                 (goffset) st.st_size);
+  else if ((map = mmap (NULL, MAX (length, 1), PROT_READ, MAP_SHARED | MAP_POPULATE, fd,
+                        (off_t) start)) == MAP_FAILED)
+    {
+      int saved_errno = errno;
+
+      g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_TRANSPORT,
+                   "cannot map the memory mesh rank %d lent: %s", rank, g_strerror (saved_errno));
+    }
+  else
+    {
+      comm->loan_maps[r] = map;
+      comm->loan_lengths[r] = MAX (length, 1);
+      *address = (const guint8 *) map + (wire->offset - start);
+    }
+  close (fd);
+  return error == NULL || *error == NULL;
+}
+
+/* Every member's loan, gathered: the same table on every rank, which
+ * every rank judges alike. */
+static gboolean
+gather_loans (ShmComm         *comm,
+              const LoanWire  *own,
+              LoanWire        *all,
+              gint64           deadline,
+              GCancellable    *cancellable,
+              GError         **error)
+{
+  CpCollective coll = {
+    .kind = CP_COLL_ALL_GATHER,
+    .dtype = CP_DTYPE_INT64,
+    .n_dims = 1,
+    .shape = { sizeof *own / sizeof (gint64) },
+    .outer = 1,
+    .block = sizeof *own,
+    .device = CP_DEVICE_KIND_HOST,
+  };
+  gboolean ok;
+
+  _cp_region_init_host (&coll.send, (gpointer) own, sizeof *own);
+  _cp_region_init_host (&coll.recv, all, sizeof *own * (gsize) comm->parent.size);
+  ok = shm_collective (&comm->parent, &coll, deadline, cancellable, error);
+  _cp_collective_clear (&coll);
+  return ok;
+}
+
+static gboolean
+check_loans (ShmComm         *comm,
+             const LoanWire  *all,
+             GError         **error)
+{
+  for (int r = 0; r < comm->parent.size; r++)
+    {
+      if (all[r].fd < 0)
+        {
+          g_set_error (error, CP_MESH_ERROR, CP_MESH_ERROR_UNSUPPORTED,
+                       "mesh rank %d lends memory another process cannot map (not from a memfd)",
+                       world_rank (comm, r));
+          return FALSE;
+        }
+      if (all[r].length != all[0].length)
+        {
+          g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                       "mesh rank %d lends %" G_GUINT64_FORMAT " bytes to read in place but "
+                       "mesh rank %d lends %" G_GUINT64_FORMAT, world_rank (comm, r),
+                       all[r].length, world_rank (comm, 0), all[0].length);
+          return FALSE;
+        }
+    }
+  return TRUE;
+}
+
+static gboolean
+barrier (ShmComm       *comm,
+         gint64         deadline,
+         GCancellable  *cancellable,
+         GError       **error)
+{
+  CpCollective coll = { .kind = CP_COLL_BARRIER, .device = CP_DEVICE_KIND_HOST };
+
+  return shm_collective (&comm->parent, &coll, deadline, cancellable, error);
+}
+
+static gboolean
+shm_share (CpComm         *parent,
+           const CpRegion *mine,
+           gconstpointer  *peers,
+           gint64          deadline,
+           GCancellable   *cancellable,
+           GError        **error)
+{
+  ShmComm *comm = (ShmComm *) parent;
+  LoanWire own = describe_loan (mine);
+  g_autofree LoanWire *all = g_new0 (LoanWire, parent->size);
+  GError *failure = NULL;
+
+  unmap_loans (comm);
+  if (!gather_loans (comm, &own, all, deadline, cancellable, error) || !check_loans (comm, all, error))
+    return FALSE;
+  comm->loan_maps = g_new0 (guint8 *, parent->size);
+  comm->loan_lengths = g_new0 (gsize, parent->size);
+  for (int r = 0; r < parent->size && failure == NULL; r++)
+    if (r == parent->index)
+      peers[r] = _cp_region_get_address (mine);
+    else
+      map_loan (comm, r, &all[r], &peers[r], &failure);
+  if (failure != NULL)
+    {
+      /* Every rank maps or none reads: the barrier fails everywhere. */
+      break_mesh (comm->transport, "share", failure);
+      g_clear_error (&failure);
+    }
+  if (!barrier (comm, deadline, cancellable, error))
+    {
+      unmap_loans (comm);
+      return FALSE;
+    }
+  g_debug ("shm: %d ranks lend each other %" G_GUINT64_FORMAT " bytes to read in place",
+           parent->size, own.length);
+  return TRUE;
+}
+
+static gboolean
+shm_unshare (CpComm        *parent,
+             gint64         deadline,
+             GCancellable  *cancellable,
+             GError       **error)
+{
+  ShmComm *comm = (ShmComm *) parent;
+  gboolean ok = barrier (comm, deadline, cancellable, error);
+
+  /* Whatever the verdict, this rank has stopped reading. */
+  unmap_loans (comm);
+  return ok;
+}
+
 /* ---- the transport ---- */
 
 static void
@@ -2034,6 +2278,9 @@ static const CpTransportOps shm_ops = {
   .poll = shm_poll,
   .interrupt = shm_interrupt,
   .fail = shm_fail,
+  .share = shm_share,
+  .unshare = shm_unshare,
+  .alloc_shared = shm_alloc_shared,
 };
 
 /* ---- usable here? ---- */
