@@ -1392,6 +1392,27 @@ plan_all_to_all (CpMesh        *self,
   return TRUE;
 }
 
+/* Runs the all-to-all of @tensor into @out, or only its rendezvous when
+ * this rank's arguments are bad (@invalid, taken, or @out NULL). */
+static gboolean
+exchange_into (CpMesh    *self,
+               CpTensor  *tensor,
+               int        dim,
+               CpTensor  *out,
+               GError    *invalid,
+               GError   **error)
+{
+  CpCollective coll;
+
+  describe_operand (&coll, CP_COLL_ALL_TO_ALL, tensor);
+  if (invalid == NULL && plan_all_to_all (self, &coll, tensor, dim, &invalid) && out != NULL)
+    {
+      _cp_tensor_get_region (tensor, &coll.send);
+      _cp_tensor_get_region (out, &coll.recv);
+    }
+  return run_and_clear (self, &coll, invalid, error);
+}
+
 /**
  * cp_mesh_all_to_all:
  * @self: a mesh
@@ -1416,24 +1437,91 @@ cp_mesh_all_to_all (CpMesh    *self,
                     GError   **error)
 {
   g_autoptr(CpTensor) out = NULL;
-  CpCollective coll;
   GError *invalid = NULL;
 
   g_return_val_if_fail (CP_IS_MESH (self), NULL);
   g_return_val_if_fail (CP_IS_TENSOR (tensor), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  describe_operand (&coll, CP_COLL_ALL_TO_ALL, tensor);
-  if (plan_all_to_all (self, &coll, tensor, dim, &invalid))
-    out = result_like (tensor, cp_tensor_get_shape (tensor, NULL), &invalid);
-  if (out != NULL)
-    {
-      _cp_tensor_get_region (tensor, &coll.send);
-      _cp_tensor_get_region (out, &coll.recv);
-    }
-  if (!run_and_clear (self, &coll, invalid, error))
+  out = result_like (tensor, cp_tensor_get_shape (tensor, NULL), &invalid);
+  if (!exchange_into (self, tensor, dim, out, invalid, error))
     return NULL;
   return g_steal_pointer (&out);
+}
+
+/* Whether @out can take the pieces all_to_all brings to @tensor's rank:
+ * @tensor's dtype and shape, in its memory, writable and apart from it,
+ * which every rank still reads while pieces arrive. */
+static gboolean
+check_exchange_output (CpTensor  *tensor,
+                       CpTensor  *out,
+                       GError   **error)
+{
+  guint n_dims = cp_tensor_get_n_dims (tensor);
+  CpStorage *storage = cp_tensor_get_storage (tensor);
+  gsize start = cp_tensor_get_storage_offset (tensor), end = start + cp_tensor_get_nbytes (tensor);
+  gsize out_start = cp_tensor_get_storage_offset (out), out_end = out_start + cp_tensor_get_nbytes (out);
+
+  if (cp_tensor_get_dtype (out) != cp_tensor_get_dtype (tensor) ||
+      cp_tensor_get_n_dims (out) != n_dims ||
+      memcmp (cp_tensor_get_shape (out, NULL), cp_tensor_get_shape (tensor, NULL),
+              n_dims * sizeof (gint64)) != 0)
+    {
+      g_autofree char *have = cp_tensor_describe (out);
+      g_autofree char *want = cp_tensor_describe (tensor);
+
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                   "all_to_all: the output is %s, it must be %s, the tensor's", have, want);
+      return FALSE;
+    }
+  if (cp_tensor_get_storage (out) == storage && out_start < end && start < out_end)
+    {
+      g_set_error (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE,
+                   "all_to_all: the output overlaps the tensor (bytes %" G_GSIZE_FORMAT
+                   " to %" G_GSIZE_FORMAT " of one storage, the tensor's %" G_GSIZE_FORMAT
+                   " to %" G_GSIZE_FORMAT "), which peers still read", out_start, out_end, start, end);
+      return FALSE;
+    }
+  return _cp_tensor_require_device (out, "all_to_all", "the output",
+                                    1u << cp_tensor_get_device (tensor), error) &&
+         _cp_tensor_require_writable (out, "all_to_all", "the output", error);
+}
+
+/**
+ * cp_mesh_all_to_all_into:
+ * @self: a mesh
+ * @tensor: this rank's tensor; every rank passes the same dtype and shape
+ * @dim: the dimension to split and concatenate along; its length must be
+ *   a multiple of the world size
+ * @out: the result: a tensor of @tensor's dtype, shape and memory kind,
+ *   apart from @tensor
+ * @error: return location for a #GError
+ *
+ * Like [method@Cp.Mesh.all_to_all], writing into a tensor the caller
+ * reuses.
+ *
+ * Returns: %TRUE on success, or %FALSE with an error on every rank;
+ *   %CP_TENSOR_ERROR_SHAPE when a rank's @out does not match its @tensor
+ *   or overlaps it, %CP_TENSOR_ERROR_READ_ONLY when it is read-only
+ *
+ * Since: 1.0
+ */
+gboolean
+cp_mesh_all_to_all_into (CpMesh    *self,
+                         CpTensor  *tensor,
+                         int        dim,
+                         CpTensor  *out,
+                         GError   **error)
+{
+  GError *invalid = NULL;
+
+  g_return_val_if_fail (CP_IS_MESH (self), FALSE);
+  g_return_val_if_fail (CP_IS_TENSOR (tensor), FALSE);
+  g_return_val_if_fail (CP_IS_TENSOR (out), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  check_exchange_output (tensor, out, &invalid);
+  return exchange_into (self, tensor, dim, out, invalid, error);
 }
 
 /**

@@ -102,6 +102,12 @@ CpTensor           *cp_mesh_all_to_all        (CpMesh              *self,
                                                int                  dim,
                                                GError             **error) G_GNUC_WARN_UNUSED_RESULT;
 CP_AVAILABLE_IN_ALL
+gboolean            cp_mesh_all_to_all_into   (CpMesh              *self,
+                                               CpTensor            *tensor,
+                                               int                  dim,
+                                               CpTensor            *out,
+                                               GError             **error);
+CP_AVAILABLE_IN_ALL
 gboolean            cp_mesh_all_reduce        (CpMesh              *self,
                                                CpTensor            *tensor,
                                                CpReduceOp           op,

@@ -186,6 +186,56 @@ test_all_gather_into (void)
   cp_test_free_group (meshes);
 }
 
+/* Rank r sends 10·r + j to rank j, into an output it reuses. */
+static void
+all_to_all_into_rank (CpMesh   *mesh,
+                      gpointer  user_data)
+{
+  const gint64 shape[] = { 3 };
+  const gint64 bad_shape[] = { 4 };
+  const gint64 twice[] = { 6 };
+  int rank = cp_mesh_get_rank (mesh);
+  g_autoptr(CpTensor) mine = CP_TEST_TENSOR (CP_DTYPE_INT32, shape, 10 * rank, 10 * rank + 1, 10 * rank + 2);
+  g_autoptr(CpTensor) out = cp_test_on_device (cp_tensor_new (CP_DTYPE_INT32, shape, 1, NULL));
+  g_autoptr(CpTensor) bad = cp_test_on_device (cp_tensor_new (CP_DTYPE_INT32, bad_shape, 1, NULL));
+  g_autoptr(CpTensor) both = cp_test_on_device (cp_tensor_new (CP_DTYPE_INT32, twice, 1, NULL));
+  g_autoptr(CpTensor) low = NULL, high = NULL;
+  g_autoptr(GError) error = NULL;
+
+  for (int round = 0; round < 2; round++)
+    {
+      g_assert_true (cp_mesh_all_to_all_into (mesh, mine, 0, out, &error));
+      g_assert_no_error (error);
+      CP_TEST_ASSERT_VALUES (out, rank, 10 + rank, 20 + rank);
+    }
+
+  /* Rank 1's output is wrong: every rank fails, naming rank 1. */
+  g_assert_false (cp_mesh_all_to_all_into (mesh, mine, 0, rank == 1 ? bad : out, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpMesh",
+                       "all_to_all_into where one rank's output has the wrong shape (every rank fails)");
+  g_assert_nonnull (strstr (error->message, "communicator rank 1: all_to_all: the output is int32[4]"));
+  g_clear_error (&error);
+
+  /* An output that overlaps the tensor would be read while written. */
+  low = cp_tensor_narrow (both, 0, 0, 3, &error);
+  g_assert_no_error (error);
+  high = cp_tensor_narrow (both, 0, 2, 3, &error);
+  g_assert_no_error (error);
+  g_assert_false (cp_mesh_all_to_all_into (mesh, low, 0, rank == 2 ? high : out, &error));
+  CP_TEST_ASSERT_CASE (error, CP_TENSOR_ERROR, CP_TENSOR_ERROR_SHAPE, "CpMesh",
+                       "all_to_all_into whose output overlaps its tensor on one rank (every rank fails)");
+  g_assert_nonnull (strstr (error->message, "all_to_all: the output overlaps the tensor"));
+}
+
+static void
+test_all_to_all_into (void)
+{
+  GList *meshes = cp_test_local_group ("cp", 3);
+
+  cp_test_run_ranks (meshes, all_to_all_into_rank, NULL);
+  cp_test_free_group (meshes);
+}
+
 static void
 all_to_all_rank (CpMesh   *mesh,
                  gpointer  user_data)
@@ -908,6 +958,7 @@ main (int   argc,
   g_test_add_func ("/Cp/Mesh/timeout/zero", test_timeout_zero);
   g_test_add_func ("/Cp/Mesh/all-gather/every-dim", test_all_gather);
   g_test_add_func ("/Cp/Mesh/all-gather/into", test_all_gather_into);
+  g_test_add_func ("/Cp/Mesh/all-to-all/into", test_all_to_all_into);
   g_test_add_func ("/Cp/Mesh/all-to-all/values", test_all_to_all);
   g_test_add_func ("/Cp/Mesh/all-to-all/indivisible", test_all_to_all_indivisible);
   g_test_add_func ("/Cp/Mesh/all-reduce/every-dtype-op", test_all_reduce);

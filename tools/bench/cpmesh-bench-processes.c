@@ -186,6 +186,7 @@ buffers_init (Buffers  *buffers,
 
   return (buffers->piece = cp_tensor_new_full (CP_DTYPE_FLOAT32, shape, 1, 0.0, error)) != NULL &&
          (buffers->reduced = cp_tensor_new_full (CP_DTYPE_FLOAT32, shape, 1, 0.0, error)) != NULL &&
+         (buffers->exchanged = cp_tensor_new_full (CP_DTYPE_FLOAT32, shape, 1, 0.0, error)) != NULL &&
          (buffers->gathered = cp_tensor_new_full (CP_DTYPE_FLOAT32, gathered_shape, 1, 0.0,
                                                   error)) != NULL;
 }
@@ -203,9 +204,8 @@ call (CpMesh      *mesh,
     case CPMESH_COLL_ALL_REDUCE:
       return cp_mesh_all_reduce (mesh, buffers->reduced, CP_REDUCE_OP_SUM, error);
     case CPMESH_COLL_ALL_TO_ALL:
-      g_clear_object (&buffers->exchanged);
-      buffers->exchanged = cp_mesh_all_to_all (mesh, buffers->piece, 0, error);
-      return buffers->exchanged != NULL;
+      /* Into an output reused from call to call, as Open MPI's is. */
+      return cp_mesh_all_to_all_into (mesh, buffers->piece, 0, buffers->exchanged, error);
     default:
       g_assert_not_reached ();
     }
