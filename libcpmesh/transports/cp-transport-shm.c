@@ -95,8 +95,13 @@
 #define BROKEN_BIT (G_GUINT64_CONSTANT (1) << 63)
 #define PROBE_MAGIC G_GUINT64_CONSTANT (0x43504d4553485052)
 /* Rounds of sched_yield before a wait sleeps on a futex; every sleep is
- * short, so a peer's death or this rank's cancellation is seen soon. */
-#define SPIN_ROUNDS 32
+ * short, so a peer's death or this rank's cancellation is seen soon.
+ * Yielding hands the core to a runnable peer where ranks outnumber
+ * cores, so a longer spin costs them nothing; with a core each, 512
+ * rounds (some hundred microseconds) spare the futex's wake-up latency
+ * at most sync points of a 1 MiB collective (4.3 → 5.1 GB/s bus
+ * bandwidth for 2 processes' all_gather; 4 processes unchanged). */
+#define SPIN_ROUNDS 512
 #define SLEEP_MAX_US 5000
 #define IOV_BATCH 512
 #define DEFAULT_CHUNK (256 << 10)
