@@ -78,6 +78,7 @@ const INTEGER_ARGUMENTS = {
         'prototype.all_gather_into_async': [null, 'dim:int'],
         'prototype.all_to_all': [null, 'dim:int'],
         'prototype.all_to_all_async': [null, 'dim:int'],
+        'prototype.all_to_all_into': [null, 'dim:int'],
         'prototype.broadcast': [null, 'root:int'],
         'prototype.broadcast_async': [null, 'root:int'],
         'prototype.send': [null, 'dst:int', 'tag:uint'],

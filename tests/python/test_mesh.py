@@ -97,6 +97,19 @@ class TestCollectives(unittest.TestCase):
             expected = np.concatenate([rank_array(src, [6, 2])[2 * r:2 * r + 2] for src in range(3)])
             self.assertTrue(np.array_equal(got, expected), r)
 
+    def test_all_to_all_into(self):
+        meshes = group(3)
+
+        def exchange(m):
+            out = Cp.Tensor.from_numpy(np.zeros([6, 2], np.float32))
+            m.all_to_all_into(rank_tensor(m, [6, 2]), 0, out)
+            return out.numpy()
+
+        results = run_ranks(meshes, exchange)
+        for r, got in enumerate(results):
+            expected = np.concatenate([rank_array(src, [6, 2])[2 * r:2 * r + 2] for src in range(3)])
+            self.assertTrue(np.array_equal(got, expected), r)
+
     def test_all_reduce(self):
         for dtype, np_dtype in [(Cp.DType.INT32, np.int32), (Cp.DType.INT64, np.int64),
                                 (Cp.DType.FLOAT32, np.float32), (Cp.DType.FLOAT64, np.float64)]:

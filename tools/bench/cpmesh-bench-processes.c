@@ -355,6 +355,29 @@ run_failure_rank (CpMesh *mesh)
   return 0;
 }
 
+/* The K/V bytes per ring step the library's debug log reports for each
+ * ring it runs ("… 0 K/V bytes copied per step" when it reads peers' K/V
+ * in place, "… passed N K/V bytes per step" when shards travel): the
+ * largest, or -1 before any report. */
+static void
+count_ring_bytes (const char     *domain,
+                  GLogLevelFlags  level,
+                  const char     *message,
+                  gpointer        user_data)
+{
+  gint64 *largest = user_data;
+  const char *passed = strstr (message, " passed ");
+  gint64 bytes = -1;
+
+  if (!g_str_has_prefix (message, "attention: "))
+    return;
+  if (strstr (message, "in place: 0 K/V bytes copied per step") != NULL)
+    bytes = 0;
+  else if (passed != NULL)
+    bytes = g_ascii_strtoll (passed + strlen (" passed "), NULL, 10);
+  *largest = MAX (*largest, bytes);
+}
+
 static int
 run_attention_rank (CpMesh                       *mesh,
                     const CpmeshMeshBenchOptions *options)
@@ -362,7 +385,9 @@ run_attention_rank (CpMesh                       *mesh,
   g_autoptr(GError) error = NULL;
   g_autofree char *digest = NULL;
   double seconds;
+  gint64 ring_bytes = -1;
 
+  g_log_set_handler ("Cp", G_LOG_LEVEL_DEBUG, count_ring_bytes, &ring_bytes);
   if (!cpmesh_bench_attention_rank (mesh, options->attention_seq, TRUE, &seconds, &digest,
                                     &error))
     {
@@ -370,6 +395,7 @@ run_attention_rank (CpMesh                       *mesh,
       return 1;
     }
   cp_harness_report ("DIGEST %s", digest);
+  cp_harness_report ("RINGBYTES %" G_GINT64_FORMAT, ring_bytes);
   if (cp_mesh_get_rank (mesh) == 0)
     cp_harness_report ("ATTENTION %.9f", seconds);
   return 0;
@@ -1089,6 +1115,7 @@ typedef struct
 {
   double seconds;
   GPtrArray *digests;   /* by rank */
+  gint64 ring_bytes;    /* K/V bytes per ring step, the most any rank's log reported; -1: none */
 } AttentionRead;
 
 static gboolean
@@ -1103,8 +1130,12 @@ read_attention (CpHarnessRank **ranks,
   for (int r = 0; r < n; r++)
     {
       const char *digest = cp_harness_rank_find_line (ranks[r], "DIGEST ");
+      const char *bytes = cp_harness_rank_find_line (ranks[r], "RINGBYTES ");
+      gint64 reported = -1;
 
       g_ptr_array_add (read->digests, g_strdup (digest ? digest + strlen ("DIGEST ") : ""));
+      if (bytes != NULL && sscanf (bytes, "RINGBYTES %" G_GINT64_FORMAT, &reported) == 1)
+        read->ring_bytes = MAX (read->ring_bytes, reported);
     }
   if (line != NULL && sscanf (line, "ATTENTION %lf", &read->seconds) == 1)
     return TRUE;
@@ -1154,12 +1185,14 @@ measure_attention (const CpmeshMeshBenchOptions  *options,
                    int                            n,
                    double                        *processes,
                    double                        *threads,
+                   gint64                        *ring_bytes,
                    GError                       **error)
 {
+  *ring_bytes = -1;
   for (int r = 0; r < options->rounds; r++)
     {
       g_autoptr(GPtrArray) digests = g_ptr_array_new_with_free_func (g_free);
-      AttentionRead read = { 0, digests };
+      AttentionRead read = { 0, digests, -1 };
       g_auto(GStrv) thread_digests = NULL;
 
       cpmesh_progress ("attention round %d of %d: %d processes over %s", r + 1, options->rounds,
@@ -1172,6 +1205,7 @@ measure_attention (const CpmeshMeshBenchOptions  *options,
           !check_digests (digests, thread_digests, n, error))
         return FALSE;
       processes[r] = read.seconds;
+      *ring_bytes = MAX (*ring_bytes, read.ring_bytes);
     }
   return TRUE;
 }
@@ -1180,7 +1214,8 @@ static void
 print_attention (CpmeshMeshBenchOptions *options,
                  int                     n,
                  const double           *processes,
-                 const double           *threads)
+                 const double           *threads,
+                 gint64                  ring_bytes)
 {
   g_autofree double *ratio = g_new (double, options->rounds);
   g_autofree char *processes_text = NULL, *threads_text = NULL, *ratio_text = NULL;
@@ -1199,7 +1234,12 @@ print_attention (CpmeshMeshBenchOptions *options,
   printf ("  %d processes over %s: %s s\n  %d threads of one process: %s s\n"
           "  processes / threads: %s\n", n, backend_name (options), processes_text, n,
           threads_text, ratio_text);
-  printf ("  K/V bytes copied per ring step: not measured (this libcpmesh has no counter for them)\n\n");
+  if (ring_bytes < 0)
+    printf ("  K/V bytes copied per ring step: not reported (the ranks' rings said nothing)\n\n");
+  else
+    printf ("  K/V bytes copied per ring step over processes: %" G_GINT64_FORMAT " (the most any "
+            "rank's ring reported in its debug log, forward and backward, over every round)%s\n\n",
+            ring_bytes, ring_bytes == 0 ? ": every shard read where it lies" : "");
   cpmesh_bench_target (&options->run, "attention: wall time over processes against threads, "
                        "median of the rounds", spread.median, CPMESH_AT_MOST,
                        MAX_ATTENTION_VS_THREADS);
@@ -1276,6 +1316,7 @@ cpmesh_bench_mesh_processes (CpmeshMeshBenchOptions *options,
   int attention_ranks = given ? options->n_ranks : ATTENTION_RANKS;
   g_autofree double *attention_processes = g_new0 (double, options->rounds);
   g_autofree double *attention_threads = g_new0 (double, options->rounds);
+  gint64 attention_ring_bytes = -1;
   g_autofree char *mpi_version = NULL, *mpi_why = NULL;
   gboolean with_mpi, ok = TRUE;
   PerftestFigures perftest;
@@ -1296,7 +1337,7 @@ cpmesh_bench_mesh_processes (CpmeshMeshBenchOptions *options,
   ok = ok && (!with_perftest || measure_perftest (&plan, &perftest, &error));
   ok = ok && (options->skip_attention ||
               measure_attention (options, attention_ranks, attention_processes,
-                                 attention_threads, &error));
+                                 attention_threads, &attention_ring_bytes, &error));
   if (ok)
     {
       print_setup (options, worlds[n_worlds - 1].n, mpi_version, mpi_why);
@@ -1304,7 +1345,8 @@ cpmesh_bench_mesh_processes (CpmeshMeshBenchOptions *options,
         print_perftest (&plan, &perftest);
       print_worlds (options, &plan, worlds, n_worlds, cases);
       if (!options->skip_attention)
-        print_attention (options, attention_ranks, attention_processes, attention_threads);
+        print_attention (options, attention_ranks, attention_processes, attention_threads,
+                         attention_ring_bytes);
       fflush (stdout);
       /* A failure run prints as it goes: after it nothing is measured. */
       ok = options->skip_failure || measure_failure (options, attention_ranks, &error);

@@ -792,7 +792,8 @@ def _context_checking_producers(function):
 _PRODUCER_CHECKS = {
     Tensor: (_checking_producers, ('copy', 'to_device', 'get_value', 'set_value', 'equal',
                                    'dup_bytes', 'to_dlpack', 'numpy', '__dlpack__', '__array__')),
-    Mesh: (_checking_producers, ('all_gather', 'all_gather_into', 'all_to_all', 'all_reduce',
+    Mesh: (_checking_producers, ('all_gather', 'all_gather_into', 'all_to_all',
+                                 'all_to_all_into', 'all_reduce',
                                  'broadcast', 'send', 'recv', 'send_recv', 'unshard',
                                  'unshard_layout')),
     Layout: (_checking_producers, ('new_thd_from_tensor', 'shard', 'shard_into', 'shard_backward',
